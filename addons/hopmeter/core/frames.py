@@ -1,0 +1,33 @@
+"""The unit every framer dispatches: one SSE event or one NDJSON line, stamped with its time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Frame:
+    """One dispatched unit of a stream.
+
+    `t_s` is the `now` passed with the bytes that completed the frame; `wire_bytes` are the bytes of
+    the stream it consumed since the previous frame (fields, comments, line endings, blank lines), so
+    the sum over frames plus any unterminated tail is the stream's length.
+    """
+
+    t_s: float
+    kind: str  # SSE event type ("message" by default), or "ndjson"
+    data: str  # SSE data lines joined with "\n", or the NDJSON line; UTF-8, invalid bytes replaced
+    wire_bytes: int
+    data_bytes: int  # bytes of the data itself, before UTF-8 decoding
+    last_event_id: str = ""
+    retry_ms: int | None = None
+    incomplete_utf8: bool = False  # the data's bytes end inside a UTF-8 sequence
+    replacement_chars: int = 0  # U+FFFD produced while decoding invalid bytes in the data
+
+
+class HopmeterError(Exception):
+    """Base of every error hopmeter raises on purpose."""
+
+
+class StreamLimitError(HopmeterError):
+    """A bounded buffer would have grown past its limit."""
