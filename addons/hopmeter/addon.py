@@ -1,0 +1,365 @@
+"""The mitmproxy layer: the HopMeter addon and the stream taps. The only mitmproxy import site.
+
+Load it in plain mitmproxy with `mitmdump -s "$(hopmeter --addon-path)" --set hopmeter_hop=edge`.
+Everything measured is handed to the sans-I/O core; this module only stamps times, keeps per-flow
+state and guards every call into measuring code so that a bug there can never touch a byte.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
+
+from hopmeter.core.meter import FlowMeter
+from hopmeter.core.providers import detect_api
+from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
+from hopmeter.core.trace import TraceContext, parse_traceparent
+from hopmeter.sinks import RecordSink
+from hopmeter.tokenizers import load_counter
+
+log = logging.getLogger("hopmeter")
+
+# The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
+# read `model` and `stream` from a JSON body. 64 KiB holds the head of any chat request; a longer
+# prompt is cut, and only the fields that appear before the cut are read.
+REQUEST_SNIFF_BYTES = 64 * 1024
+
+
+@dataclass(slots=True)
+class FlowState:
+    """What the addon keeps per flow between hooks."""
+
+    mono0: float  # monotonic clock at the request headers
+    skew_s: float  # request start is this much before mono0 on the wall clock
+    listener: str
+    hop: str
+    trace: TraceContext | None
+    request_bytes: int = 0
+    request_head: bytearray = field(default_factory=bytearray)
+    request_model: str | None = None
+    stream_requested: bool | None = None
+    tap: ResponseTap | None = None
+    finished: bool = False
+
+    def offset(self, mono: float) -> float:
+        """Seconds since the request started, on the monotonic clock."""
+        return mono - self.mono0 + self.skew_s
+
+
+class RequestTap:
+    """Counts request body bytes and keeps the head of the body; returns every chunk unchanged."""
+
+    __slots__ = ("addon", "state")
+
+    def __init__(self, addon: HopMeter, state: FlowState) -> None:
+        self.addon = addon
+        self.state = state
+
+    def __call__(self, data: bytes) -> bytes:
+        try:
+            st = self.state
+            st.request_bytes += len(data)
+            room = REQUEST_SNIFF_BYTES - len(st.request_head)
+            if room > 0 and data:
+                st.request_head += data[:room]
+            if not data:
+                st.request_model, st.stream_requested = sniff_request(bytes(st.request_head))
+                st.request_head = bytearray()
+        except Exception:  # a measuring bug must never touch the request
+            self.addon.internal_error("request_tap")
+        return data
+
+
+class ResponseTap:
+    """The stream callable: stamps each chunk, feeds a side copy to the core, returns the chunk.
+
+    mitmproxy calls it once per HTTP/1 chunk, socket read or HTTP/2 DATA frame, then once with
+    b"" at the end. It must return every chunk unchanged: an exception here would silently drop the
+    chunk (mitmproxy does not guard stream callables), so everything is caught.
+    """
+
+    __slots__ = ("addon", "bytes_out", "error", "meter", "state")
+
+    def __init__(self, addon: HopMeter, state: FlowState | None) -> None:
+        self.addon = addon
+        self.state = state
+        self.meter: FlowMeter | None = None
+        self.bytes_out = 0
+        self.error: str | None = None
+
+    def __call__(self, data: bytes) -> bytes:
+        now = time.monotonic()
+        if data:
+            self.bytes_out += len(data)
+            meter = self.meter
+            if meter is not None and self.state is not None:
+                try:
+                    meter.feed(bytes(data), self.state.offset(now))
+                except Exception as exc:
+                    self.fail(exc)
+        return data
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop measuring this flow, say so once, and count it."""
+        self.meter = None
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+            self.addon.internal_error("response_tap", exc)
+
+
+class HopMeter:
+    """Measures every HTTP flow that passes: times, events, tokens, figures, a record per flow."""
+
+    def __init__(self) -> None:
+        self.sink: RecordSink | None = None
+        self.listener_names: dict[str, str] = {}
+        self.counter: Any = None
+        self.internal_errors = 0
+        self.flows_finished = 0
+        self.observers: list[Any] = []  # callables taking (FlowResult, FlowState)
+
+    # -- options -------------------------------------------------------------------------------
+    def load(self, loader: Loader) -> None:
+        loader.add_option("hopmeter_hop", str, "proxy", "This vantage point's name.")
+        loader.add_option(
+            "hopmeter_listeners", Sequence[str], [],
+            "NAME=MODE pairs naming listeners; each MODE is also added to `mode`.",
+        )
+        loader.add_option("hopmeter_records", str, "",
+                          'Append one JSON line per finished flow to this file ("-" = stdout).')
+        loader.add_option("hopmeter_stall_threshold", float, 0.5,
+                          "A gap between tokens at or above this many seconds is a stall.")
+        loader.add_option("hopmeter_tokenizer", str, "",
+                          "tiktoken encoding name or tokenizer file; default: chosen by model.")
+        loader.add_option("hopmeter_log_content", bool, False,
+                          "Include prompt and reply text in records (off by default).")
+        loader.add_option("hopmeter_summary", bool, True,
+                          "Log a one-line summary per finished flow.")
+        loader.add_option("hopmeter_trace_header", bool, True,
+                          "Add a W3C traceparent to requests that have none.")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if "hopmeter_stall_threshold" in updated and not opts.hopmeter_stall_threshold > 0:
+            raise exceptions.OptionsError(
+                f"hopmeter_stall_threshold must be a positive number of seconds, "
+                f"got {opts.hopmeter_stall_threshold}"
+            )
+        if "hopmeter_listeners" in updated:
+            self.listener_names = parse_listeners(opts.hopmeter_listeners)
+            modes = list(opts.mode)
+            wanted = [m for m in self.listener_names if m not in modes]
+            if wanted:
+                if modes == ["regular"]:
+                    modes = []
+                opts.update(mode=[*modes, *wanted])
+        if "hopmeter_records" in updated:
+            if self.sink is not None:
+                self.sink.close()
+                self.sink = None
+            if opts.hopmeter_records:
+                try:
+                    self.sink = RecordSink.open(opts.hopmeter_records)
+                except OSError as exc:
+                    raise exceptions.OptionsError(
+                        f"cannot write records to {opts.hopmeter_records}: {exc.strerror}; "
+                        f"pick a writable path with --records"
+                    ) from exc
+        if "hopmeter_tokenizer" in updated or self.counter is None:
+            self.counter = load_counter(opts.hopmeter_tokenizer or None)
+
+    def done(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        mono0 = time.monotonic()
+        wall0 = time.time()
+        state = None
+        try:
+            spec = flow.client_conn.proxy_mode.full_spec
+            listener = self.listener_names.get(spec, ctx.options.hopmeter_hop)
+            trace = self._trace(flow)
+            state = FlowState(
+                mono0=mono0, skew_s=max(0.0, wall0 - flow.request.timestamp_start),
+                listener=listener, hop=listener, trace=trace,
+            )
+            flow.metadata["hopmeter"] = state
+        except Exception as exc:
+            self.internal_error("requestheaders", exc)
+        if state is not None and flow.request.stream is False:
+            flow.request.stream = RequestTap(self, state)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # First statement: never hold the body. Anything that fails after this only loses measuring.
+        flow.response.stream = tap = ResponseTap(self, flow.metadata.get("hopmeter"))
+        try:
+            state = tap.state
+            if state is None or flow.response is None:
+                return
+            state.tap = tap
+            resp = flow.response
+            req = flow.request
+            api = detect_api(
+                req.method, req.path.split("?", 1)[0], _lower(req.headers), _lower(resp.headers),
+                resp.headers.get("content-type", ""),
+            )
+            tap.meter = FlowMeter(
+                api=api,
+                content_type=resp.headers.get("content-type", ""),
+                content_encoding=resp.headers.get("content-encoding"),
+            )
+        except Exception as exc:
+            tap.fail(exc)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._finish(flow, "complete")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        msg = flow.error.msg if flow.error else ""
+        self._finish(flow, classify_error(msg))
+
+    # -- internals -----------------------------------------------------------------------------
+    def internal_error(self, where: str, exc: BaseException | None = None) -> None:
+        """Count a bug in measuring code; the flow goes on unmeasured."""
+        self.internal_errors += 1
+        for obs in self.observers:
+            hook = getattr(obs, "internal_error", None)
+            if hook is not None:
+                hook(where)
+        log.warning("hopmeter: measuring failed in %s (%s); the flow is forwarded unmeasured",
+                    where, f"{type(exc).__name__}: {exc}" if exc else "")
+
+    def _trace(self, flow: http.HTTPFlow) -> TraceContext:
+        incoming = flow.request.headers.get("traceparent")
+        parsed = parse_traceparent(incoming) if incoming else None
+        if parsed is not None:
+            return parsed
+        created = TraceContext(trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8),
+                               flags="01", created=True)
+        if ctx.options.hopmeter_trace_header:
+            flow.request.headers["traceparent"] = created.header()
+        return created
+
+    def _finish(self, flow: http.HTTPFlow, ended: str) -> None:
+        state: FlowState | None = flow.metadata.get("hopmeter")
+        if state is None or state.finished:
+            return
+        state.finished = True
+        try:
+            result = self._result(flow, state, ended)
+        except Exception as exc:
+            self.internal_error("finish", exc)
+            return
+        self.flows_finished += 1
+        for obs in self.observers:
+            try:
+                obs.observe(result, state)
+            except Exception as exc:
+                self.internal_error("observer", exc)
+        if self.sink is not None:
+            self.sink.write(orjson.dumps(result.record) + b"\n")
+        if ctx.options.hopmeter_summary:
+            log.info(summary_line(result.record))
+
+    def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str) -> FlowResult:
+        now = state.offset(time.monotonic())
+        req = flow.request
+        tap = state.tap
+        meter = tap.meter if tap is not None else None
+        if meter is not None:
+            try:
+                meter.close(now)
+            except Exception as exc:
+                tap.fail(exc)  # type: ignore[union-attr]
+                meter = None
+        request = RequestInfo(
+            method=req.method, scheme=req.scheme, host=req.pretty_host,
+            path=req.path.split("?", 1)[0], t_start=req.timestamp_start,
+            t_end=req.timestamp_end, bytes=state.request_bytes,
+            model=state.request_model, stream_requested=state.stream_requested,
+        )
+        response = None
+        if flow.response is not None and tap is not None:
+            resp = flow.response
+            response = ResponseInfo(
+                status=resp.status_code, http_version=resp.http_version,
+                headers=_lower(resp.headers),
+                t_headers_s=(resp.timestamp_start - req.timestamp_start),
+            )
+        return finish_flow(
+            flow_id=flow.id,
+            trace_id=state.trace.trace_id if state.trace else None,
+            hop=state.hop, listener=state.listener,
+            request=request, response=response, meter=meter, ended=ended,
+            bytes_out=tap.bytes_out if tap is not None else 0,
+            counters=self.counter,
+            stall_threshold_s=ctx.options.hopmeter_stall_threshold,
+            log_content=ctx.options.hopmeter_log_content,
+            measuring_error=tap.error if tap is not None else None,
+        )
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        out.setdefault(k.lower(), v)
+    return out
+
+
+def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:
+    """Map each listener's mode spec to its name, from NAME=MODE pairs."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, mode = pair.partition("=")
+        if not sep or not name or not mode:
+            raise exceptions.OptionsError(
+                f"listener {pair!r} is not NAME=MODE, e.g. edge=reverse:http://127.0.0.1:9000@8081"
+            )
+        out[mode] = name
+    return out
+
+
+def classify_error(message: str) -> str:
+    """How a flow that fired `error` ended, from mitmproxy's error message."""
+    m = message.lower()
+    if "client" in m:
+        return "client_gone"
+    if "server" in m or "reset" in m or "peer" in m or "closed" in m or "eof" in m:
+        return "upstream_reset"
+    return "error"
+
+
+def sniff_request(head: bytes) -> tuple[str | None, bool | None]:
+    """The `model` and `stream` fields of a JSON request body, if they are in its head."""
+    if not head.lstrip().startswith(b"{"):
+        return None, None
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return _sniff_partial(head)
+    if not isinstance(doc, dict):
+        return None, None
+    model = doc.get("model")
+    stream = doc.get("stream")
+    return (model if isinstance(model, str) else None,
+            stream if isinstance(stream, bool) else None)
+
+
+def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
+    import re  # noqa: PLC0415 - only for truncated bodies
+
+    model = re.search(rb'"model"\s*:\s*"([^"\\]{1,200})"', head)
+    stream = re.search(rb'"stream"\s*:\s*(true|false)', head)
+    return (model.group(1).decode("utf-8", "replace") if model else None,
+            (stream.group(1) == b"true") if stream else None)
+

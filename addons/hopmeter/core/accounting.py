@@ -1,0 +1,93 @@
+"""Tokens per event, best source first, reconciled to the stream's own usage total (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from hopmeter.core.tokens import estimate_tokens, reconcile
+
+
+class Counter(Protocol):
+    """A token counter: a tokenizer, or the estimate."""
+
+    source: str
+
+    def count(self, text: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenAccount:
+    """Per-event token counts and where they came from."""
+
+    per_event: tuple[int, ...]
+    source: str  # "stream" | "usage" | "tokenizer" | "estimate" (what the final counts rest on)
+    counted: int  # sum before reconciliation
+    counted_source: str  # the best source used before reconciliation
+    usage: int | None  # the stream's own total, when it sent one
+    mismatch: int | None  # usage - counted
+
+
+def account_tokens(
+    *,
+    stream_tokens: Sequence[int],
+    texts: Sequence[str],
+    overflow: Sequence[bool],
+    usage: int | None,
+    counter: Counter,
+) -> TokenAccount:
+    """Count each event's tokens from the stream, else the tokenizer, else an estimate.
+
+    `stream_tokens[i]` is -1 when the stream says nothing about event i; `overflow[i]` marks events
+    whose text was not kept (past the per-flow text bound), which are estimated.
+    """
+    counts: list[int] = []
+    sources: set[str] = set()
+    for given, text, lost in zip(stream_tokens, texts, overflow, strict=True):
+        if given >= 0:
+            counts.append(given)
+            if given:
+                sources.add("stream")
+        elif lost:
+            counts.append(1)
+            sources.add("estimate")
+        elif text:
+            counts.append(max(1, counter.count(text)))
+            sources.add(counter.source)
+        else:
+            counts.append(0)
+    counted = sum(counts)
+    counted_source = _weakest(sources)
+    if usage is not None and usage > 0 and counted != usage and any(counts):
+        final = reconcile(counts, usage)
+        return TokenAccount(per_event=tuple(final), source="usage", counted=counted,
+                            counted_source=counted_source, usage=usage, mismatch=usage - counted)
+    return TokenAccount(
+        per_event=tuple(counts),
+        source=counted_source,
+        counted=counted,
+        counted_source=counted_source,
+        usage=usage,
+        mismatch=None if usage is None else usage - counted,
+    )
+
+
+_STRENGTH = {"stream": 0, "tokenizer": 1, "estimate": 2}
+
+
+def _weakest(sources: set[str]) -> str:
+    """A mix of sources is only as good as its weakest member."""
+    if not sources:
+        return "stream"
+    return max(sources, key=lambda s: _STRENGTH.get(s, 3))
+
+
+class EstimateCounter:
+    """The fallback counter: no vocabulary, a heuristic from the text's shape."""
+
+    source = "estimate"
+
+    def count(self, text: str) -> int:
+        """Estimated tokens in `text`."""
+        return estimate_tokens(text)

@@ -1,0 +1,255 @@
+"""FlowMeter: everything hopmeter knows about one response, fed chunk by chunk.
+
+The proxy layer calls `feed(chunk, now)` from the stream callable and `close(now, ended)` when the
+flow ends. `feed` does only what must happen per chunk: stamp it, decode a side copy, frame it into
+events and read each event's text. Token counting, figures and detectors run once, in `close`,
+off the per-chunk path.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hopmeter.core.decoding import DecodingError, Utf8Decoder, make_decoder
+from hopmeter.core.frames import Frame
+from hopmeter.core.ndjson import NdjsonDecoder
+from hopmeter.core.providers import Delta, make_parser, refine_api
+
+# Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
+# events; the rest are counted in `chunks_dropped` / `events_dropped`. 4,096 events is a 4,000-token
+# reply at one token per event; the arrays cost 8-16 bytes per entry.
+MAX_CHUNKS = 4096
+MAX_EVENTS = 8192
+# Visible text kept for tokenizing at the end of the flow. Past this, tokens are estimated from the
+# character count: 256 KiB is ~64,000 tokens of English, longer than any model's reply limit.
+MAX_TEXT_CHARS = 256 * 1024
+# A non-streamed JSON reply is parsed at the end for its usage and text; bigger bodies are timed only.
+MAX_DOCUMENT_BYTES = 1024 * 1024
+
+EVENT_STREAM = "text/event-stream"
+NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
+                          "application/x-jsonlines", "application/json-seq"})
+
+
+class Framer(Protocol):
+    """The shape shared by the SSE and NDJSON decoders."""
+
+    def feed(self, data: bytes, now: float) -> list[Frame]: ...
+
+    def close(self, now: float) -> list[Frame]: ...
+
+
+def make_framer(content_type: str, api: str) -> Framer | None:
+    """The framer for a response's media type, or None when the body is not an event stream."""
+    from hopmeter.core.sse import SseDecoder  # noqa: PLC0415 - keeps import cycles impossible
+
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == EVENT_STREAM:
+        return SseDecoder()
+    if media in NDJSON_TYPES or (api == "ollama" and media in ("application/json", "")):
+        return NdjsonDecoder()
+    return None
+
+
+@dataclass(slots=True)
+class EventMarks:
+    """Per-event columns, kept as compact arrays (8 + 4 + 4 bytes per event)."""
+
+    t_s: array[float] = field(default_factory=lambda: array("d"))
+    stream_tokens: array[int] = field(default_factory=lambda: array("i"))  # -1: stream says nothing
+    content_offset: array[int] = field(default_factory=lambda: array("i"))
+
+
+@dataclass(slots=True)
+class StreamFacts:
+    """What was seen in the stream, beyond timing: the evidence detectors read."""
+
+    first_visible_s: float | None = None
+    first_content_s: float | None = None
+    first_event_s: float | None = None
+    terminal_seen: bool = False
+    errors: list[str] = field(default_factory=list)
+    model: str | None = None
+    usage_output_tokens: int | None = None
+    usage_input_tokens: int | None = None
+    payload_bytes: int = 0  # UTF-8 bytes of visible text
+    events_incomplete_utf8: int = 0
+    decode_error: str | None = None
+    framing_limit_hits: int = 0
+
+
+class FlowMeter:
+    """Measures one response: chunks in, events out, figures at the end."""
+
+    def __init__(
+        self,
+        *,
+        api: str,
+        content_type: str,
+        content_encoding: str | None,
+        keep_text: bool = True,
+    ) -> None:
+        self.api = api
+        self.content_type = content_type
+        self.content_encoding = content_encoding or None
+        self.chunk_t = array("d")
+        self.chunk_bytes = array("i")
+        self.chunks_seen = 0
+        self.bytes_wire = 0
+        self.bytes_decoded = 0
+        self.first_byte_s: float | None = None
+        self.last_byte_s: float | None = None
+        self.events = EventMarks()
+        self.events_seen = 0
+        self.facts = StreamFacts()
+        self.text_parts: list[str] = []
+        self.text_chars = 0
+        self.text_overflow_chars = 0
+        self._keep_text = keep_text
+        self._visible_chars = 0
+        self._document = bytearray()
+        self._document_overflow = False
+        self._decoder = make_decoder(content_encoding) if content_encoding else None
+        self._utf8 = Utf8Decoder()
+        self._framer = make_framer(content_type, api)
+        self._parser = make_parser(api)
+        self._refined = api not in ("sse", "ndjson", "other")
+
+    @property
+    def framer(self) -> Framer | None:
+        """The SSE or NDJSON decoder in use, if the body is an event stream."""
+        return self._framer
+
+    @property
+    def utf8(self) -> Utf8Decoder:
+        """The side UTF-8 decoder, with its counts of replacements and split sequences."""
+        return self._utf8
+
+    def feed(self, data: bytes, now_s: float) -> None:
+        """Stamp one chunk as it arrived (`now_s` is seconds since the request started)."""
+        n = len(data)
+        self.chunks_seen += 1
+        self.bytes_wire += n
+        if self.first_byte_s is None:
+            self.first_byte_s = now_s
+        self.last_byte_s = now_s
+        if len(self.chunk_t) < MAX_CHUNKS:
+            self.chunk_t.append(now_s)
+            self.chunk_bytes.append(n)
+        if self.facts.decode_error is not None:
+            return
+        decoded = data
+        if self._decoder is not None:
+            try:
+                decoded = self._decoder.decode(data)
+            except DecodingError as exc:
+                self.facts.decode_error = str(exc)
+                return
+        self._take(decoded, now_s)
+
+    def close(self, now_s: float) -> None:
+        """End of body: flush the decoders; an unterminated last event is not dispatched."""
+        if self.facts.decode_error is None and self._decoder is not None:
+            try:
+                self._take(self._decoder.flush(), now_s)
+            except DecodingError as exc:
+                self.facts.decode_error = str(exc)
+        self._utf8.flush()
+        if self._framer is not None:
+            self._on_frames(self._framer.close(now_s))
+        elif self._document and not self._document_overflow:
+            self._on_document(bytes(self._document), now_s)
+
+    @property
+    def document(self) -> bytes | None:
+        """The body of a response that was not an event stream (bounded), for not-streamed checks."""
+        return None if self._document_overflow else bytes(self._document)
+
+    def _take(self, decoded: bytes, now_s: float) -> None:
+        if not decoded:
+            return
+        self.bytes_decoded += len(decoded)
+        self._utf8.decode(decoded)
+        if self._framer is not None:
+            self._on_frames(self._framer.feed(decoded, now_s))
+        elif not self._document_overflow:
+            if len(self._document) + len(decoded) > MAX_DOCUMENT_BYTES:
+                self._document_overflow = True
+                self._document.clear()
+            else:
+                self._document += decoded
+
+    def _on_document(self, body: bytes, now_s: float) -> None:
+        # A whole JSON reply: one event at the end, so that a non-streamed chat reply is measured
+        # (its first visible token is its last byte) and its usage reconciles the count.
+        try:
+            text = body.decode("utf-8", errors="replace")
+        except Exception:  # pragma: no cover - bytes.decode with replace does not raise
+            return
+        frame = Frame(t_s=now_s, kind="document", data=text, wire_bytes=len(body),
+                      data_bytes=len(body))
+        self._on_frames([frame])
+
+    def _on_frames(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            if not self._refined:
+                self.api = refine_api(self.api, frame.data)
+                self._parser = make_parser(self.api)
+                self._refined = True
+            self._on_delta(frame, self._parser.parse(frame))
+
+    def _on_delta(self, frame: Frame, delta: Delta) -> None:
+        facts = self.facts
+        t = frame.t_s
+        self.events_seen += 1
+        if facts.first_event_s is None:
+            facts.first_event_s = t
+        if frame.incomplete_utf8:
+            facts.events_incomplete_utf8 += 1
+        if delta.model and facts.model is None:
+            facts.model = delta.model
+        if delta.output_tokens_total is not None:
+            facts.usage_output_tokens = delta.output_tokens_total
+        if delta.input_tokens_total is not None:
+            facts.usage_input_tokens = delta.input_tokens_total
+        if delta.terminal:
+            facts.terminal_seen = True
+        if delta.error:
+            facts.errors.append(delta.error[:200])
+        text = delta.content + delta.reasoning + delta.tool_args
+        if text:
+            if facts.first_visible_s is None:
+                facts.first_visible_s = t
+            if delta.content and facts.first_content_s is None:
+                facts.first_content_s = t
+            self._visible_chars += len(text)
+            facts.payload_bytes += len(text.encode("utf-8"))
+            if self._keep_text and self.text_chars + len(text) <= MAX_TEXT_CHARS:
+                self.text_parts.append(text)
+                self.text_chars += len(text)
+            else:
+                self.text_parts.append("")
+                self.text_overflow_chars += len(text)
+        else:
+            self.text_parts.append("")
+        if len(self.events.t_s) >= MAX_EVENTS:
+            self.text_parts.pop()
+            return
+        marks = self.events
+        marks.t_s.append(t)
+        ids = delta.stream_tokens
+        if ids is None and delta.token_ids is not None:
+            ids = len(delta.token_ids)
+        marks.stream_tokens.append(-1 if ids is None else ids)
+        marks.content_offset.append(self._visible_chars)
+
+
+def header_map(headers: Mapping[str, str]) -> dict[str, str]:
+    """Lower-cased header names, first value wins (for detection only)."""
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        out.setdefault(k.lower(), v)
+    return out

@@ -1,0 +1,254 @@
+"""The flow record (DESIGN.md §4, schema "hopmeter.flow/1") and its one-line human summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hopmeter.core.accounting import Counter, TokenAccount, account_tokens
+from typing import Protocol
+from hopmeter.core.figures import Figures, compute_figures
+from hopmeter.core.meter import FlowMeter
+
+SCHEMA = "hopmeter.flow/1"
+ENDINGS = ("complete", "upstream_reset", "client_gone", "error", "shutdown")
+
+# Response headers the detectors read; nothing else of the response's headers is kept, and no
+# request header at all (they carry keys and cookies).
+KEPT_RESPONSE_HEADERS = (
+    "cache-control", "x-accel-buffering", "content-length", "etag", "transfer-encoding",
+    "content-encoding", "content-type", "x-tokenizer", "vary",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestInfo:
+    """What the record says of the request: no query string, no headers, no body."""
+
+    method: str
+    scheme: str
+    host: str
+    path: str
+    t_start: float  # wall clock, epoch seconds
+    t_end: float | None
+    bytes: int
+    model: str | None = None
+    stream_requested: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseInfo:
+    """The response's status line and the headers detectors need."""
+
+    status: int
+    http_version: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    t_headers_s: float | None = None  # offset from request start
+
+    @property
+    def content_type(self) -> str:
+        """The media type header, as sent."""
+        return self.headers.get("content-type", "")
+
+    @property
+    def content_encoding(self) -> str | None:
+        """The content coding, if any."""
+        return self.headers.get("content-encoding") or None
+
+
+class CounterSource(Protocol):
+    """Gives the token counter for a model."""
+
+    def for_model(self, model: str | None) -> Counter: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlowResult:
+    """Everything computed when a flow ends; `record` is what is written."""
+
+    record: dict[str, Any]
+    figures: Figures | None
+    tokens: TokenAccount | None
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def finish_flow(
+    *,
+    flow_id: str,
+    trace_id: str | None,
+    hop: str,
+    listener: str,
+    request: RequestInfo,
+    response: ResponseInfo | None,
+    meter: FlowMeter | None,
+    ended: str,
+    bytes_out: int,
+    counters: CounterSource,
+    stall_threshold_s: float,
+    log_content: bool = False,
+    measuring_error: str | None = None,
+) -> FlowResult:
+    """Build the record of a finished flow: tokens, figures and (later) findings."""
+    rec: dict[str, Any] = {
+        "schema": SCHEMA,
+        "trace_id": trace_id,
+        "flow_id": flow_id,
+        "hop": hop,
+        "listener": listener,
+        "request": {
+            "method": request.method, "scheme": request.scheme, "host": request.host,
+            "path": request.path, "t_start": request.t_start, "t_end": request.t_end,
+            "bytes": request.bytes,
+        },
+    }
+    figures: Figures | None = None
+    account: TokenAccount | None = None
+    api = "other"
+    model = request.model
+    if response is not None:
+        t0 = request.t_start
+        resp: dict[str, Any] = {
+            "status": response.status,
+            "http_version": response.http_version,
+            "content_type": response.content_type,
+            "content_encoding": response.content_encoding,
+            "t_headers": _abs(t0, response.t_headers_s),
+            "t_first_byte": None, "t_last_byte": None,
+            "bytes_wire": 0, "bytes_decoded": 0, "bytes_out": bytes_out,
+            "ended": ended,
+            "headers": {k: v for k, v in response.headers.items() if k in KEPT_RESPONSE_HEADERS},
+        }
+        rec["response"] = resp
+        if meter is not None:
+            api = meter.api
+            model = meter.facts.model or model
+            resp["t_first_byte"] = _abs(t0, meter.first_byte_s)
+            resp["t_last_byte"] = _abs(t0, meter.last_byte_s)
+            resp["bytes_wire"] = meter.bytes_wire
+            resp["bytes_decoded"] = meter.bytes_decoded
+            account = _account(meter, counters.for_model(model))
+            figures = _figures(meter, account, stall_threshold_s)
+            rec["chunks"] = [[_r(t), n] for t, n in zip(meter.chunk_t, meter.chunk_bytes,
+                                                           strict=True)]
+            rec["chunks_dropped"] = meter.chunks_seen - len(meter.chunk_t)
+            rec["events"] = [
+                [_r(t), k, off]
+                for t, k, off in zip(meter.events.t_s, account.per_event,
+                                     meter.events.content_offset, strict=False)
+            ]
+            rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
+            rec["figures"] = _figures_dict(meter, figures, account)
+            rec["stream"] = _stream_facts(meter)
+            if log_content:
+                rec["content"] = "".join(meter.text_parts)
+    rec["api"] = api
+    rec["model"] = model
+    rec["findings"] = []
+    if measuring_error:
+        rec["measuring_error"] = measuring_error
+    return FlowResult(record=rec, figures=figures, tokens=account)
+
+
+def _abs(t0: float, offset: float | None) -> float | None:
+    return None if offset is None else round(t0 + offset, 6)
+
+
+def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
+    n = len(meter.events.t_s)
+    texts = meter.text_parts[:n]
+    # an event whose text was not kept (past the bound) has "" here but visible chars in offsets
+    offsets = meter.events.content_offset
+    overflow = [
+        not texts[i] and offsets[i] > (offsets[i - 1] if i else 0) for i in range(n)
+    ]
+    return account_tokens(
+        stream_tokens=meter.events.stream_tokens[:n],
+        texts=texts,
+        overflow=overflow,
+        usage=meter.facts.usage_output_tokens,
+        counter=counter,
+    )
+
+
+def _figures(meter: FlowMeter, account: TokenAccount, stall_threshold_s: float) -> Figures:
+    return compute_figures(
+        first_byte_s=meter.first_byte_s,
+        last_byte_s=meter.last_byte_s,
+        times_s=meter.events.t_s,
+        tokens=account.per_event,
+        first_event_s=meter.facts.first_event_s,
+        first_visible_s=meter.facts.first_visible_s,
+        first_content_s=meter.facts.first_content_s,
+        stall_threshold_s=stall_threshold_s,
+    )
+
+
+def _figures_dict(meter: FlowMeter, f: Figures, account: TokenAccount) -> dict[str, Any]:
+    payload = meter.facts.payload_bytes
+    return {
+        "ttfb_s": _r(f.ttfb_s), "ttfe_s": _r(f.ttfe_s), "ttft_s": _r(f.ttft_s),
+        "ttft_content_s": _r(f.ttft_content_s), "duration_s": _r(f.duration_s),
+        "tokens": f.tokens, "tokens_source": account.source,
+        "tokens_counted": account.counted, "tokens_counted_source": account.counted_source,
+        "usage_tokens": account.usage, "tokens_mismatch": account.mismatch,
+        "usage_input_tokens": meter.facts.usage_input_tokens,
+        "itl_p50_s": _r(f.itl_p50_s), "itl_p99_s": _r(f.itl_p99_s),
+        "max_gap_s": _r(f.max_gap_s), "stalls": f.stalls,
+        "tokens_per_s": _r(f.tokens_per_s, 3),
+        "tokens_per_s_min_window": _r(f.tokens_per_s_min_window, 3),
+        "events": meter.events_seen,
+        "payload_bytes": payload,
+        "framing_overhead": round(meter.bytes_wire / payload, 3) if payload else None,
+        # the same tokens as packed 32-bit ids (seed "Stream tokens, not text")
+        "packed_ids_bytes": 4 * f.tokens,
+    }
+
+
+def _stream_facts(meter: FlowMeter) -> dict[str, Any]:
+    facts = meter.facts
+    framer = meter.framer
+    out: dict[str, Any] = {
+        "terminal_seen": facts.terminal_seen,
+        "errors": facts.errors[:5],
+        "replacement_chars": meter.utf8.replacement_chars,
+        "literal_replacement_chars": meter.utf8.literal_replacement_chars,
+        "chunks_split_utf8": meter.utf8.split_sequences,
+        "events_incomplete_utf8": facts.events_incomplete_utf8,
+        "decode_error": facts.decode_error,
+    }
+    if framer is not None:
+        out["line_endings"] = dict(getattr(framer, "line_endings", {}))
+        out["unterminated_bytes"] = getattr(framer, "unterminated_bytes", 0)
+        out["overflows"] = getattr(framer, "overflows", 0)
+    return out
+
+
+def summary_line(rec: Mapping[str, Any]) -> str:
+    """One human line per flow: hop, api, model, status, the key figures and findings."""
+    resp = rec.get("response") or {}
+    fig = rec.get("figures") or {}
+
+    def ms(key: str) -> str:
+        v = fig.get(key)
+        return "-" if v is None else f"{v * 1000:.0f}ms"
+
+    parts = [
+        f"[{rec['hop']}]",
+        f"{rec['request']['method']} {rec['request']['path']}",
+        str(resp.get("status", "-")),
+        rec.get("api", "other"),
+        rec.get("model") or "-",
+        f"ttfb={ms('ttfb_s')} ttft={ms('ttft_s')}",
+        f"itl p50={ms('itl_p50_s')} p99={ms('itl_p99_s')} max_gap={ms('max_gap_s')}",
+        f"tokens={fig.get('tokens', 0)}({fig.get('tokens_source', '-')})",
+        f"dur={ms('duration_s')}",
+        f"ended={resp.get('ended', rec.get('ended', '-'))}",
+    ]
+    findings = rec.get("findings") or []
+    if findings:
+        parts.append("findings=" + ",".join(f["kind"] for f in findings))
+    return " ".join(parts)

@@ -1,0 +1,76 @@
+"""Wires the Prometheus metrics (hopmeter.metrics) to the HopMeter addon and serves them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mitmproxy import ctx, exceptions
+
+from hopmeter.addon import FlowState, HopMeter
+from hopmeter.core.record import FlowResult
+
+log = logging.getLogger("hopmeter")
+
+
+class MetricsAddon:
+    """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`."""
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        self.metrics: Any = None
+        self.server: Any = None
+        meter.observers.append(self)
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("hopmeter_metrics", str, "127.0.0.1:9464",
+                          'Prometheus endpoint HOST:PORT (/metrics, /healthz), or "off".')
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_metrics" not in updated:
+            return
+        from hopmeter.metrics import Metrics, MetricsPortError, serve  # noqa: PLC0415
+        from hopmeter.runner import UsageError, parse_hostport  # noqa: PLC0415
+
+        self._stop()
+        spec = ctx.options.hopmeter_metrics.strip()
+        if self.metrics is None:
+            self.metrics = Metrics()
+        if spec.lower() in ("", "off", "none"):
+            return
+        try:
+            host, port = parse_hostport(spec, "hopmeter_metrics")
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("hopmeter: the metrics endpoint listens on %s, reachable beyond this "
+                        "host; it exposes traffic volumes and model names", host)
+        try:
+            self.server = serve(self.metrics, host, port)
+        except MetricsPortError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+
+    def done(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    # observer protocol of HopMeter
+    def observe(self, result: FlowResult, state: FlowState) -> None:
+        """One finished flow."""
+        if self.metrics is not None:
+            self.metrics.observe_flow(result.record)
+
+    def internal_error(self, where: str) -> None:
+        """A measuring bug was caught."""
+        if self.metrics is not None:
+            self.metrics.internal_error(where)
+
+
+def make_addons() -> list[Any]:
+    """The addons hopmeter runs: the measuring addon, with Prometheus metrics attached to it."""
+    meter = HopMeter()
+    return [meter, MetricsAddon(meter)]

@@ -1,0 +1,41 @@
+"""Where finished flow records go: a JSON-lines file, or stdout."""
+
+from __future__ import annotations
+
+import sys
+from typing import BinaryIO
+
+
+class RecordSink:
+    """Appends one JSON line per record and flushes it, so a reader (or a crash) loses nothing."""
+
+    def __init__(self, stream: BinaryIO, *, owned: bool) -> None:
+        self._stream = stream
+        self._owned = owned
+        self.written = 0
+        self.failed: str | None = None
+
+    @classmethod
+    def open(cls, path: str) -> RecordSink:
+        """Open `path` for appending ("-" means stdout); raises OSError if it cannot be written."""
+        if path == "-":
+            return cls(sys.stdout.buffer, owned=False)
+        return cls(open(path, "ab"), owned=True)  # noqa: SIM115 - closed in close()
+
+    def write(self, line: bytes) -> None:
+        """Write one record line; a failure is remembered and raised to the caller once."""
+        try:
+            self._stream.write(line)
+            self._stream.flush()
+            self.written += 1
+        except OSError as exc:
+            self.failed = str(exc)
+            raise
+
+    def close(self) -> None:
+        """Flush and close (stdout is only flushed)."""
+        try:
+            self._stream.flush()
+        finally:
+            if self._owned:
+                self._stream.close()

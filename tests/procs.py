@@ -1,0 +1,107 @@
+"""Real processes for integration tests: the shipped `hopmeter` command, on loopback, polled."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+T = TypeVar("T")
+HOPMETER = [sys.executable, "-m", "hopmeter.cli"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], T | None], timeout_s: float = 15.0, what: str = "") -> T:
+    """Poll `condition` until it returns something truthy; fail with `what` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
+        time.sleep(0.02)
+
+
+def port_open(port: int) -> bool:
+    """True when something accepts connections on 127.0.0.1:port."""
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Proc:
+    """A child process with its output in a file, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.log_path = log
+        self._log = log.open("wb")
+        self.popen = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **(env or {})},
+                                      start_new_session=True)
+
+    def output(self) -> str:
+        """Everything the process printed so far."""
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_port(self, port: int, timeout_s: float = 20.0) -> None:
+        """Wait until the process listens on `port`, failing early if it exits."""
+        def ready() -> bool:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.args} exited {self.popen.returncode}:\n"
+                                     f"{self.output()}")
+            return port_open(port)
+        wait_for(ready, timeout_s, f"port {port} of {self.args[3:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        """Signal the process and wait for it to exit; its exit status."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+
+@contextlib.contextmanager
+def hopmeter(tmp: Path, *args: str, name: str = "hopmeter", ports: tuple[int, ...] = (),
+             env: dict[str, str] | None = None) -> Iterator[Proc]:
+    """Run `hopmeter ARGS...` and wait until each of `ports` accepts connections."""
+    proc = Proc([*HOPMETER, *args], tmp / f"{name}.log", env)
+    try:
+        for port in ports:
+            proc.wait_port(port)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def read_records(path: Path, count: int, timeout_s: float = 15.0) -> list[dict[str, Any]]:
+    """Wait until `path` holds at least `count` flow records, and return them."""
+    def enough() -> list[dict[str, Any]] | None:
+        if not path.exists():
+            return None
+        lines = [ln for ln in path.read_bytes().splitlines() if ln.strip()]
+        return [orjson.loads(ln) for ln in lines] if len(lines) >= count else None
+    return wait_for(enough, timeout_s, f"{count} records in {path}")
