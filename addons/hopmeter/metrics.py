@@ -1,0 +1,538 @@
+"""Prometheus metrics (DESIGN.md §8): the only prometheus_client import site.
+
+`Metrics` turns finished flow records (DESIGN.md §4) into histograms and counters on a registry the
+caller passes in (never the global one); `serve()` exposes that registry on /metrics (OpenMetrics
+when the scraper asks for it, so trace-id exemplars show) and answers /healthz.
+
+Every label value is bounded: models go through an allow-list of family prefixes, paths through a
+table of known LLM routes, hop and segment names through a cap on how many distinct ones are kept.
+Trace ids travel as exemplars, never as labels.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+# Each `_created` series is one more series per label set, for nothing (DESIGN.md §8). The
+# environment variable only works if set before prometheus_client is first imported anywhere in
+# the process; disable_created_metrics() below covers the case where someone imported it earlier.
+os.environ.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Tables read better as rows than as one item per line.
+# fmt: off
+# --- buckets (seconds unless named otherwise), DESIGN.md §8 ------------------------------------
+# vLLM's TTFT list truncated at 160 s; its first 16 entries are OpenTelemetry GenAI's.
+FIRST_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+# vLLM's inter-token list, with 1/2.5/5 ms below it: a buffering hop collapses gaps far below 10 ms.
+GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# Per-token hold of one segment: from the ~0.3 ms floor of two listeners to a whole-body minute.
+HOLD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                  0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's end-to-end request latency list.
+DURATION_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                      60.0, 120.0, 240.0, 480.0, 960.0)
+# Tokens per event: 1 is a token-per-event stream, 2-8 a coalescing provider, hundreds a body
+# reconciled from a usage total (not streamed, or held whole by a hop).
+EVENT_TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)
+
+# An event carrying k tokens is k observations of gap/k; past this many the rest are dropped, so
+# one reconciled burst of thousands of tokens costs no more than this on the event loop. Such an
+# event's gap is then under-weighted in `inter_token_latency_seconds` (its sum falls short too).
+MAX_OBSERVATIONS_PER_EVENT = 64
+
+# --- bounded label values ---------------------------------------------------------------------
+OTHER = "other"
+NO_MODEL = "none"
+APIS = frozenset({"openai.chat", "openai.responses", "anthropic.messages", "gemini", "tgi",
+                  "ollama", "token_ids", "sse", "ndjson", "other"})
+ENDINGS = frozenset({"complete", "upstream_reset", "client_gone", "error", "shutdown"})
+TOKEN_SOURCES = frozenset({"stream", "usage", "tokenizer", "estimate"})
+FINDING_KINDS = frozenset({"whole_body_hold", "burst_gaps", "compression_on_stream",
+                           "buffering_headers", "replacement_char", "split_utf8", "line_endings",
+                           "truncated", "not_streamed", "stall", "slow_first_token"})
+# Hop, segment and error-site names come from configuration, not traffic; the cap guards against
+# a misconfiguration (a name per request) turning into a series per request.
+MAX_NAMES_PER_LABEL = 32
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:>-]{1,64}$")
+# Trace ids are 32 hex digits (W3C); the OpenMetrics exemplar label set is capped at 128 chars.
+_TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
+
+# Model families (normalised prefix -> label value). Longest prefix wins; a prefix matches when
+# the character after it is not a letter ("gpt-4" matches "gpt-4-turbo" but not "gpt-4o").
+DEFAULT_MODEL_FAMILIES: Mapping[str, str] = {p: p for p in (
+    "gpt-5", "gpt-5-mini", "gpt-5-nano", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "gpt-4o",
+    "gpt-4o-mini", "gpt-4", "gpt-3.5", "gpt-oss", "o1", "o1-mini", "o3", "o3-mini", "o4-mini",
+    "claude-opus-4", "claude-sonnet-4", "claude-haiku-4", "claude-3-7-sonnet",
+    "claude-3-5-sonnet", "claude-3-5-haiku", "claude-3-opus", "claude-3-sonnet", "claude-3-haiku",
+    "claude", "gemini-3", "gemini-2.5-pro", "gemini-2.5-flash", "gemini-2.0-flash",
+    "gemini-1.5-pro", "gemini-1.5-flash", "gemini", "gemma", "llama", "mistral", "mixtral",
+    "magistral", "codestral", "ministral", "devstral", "qwen", "qwq", "deepseek-r1",
+    "deepseek-v3", "deepseek-reasoner", "deepseek-chat", "deepseek", "phi", "command", "grok",
+    "kimi", "glm", "granite", "nemotron", "minimax", "falcon", "olmo", "hopmeter-demo",
+)} | {"meta-llama": "llama"}
+
+# Bedrock-style ids ("us.anthropic.claude-...") carry the vendor before a dot.
+_VENDOR_PREFIX_RE = re.compile(r"^(?:[a-z]{2}\.)?(?:anthropic|meta|mistral|amazon|cohere|ai21)\.")
+
+# Known LLM routes: (pattern over the path without query, label). Anything else is "other".
+# Variable segments (Azure deployments, Gemini model names, thread ids) collapse into the label.
+DEFAULT_ROUTES: Sequence[tuple[str, str]] = (
+    (r"/(?:openai/|api/)?v1/chat/completions", "/v1/chat/completions"),
+    (r"/chat/completions", "/chat/completions"),
+    (r"/openai/deployments/[^/]+/chat/completions",
+     "/openai/deployments/{deployment}/chat/completions"),
+    (r"/(?:openai/)?v1/completions", "/v1/completions"),
+    (r"/v1/messages", "/v1/messages"),
+    (r"/(?:openai/)?v1/responses", "/v1/responses"),
+    (r"/v1/threads/(?:[^/]+/)?runs", "/v1/threads/{thread}/runs"),
+    (r"/api/chat", "/api/chat"),
+    (r"/api/generate", "/api/generate"),
+    (r"/generate_stream", "/generate_stream"),
+    (r"/generate", "/generate"),
+    (r"/v1(?:beta|alpha)?/models/[^/:]+:streamGenerateContent",
+     "/v1beta/models/{model}:streamGenerateContent"),
+    (r"/v1(?:beta|alpha)?/models/[^/:]+:generateContent",
+     "/v1beta/models/{model}:generateContent"),
+    (r"/v1/projects/[^/]+/locations/[^/]+/publishers/[^/]+/models/[^/:]+:streamGenerateContent",
+     "/v1/projects/{project}/.../models/{model}:streamGenerateContent"),
+)
+# fmt: on
+
+FLOW_LABELS = ("hop", "api", "model", "route")
+
+
+class MetricsPortError(Exception):
+    """The metrics endpoint could not bind its address."""
+
+
+def _name(value: object, seen: set[str], lock: threading.Lock) -> str:
+    """A configured name (hop, segment, error site) if well formed and among the first few seen."""
+    text = str(value) if value is not None else ""
+    if not _NAME_RE.match(text):
+        return OTHER
+    if text in seen:
+        return text
+    with lock:
+        if len(seen) >= MAX_NAMES_PER_LABEL:
+            return OTHER
+        seen.add(text)
+    return text
+
+
+def normalise_model(model: str) -> str:
+    """Lower-case, drop a provider or org path ("models/", "meta-llama/") and a Bedrock vendor."""
+    text = model.strip().lower()
+    text = text.rsplit("/", 1)[-1]
+    return _VENDOR_PREFIX_RE.sub("", text)
+
+
+class ModelLabels:
+    """Maps a model id to a bounded label: its allow-listed family, "none", or "other"."""
+
+    def __init__(self, families: Mapping[str, str] | Iterable[str]) -> None:
+        table = dict(families) if isinstance(families, Mapping) else {f: f for f in families}
+        self._table = {normalise_model(k): v for k, v in table.items() if k.strip()}
+        self._prefixes = sorted(self._table, key=len, reverse=True)
+        self._cache: dict[str, str] = {}
+
+    def label(self, model: object) -> str:
+        """The label value for `model` (cached: the same ids recur on every request)."""
+        if not isinstance(model, str) or not model.strip():
+            return NO_MODEL
+        hit = self._cache.get(model)
+        if hit is not None:
+            return hit
+        text = normalise_model(model)
+        result = OTHER
+        for prefix in self._prefixes:
+            rest = text[len(prefix) : len(prefix) + 1]
+            if text.startswith(prefix) and not rest.isalpha():
+                result = self._table[prefix]
+                break
+        if len(self._cache) < 4096:  # bounded: random ids must not grow memory
+            self._cache[model] = result
+        return result
+
+
+class RouteLabels:
+    """Maps a request path to one of a fixed set of route templates, else "other"."""
+
+    def __init__(self, routes: Sequence[tuple[str, str]]) -> None:
+        self._routes = [(re.compile(pattern + "/?"), label) for pattern, label in routes]
+
+    def label(self, path: object) -> str:
+        """The template of the first known route `path` matches in full."""
+        if not isinstance(path, str):
+            return OTHER
+        path = path.split("?", 1)[0]
+        for pattern, label in self._routes:
+            if pattern.fullmatch(path):
+                return label
+        return OTHER
+
+
+def _status_class(status: object) -> str:
+    if isinstance(status, int) and 100 <= status <= 599:
+        return f"{status // 100}xx"
+    return "none" if status is None else OTHER
+
+
+def _exemplar(trace_id: object) -> dict[str, str] | None:
+    if isinstance(trace_id, str) and _TRACE_ID_RE.match(trace_id):
+        return {"trace_id": trace_id}
+    return None
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value >= 0 else None
+
+
+class Metrics:
+    """hopmeter's metrics on an explicit registry (DESIGN.md §8)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        models: Mapping[str, str] | Iterable[str] | None = None,
+        routes: Sequence[tuple[str, str]] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.models = ModelLabels(DEFAULT_MODEL_FAMILIES if models is None else models)
+        self.routes = RouteLabels(DEFAULT_ROUTES if routes is None else routes)
+        self._names: dict[str, set[str]] = {"hop": set(), "segment": set(), "where": set()}
+        self._lock = threading.Lock()
+
+        def hist(name: str, doc: str, buckets: Sequence[float], labels: Sequence[str]) -> Histogram:
+            return Histogram(f"hopmeter_{name}", doc, labels, registry=registry, buckets=buckets)
+
+        def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
+            return Counter(f"hopmeter_{name}", doc, labels, registry=registry)
+
+        self.ttfb = hist(
+            "time_to_first_byte_seconds",
+            "Request start to first response body byte.",
+            FIRST_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.ttfe = hist(
+            "time_to_first_event_seconds",
+            "Request start to first complete event.",
+            FIRST_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.ttft = hist(
+            "time_to_first_token_seconds",
+            "Request start to first event with visible content.",
+            FIRST_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.itl = hist(
+            "inter_token_latency_seconds",
+            "Token-weighted inter-token latency: an event of k tokens after a gap g "
+            "is k observations of g/k.",
+            GAP_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.duration = hist(
+            "stream_duration_seconds",
+            "Request start to last response byte.",
+            DURATION_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.max_gap = hist(
+            "max_gap_seconds",
+            "Largest gap between token events, per flow.",
+            GAP_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.event_tokens = hist(
+            "event_tokens",
+            "Tokens carried by each token-carrying event.",
+            EVENT_TOKEN_BUCKETS,
+            FLOW_LABELS,
+        )
+        self.hold = hist(
+            "hold_seconds",
+            "Per-token hold of one segment between two listeners.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.flows = counter(
+            "flows_total", "Finished flows.", (*FLOW_LABELS, "status_class", "ended")
+        )
+        self.tokens = counter(
+            "tokens_total",
+            "Tokens streamed, by how they were counted.",
+            ("hop", "api", "model", "source"),
+        )
+        self.events = counter(
+            "events_total",
+            "Events dispatched (preludes, pings, [DONE] too).",
+            ("hop", "api", "model"),
+        )
+        self.bytes = counter(
+            "bytes_total",
+            "Response bytes: in from upstream, out to the client; "
+            "payload is visible text, framing the rest.",
+            ("hop", "api", "direction", "part"),
+        )
+        self.findings = counter(
+            "findings_total", "Findings of the detectors, by kind.", ("hop", "api", "kind")
+        )
+        self.stalls = counter(
+            "stalls_total", "Gaps at or above the stall threshold.", ("hop", "api", "model")
+        )
+        self.internal_errors = counter(
+            "internal_errors_total",
+            "Errors inside hopmeter's measuring (traffic unaffected).",
+            ("where",),
+        )
+        self.streams_active = Gauge(
+            "hopmeter_streams_active", "Responses being streamed now.", registry=registry
+        )
+
+    # --- observing ------------------------------------------------------------------------------
+    def observe_flow(self, record: Mapping[str, Any]) -> None:
+        """Observe one finished flow record (DESIGN.md §4)."""
+        request = record.get("request") or {}
+        response = record.get("response") or {}
+        figures = record.get("figures") or {}
+        api: str = record["api"] if record.get("api") in APIS else OTHER
+        labels: dict[str, str] = {
+            "hop": _name(record.get("hop"), self._names["hop"], self._lock),
+            "api": api,
+            "model": self.models.label(record.get("model")),
+            "route": self.routes.label(request.get("path")),
+        }
+        exemplar = _exemplar(record.get("trace_id"))
+        for hist, key in (
+            (self.ttfb, "ttfb_s"),
+            (self.ttfe, "ttfe_s"),
+            (self.ttft, "ttft_s"),
+            (self.duration, "duration_s"),
+            (self.max_gap, "max_gap_s"),
+        ):
+            value = _num(figures.get(key))
+            if value is not None:
+                hist.labels(**labels).observe(value, exemplar)
+        self._observe_events(record.get("events") or (), labels, exemplar)
+
+        ended = response.get("ended", record.get("ended"))
+        self.flows.labels(
+            **labels,
+            status_class=_status_class(response.get("status")),
+            ended=ended if ended in ENDINGS else OTHER,
+        ).inc(1, exemplar)
+        short = {"hop": labels["hop"], "api": api, "model": labels["model"]}
+        tokens = _num(figures.get("tokens"))
+        if tokens:
+            source = figures.get("tokens_source")
+            self.tokens.labels(**short, source=source if source in TOKEN_SOURCES else OTHER).inc(
+                tokens
+            )
+        events = _num(figures.get("events"))
+        events = float(len(record.get("events") or ())) if events is None else events
+        if events:
+            self.events.labels(**short).inc(events)
+        stalls = _num(figures.get("stalls"))
+        if stalls:
+            self.stalls.labels(**short).inc(stalls, exemplar)
+        self._observe_bytes(labels["hop"], api, response, figures)
+        for finding in record.get("findings") or ():
+            kind = finding.get("kind") if isinstance(finding, Mapping) else None
+            self.findings.labels(
+                hop=labels["hop"], api=api, kind=kind if kind in FINDING_KINDS else OTHER
+            ).inc(1, exemplar)
+
+    def _observe_events(
+        self,
+        events: Iterable[Sequence[Any]],
+        labels: Mapping[str, str],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        itl = self.itl.labels(**labels)
+        per_event = self.event_tokens.labels(**labels)
+        gaps: list[tuple[float, int]] = []
+        previous: float | None = None
+        for event in events:
+            t, k = _num(event[0]) if len(event) > 0 else None, event[1] if len(event) > 1 else 0
+            if t is None or not isinstance(k, int) or k <= 0:
+                continue  # events without tokens are transparent (DESIGN.md §6)
+            per_event.observe(k)
+            if previous is not None:
+                gaps.append((max(0.0, t - previous), k))
+            previous = t
+        if not gaps:
+            return
+        widest = max(range(len(gaps)), key=lambda i: gaps[i][0])
+        for i, (gap, k) in enumerate(gaps):
+            share = gap / k
+            for j in range(min(k, MAX_OBSERVATIONS_PER_EVENT)):
+                # one exemplar per flow, on its widest gap: the trace worth opening
+                itl.observe(share, exemplar if i == widest and j == 0 else None)
+
+    def _observe_bytes(
+        self, hop: str, api: str, response: Mapping[str, Any], figures: Mapping[str, Any]
+    ) -> None:
+        payload = _num(figures.get("payload_bytes")) or 0.0
+        for direction, key in (("in", "bytes_wire"), ("out", "bytes_out")):
+            wire = _num(response.get(key))
+            if not wire:
+                continue
+            # framing = everything on the wire that is not visible text (envelopes, event
+            # fields, compression effects); payload is capped at the wire count.
+            part_payload = min(payload, wire)
+            if part_payload:
+                self.bytes.labels(hop=hop, api=api, direction=direction, part="payload").inc(
+                    part_payload
+                )
+            if wire > part_payload:
+                self.bytes.labels(hop=hop, api=api, direction=direction, part="framing").inc(
+                    wire - part_payload
+                )
+
+    def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
+        """Observe the per-token holds of one segment ("edge>origin") for one stream."""
+        child = self.hold.labels(segment=_name(segment, self._names["segment"], self._lock))
+        exemplar = _exemplar(trace_id)
+        values = [v for v in (_num(h) for h in holds_s) if v is not None]
+        if not values:
+            return
+        widest = max(range(len(values)), key=values.__getitem__)
+        for i, value in enumerate(values):
+            child.observe(value, exemplar if i == widest else None)
+
+    def internal_error(self, where: str) -> None:
+        """Count one error inside hopmeter's measuring code, by site."""
+        self.internal_errors.labels(where=_name(where, self._names["where"], self._lock)).inc()
+
+    def stream_started(self) -> None:
+        """A response began streaming through a listener."""
+        self.streams_active.inc()
+
+    def stream_finished(self) -> None:
+        """A response that began streaming has ended, however it ended."""
+        self.streams_active.dec()
+
+
+# --- the endpoint -----------------------------------------------------------------------------
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds are not news; stay silent."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight must not keep the process alive
+    block_on_close = False
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind looks up the host's FQDN, a DNS query per start; nothing here
+        # needs a server name, so bind and set the WSGI environment without it.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper that hangs up mid-response is not an error worth a traceback."""
+
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _app(registry: CollectorRegistry) -> WSGIApp:
+    metrics_app: WSGIApp = prometheus_client.make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics or /healthz\n"]
+
+    return app
+
+
+@dataclass(slots=True)
+class MetricsServer:
+    """A running metrics endpoint; `close()` stops it and frees the port."""
+
+    host: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        """Where /metrics is served."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(
+    target: Metrics | CollectorRegistry, host: str = "127.0.0.1", port: int = 9464
+) -> MetricsServer:
+    """Serve /metrics and /healthz on host:port (0 picks a free port) in a daemon thread."""
+    registry = target.registry if isinstance(target, Metrics) else target
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise MetricsPortError(
+            f"metrics address {host}:{port} does not resolve ({exc.strerror}); choose another "
+            "with --metrics HOST:PORT or turn the endpoint off with --metrics off"
+        ) from exc
+    family, _, _, _, sockaddr = infos[0]
+    address = str(sockaddr[0])
+
+    class Server(_Server):
+        address_family = family
+
+    try:
+        server = Server((address, port), _QuietHandler)
+    except OSError as exc:
+        what = "is already in use" if exc.errno == errno.EADDRINUSE else f"failed: {exc.strerror}"
+        raise MetricsPortError(
+            f"metrics port {port} on {host} {what}; choose another with --metrics HOST:PORT "
+            "or turn the endpoint off with --metrics off"
+        ) from exc
+    server.set_app(_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="hopmeter-metrics", daemon=True)
+    thread.start()
+    return MetricsServer(host=host, port=server.server_address[1], _server=server, _thread=thread)
+
+
+def exported_names(registry: CollectorRegistry) -> Iterator[str]:
+    """Every sample name the registry's metric families can expose (for dashboards and tests)."""
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",)}
+    for family in registry.collect():
+        for suffix in suffixes.get(family.type, ("",)):
+            yield family.name + suffix
