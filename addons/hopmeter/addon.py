@@ -7,7 +7,6 @@ state and guards every call into measuring code so that a bug there can never to
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -22,10 +21,11 @@ from hopmeter.core.meter import FlowMeter
 from hopmeter.core.providers import detect_api
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
 from hopmeter.core.trace import TraceContext, parse_traceparent
+from hopmeter.log import get_logger
 from hopmeter.sinks import RecordSink
 from hopmeter.tokenizers import load_counter
 
-log = logging.getLogger("hopmeter")
+log = get_logger()
 
 # The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
 # read `model` and `stream` from a JSON body. 64 KiB holds the head of any chat request; a longer
@@ -236,8 +236,8 @@ class HopMeter:
             hook = getattr(obs, "internal_error", None)
             if hook is not None:
                 hook(where)
-        log.warning("hopmeter: measuring failed in %s (%s); the flow is forwarded unmeasured",
-                    where, f"{type(exc).__name__}: {exc}" if exc else "")
+        log.warning("hopmeter: measuring failed; the flow is forwarded unmeasured",
+                    where=where, error=f"{type(exc).__name__}: {exc}" if exc else None)
 
     def _trace(self, flow: http.HTTPFlow) -> TraceContext:
         incoming = flow.request.headers.get("traceparent")

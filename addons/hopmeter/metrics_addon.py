@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from mitmproxy import ctx, exceptions
 
+from hopmeter.log import get_logger
 from hopmeter.addon import FlowState, HopMeter
 from hopmeter.core.record import FlowResult
 
-log = logging.getLogger("hopmeter")
+log = get_logger()
 
 
 class MetricsAddon:
@@ -43,8 +43,8 @@ class MetricsAddon:
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         if host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("hopmeter: the metrics endpoint listens on %s, reachable beyond this "
-                        "host; it exposes traffic volumes and model names", host)
+            log.warning("hopmeter: WARNING the metrics endpoint listens beyond this host; it "
+                        "exposes traffic volumes and model names", address=f"{host}:{port}")
         try:
             self.server = serve(self.metrics, host, port)
         except MetricsPortError as exc:

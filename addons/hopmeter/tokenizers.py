@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 
+from hopmeter.log import get_logger
 from hopmeter.core.accounting import Counter
 from hopmeter.core.tokens import make_counter
 
-log = logging.getLogger("hopmeter")
+log = get_logger()
 
 # Model names come from traffic, so the cache is bounded; 256 distinct models is far more than one
 # deployment serves, and a miss only costs a dictionary lookup in the tokenizer library's own cache.
@@ -31,7 +31,7 @@ class Counters:
             reason = getattr(counter, "fallback_reason", None)
             if reason and reason not in self._warned:
                 self._warned.add(reason)
-                log.warning("hopmeter: tokens are estimated: %s", reason)
+                log.warning("hopmeter: tokens are estimated", reason=reason)
             if len(self._by_model) >= MAX_CACHED_MODELS:
                 self._by_model.clear()
             self._by_model[key] = counter

@@ -76,6 +76,7 @@ class StreamFacts:
     usage_output_tokens: int | None = None
     usage_input_tokens: int | None = None
     payload_bytes: int = 0  # UTF-8 bytes of visible text
+    replacement_chars: int = 0  # U+FFFD in the visible text
     events_incomplete_utf8: int = 0
     decode_error: str | None = None
     framing_limit_hits: int = 0
@@ -122,6 +123,11 @@ class FlowMeter:
     def framer(self) -> Framer | None:
         """The SSE or NDJSON decoder in use, if the body is an event stream."""
         return self._framer
+
+    @property
+    def event_stream(self) -> bool:
+        """Whether the body is framed as events (SSE or NDJSON) rather than one document."""
+        return self._framer is not None
 
     @property
     def utf8(self) -> Utf8Decoder:
@@ -226,6 +232,8 @@ class FlowMeter:
             if delta.content and facts.first_content_s is None:
                 facts.first_content_s = t
             self._visible_chars += len(text)
+            if "\ufffd" in text:
+                facts.replacement_chars += text.count("\ufffd")
             facts.payload_bytes += len(text.encode("utf-8"))
             if self._keep_text and self.text_chars + len(text) <= MAX_TEXT_CHARS:
                 self.text_parts.append(text)

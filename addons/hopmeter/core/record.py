@@ -8,11 +8,15 @@ from typing import Any
 
 from hopmeter.core.accounting import Counter, TokenAccount, account_tokens
 from typing import Protocol
+from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
 
 SCHEMA = "hopmeter.flow/1"
 ENDINGS = ("complete", "upstream_reset", "client_gone", "error", "shutdown")
+# APIs whose streams end with a terminal event; for the rest, "no terminal event" means nothing.
+TERMINATED_APIS = frozenset({"openai.chat", "openai.responses", "anthropic.messages", "ollama",
+                             "gemini", "tgi"})
 
 # Response headers the detectors read; nothing else of the response's headers is kept, and no
 # request header at all (they carry keys and cookies).
@@ -147,7 +151,12 @@ def finish_flow(
                 rec["content"] = "".join(meter.text_parts)
     rec["api"] = api
     rec["model"] = model
-    rec["findings"] = []
+    findings = []
+    if response is not None and meter is not None and figures is not None and account is not None:
+        view = stream_view(meter, figures, account, response, ended, stall_threshold_s,
+                           request.stream_requested)
+        findings = [f.as_dict() for f in diagnose(view)]
+    rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error
     return FlowResult(record=rec, figures=figures, tokens=account)
@@ -252,3 +261,39 @@ def summary_line(rec: Mapping[str, Any]) -> str:
     if findings:
         parts.append("findings=" + ",".join(f["kind"] for f in findings))
     return " ".join(parts)
+
+
+def stream_view(meter: FlowMeter, f: Figures, account: TokenAccount, response: ResponseInfo,
+                ended: str, stall_threshold_s: float, stream_requested: bool | None) -> StreamView:
+    """The detectors' input for one measured flow."""
+    framer = meter.framer
+    facts = meter.facts
+    n = len(meter.events.t_s)
+    return StreamView(
+        status=response.status,
+        api=meter.api,
+        event_stream=meter.event_stream,
+        headers=response.headers,
+        ended=ended,
+        chunk_times_s=meter.chunk_t,
+        chunk_bytes=meter.chunk_bytes,
+        event_times_s=meter.events.t_s,
+        event_tokens=account.per_event[:n],
+        ttfb_s=f.ttfb_s,
+        ttft_s=f.ttft_s,
+        ttft_content_s=f.ttft_content_s,
+        max_gap_s=f.max_gap_s,
+        stalls=f.stalls,
+        stall_threshold_s=stall_threshold_s,
+        terminal_seen=facts.terminal_seen,
+        errors=facts.errors,
+        replacement_chars=facts.replacement_chars,
+        invalid_utf8=meter.utf8.replacement_chars,
+        events_incomplete_utf8=facts.events_incomplete_utf8,
+        chunks_split_utf8=meter.utf8.split_sequences,
+        line_endings=dict(getattr(framer, "line_endings", {})) if framer is not None else {},
+        unterminated_bytes=getattr(framer, "unterminated_bytes", 0) if framer is not None else 0,
+        document_tokens=0 if meter.event_stream else f.tokens,
+        stream_requested=stream_requested,
+        has_terminal=meter.api in TERMINATED_APIS,
+    )

@@ -1,0 +1,377 @@
+"""Detectors: what broke a stream, each a pure function of one flow's timeline, with the fix.
+
+Streaming faults never raise an error: a hop that forwards the body in one piece at the end has
+produced a correct HTTP response. These detectors read timing and content evidence instead. The
+"where to look first" table of the seed article "GPU to pixel" and the "five places a token can be
+held" of "Streaming responses and buffering" are their specification (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import fmean, pstdev
+from typing import Any
+
+# -- thresholds, in one table, each with where the number comes from --------------------------
+THRESHOLDS: dict[str, float] = {
+    # whole_body_hold: share of the body's bytes that arrived in the final burst. A hop that holds
+    # the body releases all of it at once; 0.9 leaves room for headers-adjacent bytes such as a
+    # role prelude flushed early (seed "GPU to pixel": "nothing, then everything").
+    "hold_final_burst_share": 0.9,
+    # ... and the wait before that burst must be long enough to matter to a reader: 0.5 s is the
+    # stall threshold below (seed "Streaming responses": a 500 ms gap is what readers notice).
+    "hold_min_wait_s": 0.5,
+    # Arrivals closer than this belong to one burst: one read of a socket buffer on loopback takes
+    # well under 1 ms, and a token clock faster than 200 tokens/s (5 ms) is rare (measured here).
+    "burst_join_s": 0.005,
+    # Fewer events than this say nothing about pacing.
+    "min_events": 8,
+    # burst_gaps: Ashman's D between the two clusters of log-gaps; D > 2 is the textbook condition
+    # for a clean separation of a two-component mixture (Ashman, Bird & Zucker 1994).
+    "burst_ashman_d": 2.0,
+    # ... and the stall cluster's typical gap at least this many times the burst cluster's: natural
+    # jitter of ±30% spans a ratio of 1.3/0.7 ≈ 1.9, coalescing has one cluster only.
+    "burst_gap_ratio": 8.0,
+    # ... and at least this many stalls: one stall is a scheduler hiccup (a `stall` finding), a
+    # repeated stall-then-burst pattern is a buffer releasing windows.
+    "burst_min_stalls": 2,
+    # ... and bursts must carry several tokens each on average, or it is just a slow stream.
+    "burst_min_tokens": 3.0,
+    # fixed byte window vs fixed token count: coefficient of variation of burst sizes below this
+    # counts as "fixed" (gzip and proxy buffers release in windows of equal bytes).
+    "burst_fixed_cv": 0.25,
+    # slow_first_token: TTFT more than this many seconds after the first byte (seed "Streaming
+    # responses": preludes cost 30-100 ms; reasoning can cost seconds).
+    "slow_first_token_s": 0.5,
+    # not_streamed: a document reply this long (tokens) would have shown its first words earlier.
+    "not_streamed_min_tokens": 20,
+}
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+FIXES: dict[str, str] = {
+    "whole_body_hold": "A hop buffers the whole body: turn off buffering and compression for "
+                       "event streams (nginx: proxy_buffering off; gzip off) or flush per event.",
+    "burst_gaps": "A buffer or compressor upstream releases the stream in windows: disable it "
+                  "for event streams, or flush after each event.",
+    "compression_on_stream": "Turn compression off for streaming endpoints: a compressor waits "
+                             "to fill its window before it writes.",
+    "buffering_headers": "Send X-Accel-Buffering: no and Cache-Control: no-cache, no-transform, "
+                         "and no Content-Length or ETag, so every proxy streams the response.",
+    "replacement_char": "The server decodes token bytes one at a time: hold bytes until they "
+                        "form valid UTF-8 before sending them.",
+    "split_utf8": "Characters are split across events or reads: clients must use one streaming "
+                  "UTF-8 decoder per stream, never one per chunk.",
+    "line_endings": "Events end in CR or CRLF: clients that split on \"\\n\\n\" render nothing; "
+                    "accept all three line endings.",
+    "truncated": "The stream ended without its terminal event: treat the reply as failed and "
+                 "retry, even though the status was 200.",
+    "not_streamed": "Stream this reply: its first words could have appeared long before the "
+                    "last.",
+    "stall": "A gap above the stall threshold: look for a scheduler admitting prefills or an "
+             "upstream pause.",
+    "slow_first_token": "The first visible token came well after the first byte (role prelude "
+                        "or reasoning): promise first-word times on TTFT, not TTFB.",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """One diagnosis: what, how bad, the numbers behind it, and the fix."""
+
+    kind: str
+    severity: str
+    evidence: Mapping[str, Any]
+    fix: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record's JSON form."""
+        return {"kind": self.kind, "severity": self.severity, "evidence": dict(self.evidence),
+                "fix": self.fix}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamView:
+    """What detectors read: one flow's timeline and content evidence, times in seconds."""
+
+    status: int
+    api: str
+    event_stream: bool  # SSE or NDJSON framing
+    headers: Mapping[str, str]
+    ended: str
+    chunk_times_s: Sequence[float]
+    chunk_bytes: Sequence[int]
+    event_times_s: Sequence[float]
+    event_tokens: Sequence[int]
+    ttfb_s: float | None = None
+    ttft_s: float | None = None
+    ttft_content_s: float | None = None
+    max_gap_s: float | None = None
+    stalls: int = 0
+    stall_threshold_s: float = 0.5
+    terminal_seen: bool = False
+    errors: Sequence[str] = ()
+    replacement_chars: int = 0  # U+FFFD in the visible text, however it got there
+    invalid_utf8: int = 0  # U+FFFD produced by invalid bytes in the decoded body
+    events_incomplete_utf8: int = 0
+    chunks_split_utf8: int = 0
+    line_endings: Mapping[str, int] = field(default_factory=dict)
+    unterminated_bytes: int = 0
+    document_tokens: int = 0  # visible tokens of a reply that came as one JSON document
+    stream_requested: bool | None = None
+    has_terminal: bool = True  # whether this API defines a terminal event
+
+
+def _finding(kind: str, severity: str, **evidence: Any) -> Finding:
+    return Finding(kind=kind, severity=severity, evidence=evidence, fix=FIXES[kind])
+
+
+def _bursts(times: Sequence[float], sizes: Sequence[int]) -> list[tuple[float, float, int, int]]:
+    """Group arrivals closer than `burst_join_s`: (start, end, count, total size) per burst."""
+    join = THRESHOLDS["burst_join_s"]
+    out: list[tuple[float, float, int, int]] = []
+    for t, n in zip(times, sizes, strict=True):
+        if out and t - out[-1][1] <= join:
+            s, _, c, b = out[-1]
+            out[-1] = (s, t, c + 1, b + n)
+        else:
+            out.append((t, t, 1, n))
+    return out
+
+
+def detect_whole_body_hold(v: StreamView) -> Finding | None:
+    """Nearly all bytes arrived in one burst at the end of a long wait."""
+    if not v.event_stream or len(v.event_times_s) < THRESHOLDS["min_events"]:
+        return None
+    total = sum(v.chunk_bytes)
+    bursts = _bursts(v.chunk_times_s, v.chunk_bytes)
+    if total <= 0 or not bursts:
+        return None
+    start, end, _, size = bursts[-1]
+    share = size / total
+    wait = start - (v.ttfb_s or 0.0) if len(bursts) > 1 else start
+    if share >= THRESHOLDS["hold_final_burst_share"] and start >= THRESHOLDS["hold_min_wait_s"]:
+        return _finding(
+            "whole_body_hold", "error",
+            final_burst_share=round(share, 3), final_burst_at_s=round(start, 4),
+            final_burst_bytes=size, events=len(v.event_times_s),
+            wait_before_burst_s=round(wait, 4),
+        )
+    return None
+
+
+def _two_means_log(gaps: Sequence[float]) -> tuple[list[float], list[float]] | None:
+    """Split log-gaps into two clusters at the threshold that minimises within-cluster variance.
+
+    This is Otsu's method / 1-D two-means, exact by scanning every split of the sorted values.
+    """
+    if len(gaps) < 4:
+        return None
+    xs = sorted(math.log(max(g, 1e-4)) for g in gaps)
+    n = len(xs)
+    prefix = [0.0]
+    prefix_sq = [0.0]
+    for x in xs:
+        prefix.append(prefix[-1] + x)
+        prefix_sq.append(prefix_sq[-1] + x * x)
+    best, best_i = math.inf, -1
+    for i in range(1, n):
+        lo_n, hi_n = i, n - i
+        lo_s, hi_s = prefix[i], prefix[n] - prefix[i]
+        sse = (prefix_sq[i] - lo_s * lo_s / lo_n) + (prefix_sq[n] - prefix_sq[i] - hi_s * hi_s / hi_n)
+        if sse < best:
+            best, best_i = sse, i
+    return xs[:best_i], xs[best_i:]
+
+
+def detect_burst_gaps(v: StreamView) -> Finding | None:
+    """Inter-arrival gaps are bimodal: stalls separated by bursts.
+
+    Statistic: the event gaps' logarithms are split in two by exact 1-D two-means (Otsu), and the
+    split is accepted only if Ashman's D between the clusters exceeds 2 (a clean separation), the
+    stall cluster's geometric mean is at least 8× the burst cluster's, and there are at least two
+    stalls. Log space because gaps are multiplicative (a 5 ms and a 500 ms mode). The three tests
+    reject, respectively: unimodal jitter (D small or ratio < 2), steady coalescing (one cluster),
+    and a single long scheduler stall (one stall only). Sarle's bimodality coefficient was not
+    used: it rises for any strongly skewed sample, which a single stall produces.
+    """
+    if not v.event_stream:
+        return None
+    pts = [(t, k) for t, k in zip(v.event_times_s, v.event_tokens, strict=True) if k > 0]
+    if len(pts) < THRESHOLDS["min_events"]:
+        return None
+    gaps = [b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False)]
+    split = _two_means_log(gaps)
+    if split is None:
+        return None
+    lo, hi = split
+    sd = math.sqrt(pstdev(lo) ** 2 + pstdev(hi) ** 2)
+    d = math.inf if sd == 0 else math.sqrt(2) * abs(fmean(hi) - fmean(lo)) / sd
+    ratio = math.exp(fmean(hi) - fmean(lo))
+    if d < THRESHOLDS["burst_ashman_d"] or ratio < THRESHOLDS["burst_gap_ratio"]:
+        return None
+    if len(hi) < THRESHOLDS["burst_min_stalls"]:
+        return None
+    cut = math.exp((max(lo) + min(hi)) / 2)
+    bursts: list[list[int]] = [[pts[0][1]]]
+    for gap, (_, k) in zip(gaps, pts[1:], strict=True):
+        if gap >= cut:
+            bursts.append([k])
+        else:
+            bursts[-1].append(k)
+    tokens_per_burst = [sum(b) for b in bursts]
+    if fmean(tokens_per_burst) < THRESHOLDS["burst_min_tokens"]:
+        return None
+    byte_bursts = [b[3] for b in _bursts(v.chunk_times_s, v.chunk_bytes) if True]
+    inner_bytes = byte_bursts[:-1] if len(byte_bursts) > 2 else byte_bursts
+    inner_tokens = tokens_per_burst[:-1] if len(tokens_per_burst) > 2 else tokens_per_burst
+    cv_bytes = _cv(inner_bytes)
+    cv_tokens = _cv(inner_tokens)
+    fixed = THRESHOLDS["burst_fixed_cv"]
+    if cv_bytes <= fixed and cv_bytes < cv_tokens:
+        pattern = "byte_window"  # a compressor or proxy buffer
+    elif cv_tokens <= fixed:
+        pattern = "token_count"  # origin coalescing (batching k tokens per release)
+    else:
+        pattern = "irregular"
+    stall_gaps = [g for g in gaps if g >= cut]
+    return _finding(
+        "burst_gaps", "warning",
+        bursts=len(bursts), tokens_per_burst=round(fmean(tokens_per_burst), 2),
+        bytes_per_burst=round(fmean(inner_bytes), 1) if inner_bytes else None,
+        stall_period_s=round(fmean(stall_gaps), 4), burst_gap_s=round(math.exp(fmean(lo)), 5),
+        ashman_d=round(d, 2) if d != math.inf else None, gap_ratio=round(ratio, 1),
+        pattern=pattern,
+    )
+
+
+def _cv(xs: Sequence[int]) -> float:
+    if len(xs) < 2 or fmean(xs) == 0:
+        return math.inf
+    return pstdev(xs) / fmean(xs)
+
+
+def detect_compression(v: StreamView) -> Finding | None:
+    """Content-Encoding on an event stream."""
+    enc = v.headers.get("content-encoding", "").strip().lower()
+    if v.event_stream and enc and enc != "identity":
+        return _finding("compression_on_stream", "warning", content_encoding=enc)
+    return None
+
+
+def detect_buffering_headers(v: StreamView) -> Finding | None:
+    """Headers that let (or make) proxies buffer an event stream."""
+    if not v.event_stream or v.status != 200:
+        return None
+    h = v.headers
+    problems = []
+    if h.get("x-accel-buffering", "").strip().lower() != "no":
+        problems.append("no X-Accel-Buffering: no")
+    cache = h.get("cache-control", "").lower()
+    if "no-cache" not in cache and "no-store" not in cache:
+        problems.append("no Cache-Control: no-cache")
+    if "no-transform" not in cache:
+        problems.append("no Cache-Control: no-transform")
+    if "content-length" in h:
+        problems.append("Content-Length on a stream")
+    if "etag" in h:
+        problems.append("ETag on a stream")
+    if not problems:
+        return None
+    severe = any(p.startswith(("Content-Length", "ETag")) for p in problems)
+    return _finding("buffering_headers", "warning" if severe else "info", problems=problems)
+
+
+def detect_replacement_char(v: StreamView) -> Finding | None:
+    """U+FFFD in the payload."""
+    if v.replacement_chars or v.invalid_utf8:
+        return _finding("replacement_char", "error", in_text=v.replacement_chars,
+                        from_invalid_bytes=v.invalid_utf8)
+    return None
+
+
+def detect_split_utf8(v: StreamView) -> Finding | None:
+    """Events (or reads) whose bytes end inside a UTF-8 sequence."""
+    if v.events_incomplete_utf8:
+        return _finding("split_utf8", "warning", events=v.events_incomplete_utf8,
+                        chunks=v.chunks_split_utf8)
+    if v.chunks_split_utf8:
+        return _finding("split_utf8", "info", events=0, chunks=v.chunks_split_utf8)
+    return None
+
+
+def detect_line_endings(v: StreamView) -> Finding | None:
+    """CR or CRLF line endings in an event stream."""
+    cr, crlf = v.line_endings.get("cr", 0), v.line_endings.get("crlf", 0)
+    if cr or crlf:
+        return _finding("line_endings", "info", cr=cr, crlf=crlf, lf=v.line_endings.get("lf", 0))
+    return None
+
+
+def detect_truncated(v: StreamView) -> Finding | None:
+    """No terminal event, a reset, a cut last event, or an error event inside a 200."""
+    if not v.event_stream or v.status != 200:
+        return None
+    reasons = []
+    if v.ended == "upstream_reset":
+        reasons.append("upstream reset the connection")
+    if v.errors:
+        reasons.append("error event in a 200 stream")
+    if v.unterminated_bytes:
+        reasons.append("last event not terminated")
+    if v.has_terminal and not v.terminal_seen and v.ended == "complete":
+        reasons.append("no terminal event")
+    if not reasons:
+        return None
+    return _finding("truncated", "error", reasons=reasons, errors=list(v.errors[:3]),
+                    ended=v.ended, unterminated_bytes=v.unterminated_bytes)
+
+
+def detect_not_streamed(v: StreamView) -> Finding | None:
+    """A chat reply delivered as one JSON document."""
+    if v.event_stream or v.document_tokens < THRESHOLDS["not_streamed_min_tokens"]:
+        return None
+    severity = "error" if v.stream_requested else "warning"
+    return _finding("not_streamed", severity, tokens=v.document_tokens,
+                    first_visible_at_s=v.ttft_s, stream_requested=v.stream_requested)
+
+
+def detect_stall(v: StreamView) -> Finding | None:
+    """Gaps at or above the stall threshold."""
+    if v.stalls:
+        return _finding("stall", "warning", stalls=v.stalls, max_gap_s=v.max_gap_s,
+                        threshold_s=v.stall_threshold_s)
+    return None
+
+
+def detect_slow_first_token(v: StreamView) -> Finding | None:
+    """The first visible token far after the first byte."""
+    if v.ttft_s is None or v.ttfb_s is None or not v.event_stream:
+        return None
+    lag = v.ttft_s - v.ttfb_s
+    if lag < THRESHOLDS["slow_first_token_s"]:
+        return None
+    reasoning = None
+    if v.ttft_content_s is not None:
+        reasoning = round(v.ttft_content_s - v.ttft_s, 4)
+    return _finding("slow_first_token", "info", ttfb_s=v.ttfb_s, ttft_s=v.ttft_s,
+                    lag_s=round(lag, 4), reasoning_before_content_s=reasoning)
+
+
+DETECTORS: tuple[Callable[[StreamView], Finding | None], ...] = (
+    detect_whole_body_hold, detect_burst_gaps, detect_compression, detect_buffering_headers,
+    detect_replacement_char, detect_split_utf8, detect_line_endings, detect_truncated,
+    detect_not_streamed, detect_stall, detect_slow_first_token,
+)
+
+
+def diagnose(v: StreamView) -> list[Finding]:
+    """Every finding for one flow, worst first."""
+    found = [f for d in DETECTORS if (f := d(v)) is not None]
+    kinds = {f.kind for f in found}
+    if "whole_body_hold" in kinds:
+        # a held body is one burst; the gaps inside it are not a separate finding
+        found = [f for f in found if f.kind not in ("burst_gaps", "stall")]
+    return sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])

@@ -1,0 +1,78 @@
+"""Figures from literal event times: token weighting, stalls, quantiles, windowed rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from hopmeter.core.figures import (
+    compute_figures,
+    min_window_rate,
+    token_gaps,
+    weighted_quantile,
+)
+
+
+def _figures(times: list[float], tokens: list[int], threshold: float = 0.5):  # type: ignore[no-untyped-def]
+    return compute_figures(first_byte_s=times[0], last_byte_s=times[-1], times_s=times,
+                           tokens=tokens, first_event_s=times[0], first_visible_s=times[0],
+                           first_content_s=times[0], stall_threshold_s=threshold)
+
+
+def test_coalesced_events_give_the_token_clock() -> None:
+    """Four tokens per event every 80 ms is a 20 ms inter-token latency, not 80 ms."""
+    times = [0.1 + 0.08 * i for i in range(10)]
+    f = _figures(times, [4] * 10)
+    assert f.itl_p50_s == pytest.approx(0.02)
+    assert f.itl_p99_s == pytest.approx(0.02)
+    assert f.max_gap_s == pytest.approx(0.08)
+    assert f.tokens == 40
+
+
+def test_events_without_tokens_are_transparent() -> None:
+    """A ping between two tokens does not split the gap between them."""
+    g = token_gaps([0.0, 0.05, 0.1], [1, 0, 1])
+    assert g.event_gaps_s == pytest.approx((0.1,))
+    assert g.weights == (1,)
+
+
+def test_one_stall_is_counted_and_is_the_max_gap() -> None:
+    """A single 900 ms gap in a steady stream is one stall and the max gap, and hides in p50."""
+    times = [0.02 * i for i in range(50)]
+    times = times[:25] + [t + 0.9 for t in times[25:]]
+    f = _figures(times, [1] * 50)
+    assert f.stalls == 1
+    assert f.max_gap_s == pytest.approx(0.92)
+    assert f.itl_p50_s == pytest.approx(0.02)
+
+
+def test_threshold_is_inclusive() -> None:
+    """A gap exactly at the threshold is a stall."""
+    assert _figures([0.0, 0.5], [1, 1], threshold=0.5).stalls == 1
+
+
+def test_weighted_quantile_nearest_rank() -> None:
+    """Weights count as repeated observations; nearest rank, no interpolation."""
+    assert weighted_quantile([0.01, 1.0], [99, 1], 0.5) == 0.01
+    assert weighted_quantile([0.01, 1.0], [99, 1], 0.99) == 0.01
+    assert weighted_quantile([0.01, 1.0], [98, 2], 0.99) == 1.0
+    assert weighted_quantile([], [], 0.5) is None
+
+
+def test_window_rate_finds_the_slow_second() -> None:
+    """The lowest one-second rate sees a slow patch that the average hides."""
+    fast = [0.01 * i for i in range(200)]  # 100 tokens/s for 2 s
+    slow = [2.0 + 0.2 * i for i in range(1, 11)]  # then 5 tokens/s for 2 s
+    rate = min_window_rate(fast + slow, [1] * 210, 1.0)
+    assert rate is not None
+    assert rate <= 5.0
+
+
+def test_short_stream_has_no_window_rate() -> None:
+    """A stream shorter than one window has no windowed rate."""
+    assert min_window_rate([0.0, 0.1, 0.2], [1, 1, 1], 1.0) is None
+
+
+def test_rate_counts_tokens_after_the_first() -> None:
+    """tokens/s divides the tokens after the first event by the time since it."""
+    f = _figures([0.5, 1.0, 1.5], [1, 2, 2])
+    assert f.tokens_per_s == pytest.approx(4.0)
