@@ -203,6 +203,19 @@ def test_counters_count_flows_tokens_events_findings_and_stalls(
     assert value(registry, "hopmeter_findings_total", kind="other") == 1
 
 
+def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
+    registry: CollectorRegistry,
+) -> None:
+    """Every finding kind and the stall counter start at 0, so a first increase is seen."""
+    Metrics(registry).observe_flow(flow_record(findings=[]))
+    series = samples(registry)
+    kinds = {dict(ls)["kind"]: v for (n, ls), v in series.items() if n == "hopmeter_findings_total"}
+    assert {"whole_body_hold", "truncated", "stall", "other"} <= kinds.keys()
+    assert set(kinds.values()) == {0.0}
+    assert value(registry, "hopmeter_stalls_total", hop="edge") == 0
+    assert any(n == "hopmeter_stalls_total" for n, _ in series)
+
+
 def test_bytes_split_into_payload_and_framing(registry: CollectorRegistry) -> None:
     """Wire bytes in and out split into visible payload and everything else (framing)."""
     Metrics(registry).observe_flow(

@@ -221,6 +221,7 @@ class Metrics:
         self.routes = RouteLabels(DEFAULT_ROUTES if routes is None else routes)
         self._names: dict[str, set[str]] = {"hop": set(), "segment": set(), "where": set()}
         self._lock = threading.Lock()
+        self._initialised: set[str] = set()
 
         def hist(name: str, doc: str, buckets: Sequence[float], labels: Sequence[str]) -> Histogram:
             return Histogram(f"hopmeter_{name}", doc, labels, registry=registry, buckets=buckets)
@@ -355,14 +356,31 @@ class Metrics:
         if events:
             self.events.labels(**short).inc(events)
         stalls = _num(figures.get("stalls"))
+        stalls_child = self.stalls.labels(**short)  # created at 0: see _initialise
         if stalls:
-            self.stalls.labels(**short).inc(stalls, exemplar)
+            stalls_child.inc(stalls, exemplar)
+        self._initialise(labels["hop"], api)
         self._observe_bytes(labels["hop"], api, response, figures)
         for finding in record.get("findings") or ():
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
             self.findings.labels(
                 hop=labels["hop"], api=api, kind=kind if kind in FINDING_KINDS else OTHER
             ).inc(1, exemplar)
+
+    def _initialise(self, hop: str, api: str) -> None:
+        """Create every finding kind's series at 0 the first time a hop/api pair is seen.
+
+        A counter born at 1 hides its first increase from rate() and increase(), so an alert on
+        the first whole-body hold would never fire; and "no data" on a dashboard should mean no
+        traffic, not no findings (prometheus.io/docs/practices/instrumentation, "Avoid missing
+        metrics"). Bounded: kinds x hops x apis, all capped.
+        """
+        key = f"{hop}\0{api}"
+        if key in self._initialised:
+            return
+        self._initialised.add(key)
+        for kind in (*FINDING_KINDS, OTHER):
+            self.findings.labels(hop=hop, api=api, kind=kind)
 
     def _observe_events(
         self,
