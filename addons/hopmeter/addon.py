@@ -47,6 +47,7 @@ class FlowState:
     request_model: str | None = None
     stream_requested: bool | None = None
     tap: ResponseTap | None = None
+    streaming: bool = False  # counted in streams_active
     finished: bool = False
 
     def offset(self, mono: float) -> float:
@@ -218,6 +219,8 @@ class HopMeter:
                 content_type=resp.headers.get("content-type", ""),
                 content_encoding=resp.headers.get("content-encoding"),
             )
+            state.streaming = True
+            self._notify("stream_started")
         except Exception as exc:
             tap.fail(exc)
 
@@ -229,13 +232,16 @@ class HopMeter:
         self._finish(flow, classify_error(msg))
 
     # -- internals -----------------------------------------------------------------------------
+    def _notify(self, hook: str, *args: Any) -> None:
+        for obs in self.observers:
+            fn = getattr(obs, hook, None)
+            if fn is not None:
+                fn(*args)
+
     def internal_error(self, where: str, exc: BaseException | None = None) -> None:
         """Count a bug in measuring code; the flow goes on unmeasured."""
         self.internal_errors += 1
-        for obs in self.observers:
-            hook = getattr(obs, "internal_error", None)
-            if hook is not None:
-                hook(where)
+        self._notify("internal_error", where)
         log.warning("hopmeter: measuring failed; the flow is forwarded unmeasured",
                     where=where, error=f"{type(exc).__name__}: {exc}" if exc else None)
 
@@ -255,6 +261,12 @@ class HopMeter:
         if state is None or state.finished:
             return
         state.finished = True
+        if state.streaming:
+            state.streaming = False
+            try:
+                self._notify("stream_finished")
+            except Exception as exc:
+                self.internal_error("observer", exc)
         try:
             result = self._result(flow, state, ended)
         except Exception as exc:

@@ -29,13 +29,18 @@ class MetricsAddon:
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_metrics" not in updated:
             return
-        from hopmeter.metrics import Metrics, MetricsPortError, serve  # noqa: PLC0415
+        from hopmeter.metrics import (  # noqa: PLC0415
+            CollectorRegistry,
+            Metrics,
+            MetricsPortError,
+            serve,
+        )
         from hopmeter.runner import UsageError, parse_hostport  # noqa: PLC0415
 
         self._stop()
         spec = ctx.options.hopmeter_metrics.strip()
         if self.metrics is None:
-            self.metrics = Metrics()
+            self.metrics = Metrics(CollectorRegistry(auto_describe=True))
         if spec.lower() in ("", "off", "none"):
             return
         try:
@@ -68,6 +73,16 @@ class MetricsAddon:
         """A measuring bug was caught."""
         if self.metrics is not None:
             self.metrics.internal_error(where)
+
+    def stream_started(self) -> None:
+        """A response started."""
+        if self.metrics is not None:
+            self.metrics.stream_started()
+
+    def stream_finished(self) -> None:
+        """A response ended, however."""
+        if self.metrics is not None:
+            self.metrics.stream_finished()
 
 
 def make_addons() -> list[Any]:
