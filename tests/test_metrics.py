@@ -17,6 +17,8 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from hopmeter.metrics import (
+    ENDINGS,
+    FINDING_KINDS,
     MAX_NAMES_PER_LABEL,
     MAX_OBSERVATIONS_PER_EVENT,
     Metrics,
@@ -301,6 +303,15 @@ def test_no_created_series(registry: CollectorRegistry) -> None:
     Metrics(registry).observe_flow(flow_record())
     assert "_created" not in generate_latest(registry).decode()
     assert "_created" not in generate_openmetrics(registry).decode()
+
+
+def test_label_tables_follow_the_core() -> None:
+    """The bounded endings and finding kinds are exactly the record's and the detectors'."""
+    from hopmeter.core.detectors import FIXES
+    from hopmeter.core.record import ENDINGS as RECORD_ENDINGS
+
+    assert frozenset(RECORD_ENDINGS) == ENDINGS
+    assert frozenset(FIXES) == FINDING_KINDS
 
 
 def test_the_global_registry_is_left_alone(registry: CollectorRegistry) -> None:
