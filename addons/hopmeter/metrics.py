@@ -86,7 +86,8 @@ DEFAULT_MODEL_FAMILIES: Mapping[str, str] = {p: p for p in (
     "gemini-1.5-pro", "gemini-1.5-flash", "gemini", "gemma", "llama", "mistral", "mixtral",
     "magistral", "codestral", "ministral", "devstral", "qwen", "qwq", "deepseek-r1",
     "deepseek-v3", "deepseek-reasoner", "deepseek-chat", "deepseek", "phi", "command", "grok",
-    "kimi", "glm", "granite", "nemotron", "minimax", "falcon", "olmo", "hopmeter-demo",
+    "kimi", "glm", "granite", "nemotron", "minimax", "falcon", "olmo",
+    "demo",  # hopmeter's own demo upstream ("demo-1")
 )} | {"meta-llama": "llama"}
 
 # Bedrock-style ids ("us.anthropic.claude-...") carry the vendor before a dot.

@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1
+# hopmeter: a measuring reverse proxy for LLM token streams.
+#   docker build -t hopmeter .
+#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 hopmeter run http://host.docker.internal:8000 --listen 0.0.0.0:8080 --metrics 0.0.0.0:9464
+
+# --- builder: hopmeter and every dependency as wheels --------------------------------------
+FROM python:3.12-slim AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY addons ./addons
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+# --- final: the wheels installed into a clean image, run as an unprivileged user -----------
+FROM python:3.12-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOPMETER_HEALTHCHECK_URL=http://127.0.0.1:9464/healthz
+RUN groupadd --system --gid 10001 hopmeter \
+ && useradd --system --uid 10001 --gid hopmeter --create-home --home-dir /home/hopmeter hopmeter
+COPY --from=builder /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/hopmeter-*.whl \
+ && rm -rf /wheels
+USER 10001:10001
+WORKDIR /home/hopmeter
+# 8080: the proxy; 9464: /metrics and /healthz
+EXPOSE 8080 9464
+# The metrics endpoint answers /healthz; with --metrics elsewhere or off, set
+# HOPMETER_HEALTHCHECK_URL or run with --no-healthcheck.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['HOPMETER_HEALTHCHECK_URL'], timeout=2)"]
+ENTRYPOINT ["hopmeter"]
+CMD ["run", "--listen", "0.0.0.0:8080", "--metrics", "0.0.0.0:9464"]
