@@ -28,7 +28,7 @@ from hopmeter.core.decoding import (
     decode_payload,
     make_decoder,
 )
-from hopmeter.core.frames import HopmeterError
+from hopmeter.core.frames import HopmeterError, StreamLimitError
 from hopmeter.testing import split_at, split_every_way
 
 BODY = b'data: {"choices":[{"delta":{"content":"Hello"}}]}\n\n' * 20 + "data: 😀\n\n".encode()
@@ -161,6 +161,7 @@ def test_bomb_stops_at_the_cap_with_bounded_memory(encoding: str):
     finally:
         tracemalloc.stop()
     assert peak < 4 * 1024 * 1024
+    assert isinstance(DecodedSizeError("x"), StreamLimitError)
 
 
 def test_body_at_the_cap_is_decoded():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import tracemalloc
 from pathlib import Path
@@ -403,6 +404,7 @@ def test_split_invariance_and_spec_oracle(stream: bytes, data: st.DataObject):
             assert 0 <= f.replacement_chars <= f.data.count("\ufffd")
 
 
+@functools.cache
 def corpus_event_counts() -> dict[str, int]:
     """ "Framing: N events" per file in SOURCES.md (events a strict parser dispatches)."""
     counts: dict[str, int] = {}

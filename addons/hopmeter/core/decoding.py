@@ -12,7 +12,7 @@ import codecs
 import zlib
 from typing import IO, Any, Protocol, cast
 
-from hopmeter.core.frames import HopmeterError
+from hopmeter.core.frames import HopmeterError, StreamLimitError
 
 # The most a decoder hands back from one library call; bigger outputs are produced in a loop of
 # these steps, so the cap below is checked every 64 KiB instead of after a bomb has gone off.
@@ -32,7 +32,7 @@ class DecodingError(HopmeterError):
     """The body cannot be decoded as its Content-Encoding says (corrupt, unknown or unsupported)."""
 
 
-class DecodedSizeError(DecodingError):
+class DecodedSizeError(DecodingError, StreamLimitError):
     """Decoding would produce more than the per-stream cap (a compression bomb or a huge body)."""
 
 
