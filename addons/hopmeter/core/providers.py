@@ -297,6 +297,8 @@ def _error_text(value: object) -> str | None:
         return value[:MAX_ERROR_CHARS]
     err = _dict(value)
     parts = [str(err[k]) for k in ("type", "code", "status", "message") if err.get(k) is not None]
+    if parts[:1] == ["error"] and len(parts) > 1:
+        parts = parts[1:]  # a whole event {"type": "error", ...}: its type says nothing more
     text = ": ".join(parts) if parts else _dumps(value)
     return text[:MAX_ERROR_CHARS]
 

@@ -1,0 +1,253 @@
+"""Tests for hopmeter.core.tokens: offline tokenizers, the estimate and reconciliation."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib.util
+import socket
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hopmeter.core.frames import HopmeterError
+from hopmeter.core.tokens import (
+    SHIPPED,
+    ShippedVocabulary,
+    TokenizerError,
+    _load,
+    _shipped_bytes,
+    check_tokenizer,
+    encoding_for_model,
+    estimate_tokens,
+    make_counter,
+    reconcile,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "addons" / "hopmeter" / "data"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No test here may reach the network, and each starts with an empty tiktoken cache."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a token counting test tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    _load.cache_clear()  # loaded tokenizers are cached per process
+    return cache
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding", "exact"),
+    [
+        ("gpt-4o-2024-08-06", "o200k_base", True),
+        ("gpt-4.1-mini", "o200k_base", True),
+        ("gpt-5-2025-08-07", "o200k_base", True),
+        ("o3-mini", "o200k_base", True),
+        ("openai/gpt-oss-120b", "o200k_base", True),
+        ("gpt-4-turbo", "cl100k_base", True),
+        ("gpt-3.5-turbo", "cl100k_base", True),
+        ("claude-sonnet-4-5-20250929", "o200k_base", False),
+        ("meta-llama/Llama-3.3-70B-Instruct", "o200k_base", False),
+        ("gemini-2.5-pro", "o200k_base", False),
+        ("o1-preview-is-not-o10", "o200k_base", True),
+        (None, "o200k_base", False),
+    ],
+)
+def test_model_to_encoding(model, encoding, exact):
+    """OpenAI models get their own encoding; every other model o200k_base as a proxy."""
+    assert encoding_for_model(model) == (encoding, exact)
+
+
+def test_o200k_counts_offline_from_shipped_vocabulary(offline: Path):
+    """gpt-4o's text is counted with o200k_base built from the shipped file, without a download."""
+    counter = make_counter("gpt-4o")
+    assert (counter.source, counter.name, counter.exact) == ("tokenizer", "o200k_base", True)
+    assert counter.fallback_reason is None
+    assert counter.count("Hello, world!") == 4
+    assert counter.count("") == 0
+    assert counter.count("<|endoftext|>") > 1  # special-token text is counted as plain text
+    primed = offline / hashlib.sha1(SHIPPED["o200k_base"].url.encode()).hexdigest()
+    assert hashlib.sha256(primed.read_bytes()).hexdigest() == SHIPPED["o200k_base"].sha256
+
+
+def test_cl100k_counts_differ_from_o200k():
+    """gpt-4 is counted with cl100k_base, which splits non-English text into more tokens."""
+    text = "Привет, как дела? 猫がかわいい。"
+    assert make_counter("gpt-4").count(text) > make_counter("gpt-4o").count(text)
+
+
+def test_non_openai_model_uses_proxy_tokenizer():
+    """A Llama model is counted by o200k_base, marked as not its own tokenizer."""
+    counter = make_counter("llama-3.3-70b")
+    assert (counter.source, counter.exact) == ("tokenizer", False)
+
+
+def test_shipped_files_match_pinned_hashes():
+    """The shipped vocabularies decompress to exactly the bytes tiktoken pins."""
+    for vocab in SHIPPED.values():
+        data = gzip.decompress((DATA / vocab.file).read_bytes())
+        assert hashlib.sha256(data).hexdigest() == vocab.sha256
+
+
+def test_damaged_vocabulary_is_refused():
+    """A vocabulary whose bytes do not match the pinned hash is never handed to tiktoken."""
+    fake = ShippedVocabulary("cl100k_base.tiktoken.gz", "0" * 64, "https://example.invalid/x")
+    with pytest.raises(TokenizerError, match="does not match"):
+        _shipped_bytes(fake)
+
+
+def test_empty_cache_dir_setting_falls_back(monkeypatch: pytest.MonkeyPatch):
+    """TIKTOKEN_CACHE_DIR="" would make tiktoken download: the estimate is used, with the reason."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    counter = make_counter("gpt-4o-mini")
+    assert counter.source == "estimate"
+    assert counter.fallback_reason is not None and "TIKTOKEN_CACHE_DIR" in counter.fallback_reason
+
+
+def test_unshipped_encoding_falls_back_or_raises_when_strict():
+    """An encoding hopmeter does not ship gives the estimate, or a one-line error when strict."""
+    counter = make_counter(None, "r50k_base")
+    assert counter.source == "estimate"
+    assert counter.fallback_reason is not None and "--tokenizer PATH" in counter.fallback_reason
+    with pytest.raises(TokenizerError) as err:
+        check_tokenizer("r50k_base")
+    assert isinstance(err.value, HopmeterError) and "\n" not in str(err.value)
+
+
+def test_tokenizer_name_forces_encoding():
+    """--tokenizer NAME counts every model's text with that encoding."""
+    counter = make_counter("claude-3-opus", "cl100k_base")
+    assert (counter.name, counter.exact) == ("cl100k_base", True)
+    assert make_counter(None, "o200k_harmony").count("Hello, world!") == 4
+
+
+def test_tiktoken_file_path(tmp_path: Path):
+    """--tokenizer PATH reads a .tiktoken file: the shipped one is recognised by its hash."""
+    path = tmp_path / "mine.tiktoken"
+    path.write_bytes(gzip.decompress((DATA / "o200k_base.tiktoken.gz").read_bytes()))
+    counter = make_counter(None, str(path))
+    assert (counter.name, counter.count("Hello, world!")) == ("mine.tiktoken", 4)
+
+
+def test_custom_tiktoken_file(tmp_path: Path):
+    """A small custom BPE file counts with its own merges (GPT-2's pre-tokenizer for its size)."""
+    ranks = [bytes([b]) for b in range(256)] + [b"ab", b"abab", b" ab"]
+    lines = [f"{base64.b64encode(tok).decode()} {rank}" for rank, tok in enumerate(ranks)]
+    path = tmp_path / "tiny.tiktoken"
+    path.write_text("\n".join(lines) + "\n")
+    counter = make_counter(None, str(path))
+    assert counter.count("abab") == 1
+    assert counter.count("abab ab") == 2
+    assert counter.count("xyz") == 3
+
+
+def test_bad_tokenizer_files_are_clear_errors(tmp_path: Path):
+    """Missing and malformed tokenizer files raise a one-line TokenizerError when strict."""
+    with pytest.raises(TokenizerError, match="cannot read"):
+        check_tokenizer(str(tmp_path / "missing.tiktoken"))
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("not base64 and no rank\n")
+    with pytest.raises(TokenizerError, match=r"not a \.tiktoken file"):
+        check_tokenizer(str(bad))
+    with pytest.raises(TokenizerError, match="does not exist"):
+        check_tokenizer(str(tmp_path / "tokenizer.json"))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tokenizers") is not None, reason="the tokenizers package is installed"
+)
+def test_hf_tokenizer_json_needs_tokenizers_package(tmp_path: Path):
+    """A tokenizer.json without the optional tokenizers package says how to install it."""
+    path = tmp_path / "tokenizer.json"
+    path.write_text("{}")
+    with pytest.raises(TokenizerError, match="pip install tokenizers"):
+        check_tokenizer(str(path))
+    assert make_counter("m", str(path)).source == "estimate"
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("", 0),
+        (" ", 1),
+        ("Hello", 1),
+        (" world", 1),
+        ("internationalization", 3),  # 20 letters: one token per started 9
+        ("1234567", 3),  # digits in groups of three
+        ('{"', 1),
+        ("\n\n", 1),
+        ("猫猫猫猫猫猫猫猫猫猫", 7),  # 0.7 per CJK character
+        ("🚀", 2),  # 4 UTF-8 bytes, 3 per token
+    ],
+)
+def test_estimate_examples(text: str, tokens: int):
+    """The estimate splits like a BPE pre-tokenizer and prices each piece by its kind."""
+    assert estimate_tokens(text) == tokens
+
+
+def test_estimate_counter():
+    """The estimate counter says it is one, and counts like estimate_tokens."""
+    counter = make_counter(None, "no-such-encoding")
+    assert (counter.source, counter.name, counter.exact) == ("estimate", "estimate", False)
+    assert counter.count("Hello there") == estimate_tokens("Hello there") == 2
+
+
+def test_estimate_is_close_to_o200k_on_prose():
+    """On English prose the estimate stays within 15% of o200k_base."""
+    text = (
+        "Streaming puts the first words on screen long before the last ones, because every hop "
+        "forwards each token as it arrives instead of waiting for the whole reply. A buffering "
+        "proxy, a compressing gateway or a misconfigured CDN can hold those tokens back for "
+        "seconds, and the user sees nothing until the very end."
+    )
+    real = make_counter("gpt-4o").count(text)
+    assert abs(estimate_tokens(text) - real) <= 0.15 * real
+
+
+@pytest.mark.parametrize(
+    ("counts", "total", "expected"),
+    [
+        ([0, 1, 3, 0, 2], 6, [0, 1, 3, 0, 2]),  # already right: unchanged
+        ([0, 1, 3, 0, 2], 12, [0, 2, 6, 0, 4]),  # scaled, zeros stay zero
+        ([1, 1, 1], 2, [1, 1, 0]),  # fewer tokens than events: ties go to the earlier
+        ([1, 9], 20, [2, 18]),
+        ([1, 1, 10], 4, [1, 1, 2]),  # every counted event keeps one
+        ([0, 0, 0], 5, [2, 2, 1]),  # nothing counted: spread evenly
+        ([3, 4], 0, [0, 0]),
+        ([], 5, []),
+    ],
+)
+def test_reconcile_examples(counts: list[int], total: int, expected: list[int]):
+    """Largest remainder: sum is the total, zeros stay zero, counted events keep at least one."""
+    assert reconcile(counts, total) == expected
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=50), max_size=60),
+    st.integers(min_value=0, max_value=3000),
+)
+def test_reconcile_properties(counts: list[int], total: int):
+    """Any counts and total: exact sum, zeros stay zero, each counted event >= 1 when it can."""
+    final = reconcile(counts, total)
+    assert len(final) == len(counts)
+    assert all(f >= 0 for f in final)
+    if not counts or total == 0:
+        assert sum(final) == 0
+        return
+    assert sum(final) == total
+    live = [i for i, c in enumerate(counts) if c > 0]
+    if live:
+        assert all(final[i] == 0 for i, c in enumerate(counts) if c == 0)
+        if total >= len(live):
+            assert all(final[i] >= 1 for i in live)
+    if sum(counts) == total:
+        assert final == counts
