@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hopmeter.core.frames import Frame, HopmeterError
 from hopmeter.core.ndjson import MAX_LINE_BYTES, NdjsonDecoder
 from hopmeter.testing import feed_all, split_at, split_every_way
+from tests.corpus import CORPUS
 
-CORPUS = Path("/work/shared/corpus")
 SOURCES = (CORPUS / "SOURCES.md").read_text()
 
 

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from hopmeter.core.frames import Frame, HopmeterError
 from hopmeter.core.sse import MAX_EVENT_BYTES, MAX_LINE_BYTES, SseDecoder
 from hopmeter.testing import feed_all, split_at, split_every_way
-
-CORPUS = Path("/work/shared/corpus")
+from tests.corpus import CORPUS
 
 
 def parse(data: bytes) -> tuple[list[Frame], SseDecoder]:

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from hopmeter.upstream.replay import Transcript, TranscriptError, split_events
-
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+from tests.corpus import CORPUS
 
 
 def test_every_corpus_file_splits_losslessly() -> None:
