@@ -702,7 +702,7 @@ def test_tgi_special_token_is_counted_not_shown():
         },
     )
     assert (d.content, d.stream_tokens, d.token_ids, d.terminal) == ("", 1, (2,), True)
-    assert d.visible  # its id is still output the model produced
+    assert not d.visible
 
 
 def test_ollama_chat_thinking_tool_calls_and_error():

@@ -141,14 +141,22 @@ class Delta:
     model: str | None = None
     terminal: bool = False  # the API's own end-of-stream marker
     error: str | None = None  # an error event inside the stream
+    ids_visible: bool = False  # a token-ID stream: its ids are the visible output (it has no text)
 
     @property
     def visible(self) -> bool:
-        """True when the event adds something a user sees: text, reasoning, a tool call or ids.
+        """True when the event adds something a user sees: text, reasoning or a tool call.
 
-        A token-ID stream's ids are its visible output, though they carry no text here.
+        In a token-ID stream (`ids_visible`), the ids are that output, though they carry no text
+        here; elsewhere ids ride along with the text (Together, vLLM, TGI) and do not count, so a
+        special token such as TGI's `</s>` is not visible.
         """
-        return bool(self.content or self.reasoning or self.tool_args or self.token_ids)
+        return bool(
+            self.content
+            or self.reasoning
+            or self.tool_args
+            or (self.ids_visible and self.token_ids)
+        )
 
 
 EMPTY: Final = Delta()
@@ -690,7 +698,7 @@ class TokenIdsParser(ApiParser):
     def parse_json(self, doc: object, frame: Frame) -> Delta:
         ids = _int_list(doc)
         if ids is not None:
-            return Delta(token_ids=ids, stream_tokens=len(ids))
+            return Delta(token_ids=ids, stream_tokens=len(ids), ids_visible=True)
         if not isinstance(doc, dict):
             self.malformed += 1
             return EMPTY
@@ -709,6 +717,7 @@ class TokenIdsParser(ApiParser):
             model=_model(doc.get("model")),
             terminal=doc.get("done") is True or doc.get("finish_reason") not in (None, ""),
             error=_error_text(doc.get("error")),
+            ids_visible=True,
         )
 
 
