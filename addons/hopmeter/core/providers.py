@@ -318,6 +318,15 @@ def _filtered(results: object) -> list[str]:
     ]
 
 
+def _text_delta(field: str, text: str, tokens: int | None = None) -> Delta:
+    """A Delta with `text` in the named field ("content", "reasoning" or "tool_args")."""
+    if field == "reasoning":
+        return Delta(reasoning=text, stream_tokens=tokens)
+    if field == "tool_args":
+        return Delta(tool_args=text, stream_tokens=tokens)
+    return Delta(content=text, stream_tokens=tokens)
+
+
 def _is_done(data: str) -> bool:
     return data.strip() == "[DONE]"
 
@@ -395,16 +404,15 @@ class OpenAIChatParser(ApiParser):
                 filtered.append("finish_reason")
             filtered.extend(_filtered(choice.get("content_filter_results")))
             part = choice.get("delta") if "delta" in choice else choice.get("message")
+            choice_ids = _int_list(choice.get("token_ids"))  # vLLM return_token_ids
             if isinstance(part, dict):
                 self._read_message(part, content, reasoning, tools)
-                token_id = part.get("token_id")
-                if _is_int(token_id):
-                    ids.append(token_id)  # type: ignore[arg-type]
-                    saw_ids = True
+                token_id = part.get("token_id")  # Together
+                if isinstance(token_id, int) and not isinstance(token_id, bool):
+                    choice_ids = (token_id,)
             elif isinstance(choice.get("text"), str):
                 content.append(_str(choice.get("text")))
-            choice_ids = _int_list(choice.get("token_ids"))
-            if choice_ids is not None and not saw_ids:
+            if choice_ids is not None:
                 ids.extend(choice_ids)
                 saw_ids = True
             logprobs = _dict(choice.get("logprobs"))
@@ -474,7 +482,7 @@ class ResponsesParser(ApiParser):
             text = _str(doc.get("delta"))
             logprobs = doc.get("logprobs")
             tokens = len(logprobs) if isinstance(logprobs, list) and logprobs else None
-            return Delta(**{field: text}, stream_tokens=tokens)  # type: ignore[arg-type]
+            return _text_delta(field, text, tokens)
         if kind == "response.output_item.added":
             item = _dict(doc.get("item"))
             if item.get("type") in ("function_call", "custom_tool_call", "mcp_call"):
@@ -540,7 +548,7 @@ class AnthropicParser(ApiParser):
                 doc.get("delta") if kind == "content_block_delta" else doc.get("content_block")
             )
             read = _ANTHROPIC_TEXT.get(_str(inner.get("type")))
-            return Delta(**{read[0]: _str(inner.get(read[1]))}) if read else EMPTY  # type: ignore[arg-type]
+            return _text_delta(read[0], _str(inner.get(read[1]))) if read else EMPTY
         if kind in ("message_start", "message"):
             msg = _dict(doc.get("message")) if kind == "message_start" else doc
             return self._usage(
@@ -644,13 +652,13 @@ class TgiParser(ApiParser):
             return EMPTY
         token = _dict(doc.get("token"))
         token_id = token.get("id")
-        ids = (token_id,) if _is_int(token_id) else None
+        ids = (token_id,) if isinstance(token_id, int) and not isinstance(token_id, bool) else None
         text = "" if token.get("special") is True else _str(token.get("text"))
         details = _dict(doc.get("details"))
         return Delta(
             content=text,
             stream_tokens=1 if token else None,
-            token_ids=ids,  # type: ignore[arg-type]
+            token_ids=ids,
             output_tokens_total=_int(details.get("generated_tokens")),
             terminal=doc.get("generated_text") is not None,
             error=_error_text(doc.get("error")),
@@ -705,9 +713,9 @@ class TokenIdsParser(ApiParser):
         ids = _int_list(doc.get("ids"))
         if ids is None:
             ids = _int_list(doc.get("token_ids"))
-        if ids is None:
-            one = doc.get("token_id", doc.get("id"))
-            ids = (one,) if _is_int(one) else None  # type: ignore[assignment]
+        one = doc.get("token_id", doc.get("id"))
+        if ids is None and isinstance(one, int) and not isinstance(one, bool):
+            ids = (one,)
         usage = _dict(doc.get("usage"))
         return Delta(
             content=_str(doc.get("text")),
