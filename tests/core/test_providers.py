@@ -330,6 +330,26 @@ def test_token_ids_of_together_stream():
 
 
 @needs_corpus
+@pytest.mark.parametrize(
+    ("name", "reasoning", "streamed"),
+    [
+        ("openai/responses-function-call-usage.sse", 448, False),  # gpt-5: encrypted reasoning
+        ("gemini/stream-usage-mid-stream-2.5-flash.sse", 35, False),  # thoughts not included
+        ("gemini/stream-thinking-2.5-pro.sse", 787, True),  # thought summaries streamed
+        ("groq/chat-reasoning-x-groq-usage.sse", 23, True),
+        ("deepseek/chat-reasoner.sse", 198, True),
+        ("openai/chat-text-include-usage.sse", 0, False),
+    ],
+)
+def test_reasoning_share_of_usage(name: str, reasoning: int, streamed: bool):
+    """The reasoning part of the output total is reported, streamed as text or not."""
+    deltas = parse_all(CASES[name].api, corpus_frames(name))
+    totals = [d.reasoning_tokens_total for d in deltas if d.reasoning_tokens_total is not None]
+    assert totals[-1] == reasoning
+    assert any(d.reasoning for d in deltas) == streamed
+
+
+@needs_corpus
 def test_running_usage_is_cumulative():
     """Novita sends usage on every chunk as a running total; the parser reports it as sent."""
     deltas = parse_all("openai.chat", corpus_frames("novita/chat-llama-3.1-8b-content-filter.sse"))

@@ -138,6 +138,9 @@ class Delta:
     token_ids: tuple[int, ...] | None = None
     output_tokens_total: int | None = None  # usage as reported (cumulative where cumulative)
     input_tokens_total: int | None = None
+    # the part of the output total the API says was reasoning (OpenAI reasoning_tokens, Gemini
+    # thoughtsTokenCount); when no reasoning text was streamed, those tokens were never on the wire
+    reasoning_tokens_total: int | None = None
     model: str | None = None
     terminal: bool = False  # the API's own end-of-stream marker
     error: str | None = None  # an error event inside the stream
@@ -318,6 +321,11 @@ def _filtered(results: object) -> list[str]:
     ]
 
 
+def _reasoning_tokens(usage: dict[str, object]) -> int | None:
+    """Responses API: usage.output_tokens_details.reasoning_tokens."""
+    return _int(_dict(usage.get("output_tokens_details")).get("reasoning_tokens"))
+
+
 def _text_delta(field: str, text: str, tokens: int | None = None) -> Delta:
     """A Delta with `text` in the named field ("content", "reasoning" or "tool_args")."""
     if field == "reasoning":
@@ -436,6 +444,9 @@ class OpenAIChatParser(ApiParser):
             token_ids=tuple(ids) if saw_ids else None,
             output_tokens_total=_int(usage.get("completion_tokens")),
             input_tokens_total=_int(usage.get("prompt_tokens")),
+            reasoning_tokens_total=_int(
+                _dict(usage.get("completion_tokens_details")).get("reasoning_tokens")
+            ),
             model=_model(doc.get("model")),
             terminal=finished or doc.get("object") == "chat.completion",
             error=error,
@@ -500,6 +511,7 @@ class ResponsesParser(ApiParser):
         return Delta(
             output_tokens_total=_int(usage.get("output_tokens")),
             input_tokens_total=_int(usage.get("input_tokens")),
+            reasoning_tokens_total=_reasoning_tokens(usage),
             model=_model(response.get("model")),
             terminal=kind in _RESPONSES_ENDS,
             error=error,
@@ -527,6 +539,7 @@ class ResponsesParser(ApiParser):
             tool_args="".join(tools),
             output_tokens_total=_int(usage.get("output_tokens")),
             input_tokens_total=_int(usage.get("input_tokens")),
+            reasoning_tokens_total=_reasoning_tokens(usage),
             model=_model(doc.get("model")),
             terminal=True,
             error=_error_text(doc.get("error")),
@@ -635,6 +648,7 @@ class GeminiParser(ApiParser):
             tool_args="".join(tools),
             output_tokens_total=sum(given) if given else None,
             input_tokens_total=_int(usage.get("promptTokenCount")),
+            reasoning_tokens_total=out_parts[1],
             model=_model(doc.get("modelVersion")),
             terminal=terminal,
             error=error,
@@ -788,6 +802,9 @@ def _merge(parts: list[Delta]) -> Delta:
         tool_args="".join(p.tool_args for p in parts),
         output_tokens_total=out_total[-1] if out_total else None,
         input_tokens_total=in_total[-1] if in_total else None,
+        reasoning_tokens_total=next(
+            (p.reasoning_tokens_total for p in reversed(parts) if p.reasoning_tokens_total), None
+        ),
         model=models[-1] if models else None,
         terminal=any(p.terminal for p in parts),
         error=errors[0] if errors else None,
