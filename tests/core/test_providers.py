@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -23,16 +21,8 @@ from hopmeter.core.providers import (
 )
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.tokens import estimate_tokens, reconcile
+from tests.corpus import CORPUS
 
-
-def _corpus_dir() -> Path:
-    if "HOPMETER_CORPUS" in os.environ:
-        return Path(os.environ["HOPMETER_CORPUS"])
-    beside = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
-    return beside if beside.is_dir() else Path("/work/shared/corpus")
-
-
-CORPUS = _corpus_dir()
 SSE = {"content-type": "text/event-stream"}
 NDJSON = {"content-type": "application/x-ndjson"}
 CHAT = "/v1/chat/completions"
