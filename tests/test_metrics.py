@@ -20,9 +20,9 @@ from hopmeter.metrics import (
     ENDINGS,
     FINDING_KINDS,
     MAX_NAMES_PER_LABEL,
-    MAX_OBSERVATIONS_PER_EVENT,
     Metrics,
     MetricsPortError,
+    _observe_weighted,
     exported_names,
     serve,
 )
@@ -142,12 +142,56 @@ def test_inter_token_latency_is_token_weighted(registry: CollectorRegistry) -> N
     assert value(registry, "hopmeter_event_tokens_sum") == 6
 
 
-def test_an_event_with_many_tokens_is_capped(registry: CollectorRegistry) -> None:
-    """A reconciled burst of thousands of tokens costs at most the cap in observations."""
+def test_an_event_with_many_tokens_counts_every_token(registry: CollectorRegistry) -> None:
+    """A reconciled burst of 5,000 tokens after 5 s is 5,000 observations of 1 ms, exactly."""
     Metrics(registry).observe_flow(flow_record(events=[[0.1, 1, 1], [5.1, 5000, 9000]]))
-    count = value(registry, "hopmeter_inter_token_latency_seconds_count")
-    assert count == MAX_OBSERVATIONS_PER_EVENT
-    assert value(registry, "hopmeter_inter_token_latency_seconds_bucket", le="0.001") == count
+    name = "hopmeter_inter_token_latency_seconds"
+    assert value(registry, f"{name}_count") == 5000
+    assert value(registry, f"{name}_bucket", le="0.001") == 5000
+    assert value(registry, f"{name}_sum") == pytest.approx(5.0)
+
+
+def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry) -> None:
+    """The bucketed fast path exposes exactly what one observe() per token exposes."""
+    rng = random.Random(3)
+    events, t = [], 0.0
+    for i in range(300):
+        t += rng.choice([0.0, 0.0004, 0.003, 0.02, 0.1, 0.9])
+        events.append([round(t, 6), rng.choice([0, 1, 1, 2, 5, 40]), i])
+    Metrics(registry).observe_flow(flow_record(events=events, trace_id=None))
+    reference = CollectorRegistry()
+    itl = Metrics(reference).itl.labels(
+        hop="edge", api="openai.chat", model="gpt-4o", route="/v1/chat/completions"
+    )
+    previous = None
+    for t_s, k, _ in events:
+        if k:
+            if previous is not None:
+                for _ in range(k):
+                    itl.observe(max(0.0, t_s - previous) / k)
+            previous = t_s
+    name = "hopmeter_inter_token_latency_seconds"
+    got = {ls: v for (n, ls), v in samples(registry).items() if n.startswith(name)}
+    want = {ls: v for (n, ls), v in samples(reference).items() if n.startswith(name)}
+    assert got.keys() == want.keys()
+    for labels, expected in want.items():
+        assert got[labels] == pytest.approx(expected), dict(labels)
+
+
+def test_weighted_observing_falls_back_to_observe_calls() -> None:
+    """Without prometheus_client's bucket internals, each token is one observe() call."""
+
+    class Child:
+        def __init__(self) -> None:
+            self.calls: list[tuple[float, dict[str, str] | None]] = []
+
+        def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+            self.calls.append((value, exemplar))
+
+    child = Child()
+    _observe_weighted(child, [(0.1, 3), (0.5, 2)], {"trace_id": "ab"})  # type: ignore[arg-type]
+    assert child.calls == [(0.5, {"trace_id": "ab"}), (0.1, None), (0.1, None), (0.1, None),
+                           (0.5, None)]  # fmt: skip
 
 
 def test_missing_figures_are_not_observed(registry: CollectorRegistry) -> None:
