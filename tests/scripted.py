@@ -73,8 +73,11 @@ class ScriptedUpstream:
         self._ready.set()
         self.loop.run_forever()
         self._server.close()
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
         with contextlib.suppress(Exception):
-            self.loop.run_until_complete(self._server.wait_closed())
+            self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -7,6 +7,7 @@ state and guards every call into measuring code so that a bug there can never to
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Sequence
@@ -257,10 +258,16 @@ class HopMeter:
         return created
 
     def _finish(self, flow: http.HTTPFlow, ended: str) -> None:
+        """Stamp the end now; build the record after this hook has returned.
+
+        For a streamed response mitmproxy writes the end of the body to the client only after the
+        `response` hook returns, so tokenizing, figures and detectors must not run inside it.
+        """
         state: FlowState | None = flow.metadata.get("hopmeter")
         if state is None or state.finished:
             return
         state.finished = True
+        end_s = state.offset(time.monotonic())
         if state.streaming:
             state.streaming = False
             try:
@@ -268,7 +275,13 @@ class HopMeter:
             except Exception as exc:
                 self.internal_error("observer", exc)
         try:
-            result = self._result(flow, state, ended)
+            asyncio.get_running_loop().call_soon(self._complete, flow, state, ended, end_s)
+        except RuntimeError:  # no running loop (offline tools, tests): do it now
+            self._complete(flow, state, ended, end_s)
+
+    def _complete(self, flow: http.HTTPFlow, state: FlowState, ended: str, end_s: float) -> None:
+        try:
+            result = self._result(flow, state, ended, end_s)
         except Exception as exc:
             self.internal_error("finish", exc)
             return
@@ -278,13 +291,20 @@ class HopMeter:
                 obs.observe(result, state)
             except Exception as exc:
                 self.internal_error("observer", exc)
+        self._emit(result)
+
+    def _emit(self, result: FlowResult) -> None:
         if self.sink is not None:
-            self.sink.write(orjson.dumps(result.record) + b"\n")
+            try:
+                self.sink.write(orjson.dumps(result.record) + b"\n")
+            except OSError as exc:
+                log.error("hopmeter: cannot write records; they are being lost",
+                          path=ctx.options.hopmeter_records, error=str(exc))
         if ctx.options.hopmeter_summary:
             log.info(summary_line(result.record))
 
-    def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str) -> FlowResult:
-        now = state.offset(time.monotonic())
+    def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str,
+                now: float) -> FlowResult:
         req = flow.request
         tap = state.tap
         meter = tap.meter if tap is not None else None

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.h2client import stream_post
 from tests.procs import free_port, hopmeter, read_records
 from tests.scripted import Exchange, ScriptedUpstream
 
@@ -84,12 +85,20 @@ def test_lockstep_http2_client(tmp_path: Path) -> None:
         "--records", str(records), "--metrics", "off",
         "--set", f"confdir={tmp_path / 'mitm'}", ports=(port,),
     ):
-        body = _lockstep_through(f"https://127.0.0.1:{port}/v1/chat/completions", lock,
-                                 http2=True, http1=False)
+        got = b""
+        for kind, payload in stream_post("127.0.0.1", port, "/v1/chat/completions",
+                                         b'{"model": "m", "stream": true}'):
+            if kind == "status":
+                assert payload == b"200"
+                continue
+            got += payload
+            for n in range(got.count(b"\n\n")):
+                lock.acks[n].set()
+        body = got
         rec = read_records(records, 1)[0]
     assert lock.held_at is None
     assert body.count(b"\n\n") == EVENTS
-    assert rec["response"]["http_version"] == "HTTP/1.1"  # upstream side
+    assert rec["response"]["http_version"] == "HTTP/1.1"  # upstream side; the client spoke h2
     assert rec["figures"]["events"] == EVENTS
 
 
@@ -100,8 +109,8 @@ def test_lockstep_two_listeners_around_nginx(tmp_path: Path) -> None:
     lock = Lockstep()
     edge, origin = free_port(), free_port()
     records = tmp_path / "records.jsonl"
-    with ScriptedUpstream(lock) as up, NginxServer(upstream_port=origin, config="streaming",
-                                                   tmp_path=tmp_path) as nginx, hopmeter(
+    with ScriptedUpstream(lock) as up, NginxServer(origin, "streaming",
+                                                   prefix=tmp_path / "nginx") as nginx, hopmeter(
         tmp_path, "run",
         "--listener", f"edge=reverse:http://127.0.0.1:{nginx.port}@127.0.0.1:{edge}",
         "--listener", f"origin=reverse:http://127.0.0.1:{up.port}@127.0.0.1:{origin}",

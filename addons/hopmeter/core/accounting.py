@@ -59,8 +59,9 @@ def account_tokens(
             counts.append(0)
     counted = sum(counts)
     counted_source = _weakest(sources)
-    if usage is not None and usage > 0 and counted != usage and any(counts):
-        final = reconcile(counts, usage)
+    if usage is not None and usage > 0 and any(counts):
+        # the stream's own total is the best count there is; per-event counts are scaled to it
+        final = counts if counted == usage else reconcile(counts, usage)
         return TokenAccount(per_event=tuple(final), source="usage", counted=counted,
                             counted_source=counted_source, usage=usage, mismatch=usage - counted)
     return TokenAccount(

@@ -373,5 +373,6 @@ def diagnose(v: StreamView) -> list[Finding]:
     kinds = {f.kind for f in found}
     if "whole_body_hold" in kinds:
         # a held body is one burst; the gaps inside it are not a separate finding
-        found = [f for f in found if f.kind not in ("burst_gaps", "stall")]
+        # nor is the late first token: the hold is why it was late
+        found = [f for f in found if f.kind not in ("burst_gaps", "stall", "slow_first_token")]
     return sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])
