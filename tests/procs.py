@@ -58,7 +58,8 @@ class Proc:
 
     def output(self) -> str:
         """Everything the process printed so far."""
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_port(self, port: int, timeout_s: float = 20.0) -> None:

@@ -18,6 +18,7 @@ import orjson
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.core.frames import HopmeterError
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.providers import detect_api
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
@@ -176,7 +177,14 @@ class HopMeter:
                         f"pick a writable path with --records"
                     ) from exc
         if "hopmeter_tokenizer" in updated or self.counter is None:
-            self.counter = load_counter(opts.hopmeter_tokenizer or None)
+            try:
+                self.counter = load_counter(opts.hopmeter_tokenizer or None)
+            except HopmeterError as exc:
+                raise exceptions.OptionsError(f"hopmeter_tokenizer: {exc}") from None
+
+    def running(self) -> None:
+        if self.counter is not None:
+            self.counter.preload()
 
     def done(self) -> None:
         if self.sink is not None:
@@ -219,6 +227,7 @@ class HopMeter:
                 api=api,
                 content_type=resp.headers.get("content-type", ""),
                 content_encoding=resp.headers.get("content-encoding"),
+                headers=_lower(resp.headers),
             )
             state.streaming = True
             self._notify("stream_started")

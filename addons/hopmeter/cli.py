@@ -128,18 +128,23 @@ def check_ports(cfg: ProxyConfig) -> None:
 async def _run(args: argparse.Namespace) -> int:
     from hopmeter.upstream.server import UpstreamServer  # noqa: PLC0415
 
-    upstream = args.upstream
-    before = None
-    if upstream is None and not args.listener:
+    # validate everything before starting anything
+    cfg = proxy_config(args, args.upstream or "http://127.0.0.1:9")
+    check_ports(cfg)
+    notice = None
+    if args.upstream is None and not args.listener:
         demo = UpstreamServer()
         port = await demo.start("127.0.0.1", 0)
-        upstream = f"http://127.0.0.1:{port}"
-        print(f"hopmeter: no upstream given; forwarding to the built-in demo upstream at "
-              f"{upstream}", file=sys.stderr)
-    cfg = proxy_config(args, upstream or "")
-    check_ports(cfg)
+        cfg = proxy_config(args, f"http://127.0.0.1:{port}")
+        notice = (f"hopmeter: no upstream given; forwarding to the built-in demo upstream at "
+                  f"http://127.0.0.1:{port}")
+
+    async def announce() -> None:
+        if notice:
+            print(notice, file=sys.stderr)
+
     quiet_mitmproxy_logs(args.verbose)
-    return await run_proxy(cfg, before=before)
+    return await run_proxy(cfg, before=announce)
 
 
 async def _upstream(args: argparse.Namespace) -> int:

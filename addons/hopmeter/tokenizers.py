@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hopmeter.log import get_logger
 from hopmeter.core.accounting import Counter
-from hopmeter.core.tokens import make_counter
+from hopmeter.core.tokens import check_tokenizer, make_counter
 
 log = get_logger()
 
@@ -18,6 +18,9 @@ class Counters:
     """Chooses a counter by model name, or uses the one named by `--tokenizer`."""
 
     def __init__(self, tokenizer: str | None) -> None:
+        """Raises TokenizerError when a named tokenizer cannot be used (checked at start-up)."""
+        if tokenizer:
+            check_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self._by_model: dict[str | None, Counter] = {}
         self._warned: set[str] = set()
@@ -36,6 +39,11 @@ class Counters:
                 self._by_model.clear()
             self._by_model[key] = counter
         return counter
+
+
+    def preload(self) -> None:
+        """Load the default encoding now (~0.3 s), not on the first flow's event loop turn."""
+        self.for_model(None)
 
 
 def load_counter(tokenizer: str | None) -> Counters:

@@ -36,11 +36,15 @@ def account_tokens(
     overflow: Sequence[bool],
     usage: int | None,
     counter: Counter,
+    hidden_reasoning: int | None = None,
 ) -> TokenAccount:
     """Count each event's tokens from the stream, else the tokenizer, else an estimate.
 
     `stream_tokens[i]` is -1 when the stream says nothing about event i; `overflow[i]` marks events
     whose text was not kept (past the per-flow text bound), which are estimated.
+    `hidden_reasoning` is the part of `usage` spent on reasoning that was never streamed (OpenAI
+    reasoning models, Gemini thinking without summaries): it is taken off the total before the
+    visible events are reconciled to it, or they would be inflated many times over.
     """
     counts: list[int] = []
     sources: set[str] = set()
@@ -59,6 +63,8 @@ def account_tokens(
             counts.append(0)
     counted = sum(counts)
     counted_source = _weakest(sources)
+    if usage is not None and hidden_reasoning:
+        usage = max(0, usage - hidden_reasoning)
     if usage is not None and usage > 0 and any(counts):
         # the stream's own total is the best count there is; per-event counts are scaled to it
         final = counts if counted == usage else reconcile(counts, usage)

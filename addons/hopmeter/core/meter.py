@@ -17,6 +17,8 @@ from hopmeter.core.decoding import DecodingError, Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import NdjsonDecoder
 from hopmeter.core.providers import Delta, make_parser, refine_api
+from hopmeter.core.sse import SseDecoder
+from hopmeter.core.tokenids import PackedIdDecoder, width_bits
 
 # Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
 # events; the rest are counted in `chunks_dropped` / `events_dropped`. 4,096 events is a 4,000-token
@@ -42,15 +44,16 @@ class Framer(Protocol):
     def close(self, now: float) -> list[Frame]: ...
 
 
-def make_framer(content_type: str, api: str) -> Framer | None:
+def make_framer(content_type: str, api: str,
+                headers: Mapping[str, str] | None = None) -> Framer | None:
     """The framer for a response's media type, or None when the body is not an event stream."""
-    from hopmeter.core.sse import SseDecoder  # noqa: PLC0415 - keeps import cycles impossible
-
     media = content_type.split(";", 1)[0].strip().lower()
     if media == EVENT_STREAM:
         return SseDecoder()
     if media in NDJSON_TYPES or (api == "ollama" and media in ("application/json", "")):
         return NdjsonDecoder()
+    if api == "token_ids" and media != "application/json":
+        return PackedIdDecoder(width_bits(headers or {}, content_type))
     return None
 
 
@@ -75,6 +78,8 @@ class StreamFacts:
     model: str | None = None
     usage_output_tokens: int | None = None
     usage_input_tokens: int | None = None
+    usage_reasoning_tokens: int | None = None
+    reasoning_chars: int = 0
     payload_bytes: int = 0  # UTF-8 bytes of visible text
     replacement_chars: int = 0  # U+FFFD in the visible text
     events_incomplete_utf8: int = 0
@@ -91,6 +96,7 @@ class FlowMeter:
         api: str,
         content_type: str,
         content_encoding: str | None,
+        headers: Mapping[str, str] | None = None,
         keep_text: bool = True,
     ) -> None:
         self.api = api
@@ -115,9 +121,11 @@ class FlowMeter:
         self._document_overflow = False
         self._decoder = make_decoder(content_encoding) if content_encoding else None
         self._utf8 = Utf8Decoder()
-        self._framer = make_framer(content_type, api)
+        self._framer = make_framer(content_type, api, headers)
         self._parser = make_parser(api)
-        self._refined = api not in ("sse", "ndjson", "other")
+        # an unknown SSE/NDJSON stream is sniffed frame by frame until a payload tells its API;
+        # a bounded number of tries, so a plain-text stream does not pay for it forever
+        self._sniffs_left = 8 if api in ("sse", "ndjson", "other") else 0
 
     @property
     def framer(self) -> Framer | None:
@@ -201,10 +209,13 @@ class FlowMeter:
 
     def _on_frames(self, frames: list[Frame]) -> None:
         for frame in frames:
-            if not self._refined:
-                self.api = refine_api(self.api, frame.data)
-                self._parser = make_parser(self.api)
-                self._refined = True
+            if self._sniffs_left:
+                self._sniffs_left -= 1
+                api = refine_api(self.api, frame.data)
+                if api != self.api:
+                    self.api = api
+                    self._parser = make_parser(api)
+                    self._sniffs_left = 0
             self._on_delta(frame, self._parser.parse(frame))
 
     def _on_delta(self, frame: Frame, delta: Delta) -> None:
@@ -221,17 +232,22 @@ class FlowMeter:
             facts.usage_output_tokens = delta.output_tokens_total
         if delta.input_tokens_total is not None:
             facts.usage_input_tokens = delta.input_tokens_total
+        if delta.reasoning_tokens_total is not None:
+            facts.usage_reasoning_tokens = delta.reasoning_tokens_total
+        if delta.reasoning:
+            facts.reasoning_chars += len(delta.reasoning)
         if delta.terminal:
             facts.terminal_seen = True
         if delta.error:
             facts.errors.append(delta.error[:200])
         text = delta.content + delta.reasoning + delta.tool_args
-        if text:
+        if text or delta.visible:
             if facts.first_visible_s is None:
                 facts.first_visible_s = t
-            if delta.content and facts.first_content_s is None:
+            if (delta.content or delta.ids_visible) and facts.first_content_s is None:
                 facts.first_content_s = t
-            self._visible_chars += len(text)
+            # a token-ID stream has no text: its offset advances one per id
+            self._visible_chars += len(text) or len(delta.token_ids or ())
             if "\ufffd" in text:
                 facts.replacement_chars += text.count("\ufffd")
             facts.payload_bytes += len(text.encode("utf-8"))

@@ -180,6 +180,9 @@ def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
         overflow=overflow,
         usage=meter.facts.usage_output_tokens,
         counter=counter,
+        # reasoning billed but not streamed as text is not in any event
+        hidden_reasoning=(meter.facts.usage_reasoning_tokens
+                          if meter.facts.reasoning_chars == 0 else None),
     )
 
 
@@ -205,6 +208,7 @@ def _figures_dict(meter: FlowMeter, f: Figures, account: TokenAccount) -> dict[s
         "tokens_counted": account.counted, "tokens_counted_source": account.counted_source,
         "usage_tokens": account.usage, "tokens_mismatch": account.mismatch,
         "usage_input_tokens": meter.facts.usage_input_tokens,
+        "usage_reasoning_tokens": meter.facts.usage_reasoning_tokens,
         "itl_p50_s": _r(f.itl_p50_s), "itl_p99_s": _r(f.itl_p99_s),
         "max_gap_s": _r(f.max_gap_s), "stalls": f.stalls,
         "tokens_per_s": _r(f.tokens_per_s, 3),

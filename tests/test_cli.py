@@ -1,0 +1,80 @@
+"""The shipped `hopmeter` command: clear one-line errors, the addon path, the demo."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.procs import HOPMETER
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HOPMETER, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--bogus"], "unrecognized arguments: --bogus"),
+        (["run", "--listen", "nowhere"], "--listen 'nowhere': expected HOST:PORT"),
+        (["run", "ftp://x"], "expected an http:// or https:// URL"),
+        (["run", "--listener", "edge"], "--listener 'edge': expected NAME=MODE"),
+        (["run", "--listener", "edge=nonsense:x@1"], "listener mode 'nonsense:x@1'"),
+        (["run", "--stall-threshold", "-1"], "must be above 0"),
+        (["run", "--set", "novalue"], "--set 'novalue': expected NAME=VALUE"),
+        (["run", "--set", "no_such_option=1", "--metrics", "off"], "no_such_option"),
+        (["run", "--records", "/no/such/dir/r.jsonl"], "folder /no/such/dir does not exist"),
+        (["run", "--tokenizer", "/no/such.tiktoken", "--metrics", "off"],
+         "cannot read tokenizer file"),
+        (["upstream", "--scenario", "colaesce=2"], "unknown scenario key 'colaesce'"),
+        (["upstream", "--replay", "/no/such.sse"], "cannot read transcript"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
+    """A bad flag or value exits non-zero with one line naming it, never a traceback."""
+    result = run(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--metrics"])
+def test_port_in_use_is_one_clear_line(flag: str) -> None:
+    """A port already taken is named with the fix, before anything starts."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        other = ["--metrics", "off"] if flag == "--listen" else ["--listen", "127.0.0.1:0"]
+        result = run("run", flag, f"127.0.0.1:{port}", *other)
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port} is already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_addon_path_is_a_loadable_script() -> None:
+    """--addon-path prints the script plain mitmdump users load with -s."""
+    result = run("--addon-path")
+    path = Path(result.stdout.strip())
+    assert result.returncode == 0
+    assert path.name == "script.py" and path.is_file()
+    assert "addons = make_addons()" in path.read_text()
+
+
+@pytest.mark.integration
+def test_demo_measures_every_sample(tmp_path: Path) -> None:
+    """`hopmeter demo` runs on its own and prints a measured line per sample stream."""
+    records = tmp_path / "demo.jsonl"
+    result = run("demo", "--records", str(records), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "7 flows measured." in result.stdout
+    assert result.stdout.count("ttft=") == 7
+    assert "findings=stall" in result.stdout
+    assert "whole_body_hold" in result.stdout
+    assert "not_streamed" in result.stdout
+    assert len(records.read_text().splitlines()) == 7
