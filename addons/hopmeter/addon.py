@@ -20,7 +20,7 @@ from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.frames import HopmeterError
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.providers import detect_api
+from hopmeter.core.providers import detect_api, model_from_path
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.log import get_logger
@@ -327,7 +327,8 @@ class HopMeter:
             method=req.method, scheme=req.scheme, host=req.pretty_host,
             path=req.path.split("?", 1)[0], t_start=req.timestamp_start,
             t_end=req.timestamp_end, bytes=state.request_bytes,
-            model=state.request_model, stream_requested=state.stream_requested,
+            model=state.request_model or model_from_path(req.path),
+            stream_requested=state.stream_requested,
         )
         response = None
         if flow.response is not None and tap is not None:

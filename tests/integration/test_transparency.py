@@ -110,7 +110,7 @@ def test_lockstep_two_listeners_around_nginx(tmp_path: Path) -> None:
     edge, origin = free_port(), free_port()
     records = tmp_path / "records.jsonl"
     with ScriptedUpstream(lock) as up, NginxServer(origin, "streaming",
-                                                   prefix=tmp_path / "nginx") as nginx, hopmeter(
+                                                   prefix=tmp_path) as nginx, hopmeter(
         tmp_path, "run",
         "--listener", f"edge=reverse:http://127.0.0.1:{nginx.port}@127.0.0.1:{edge}",
         "--listener", f"origin=reverse:http://127.0.0.1:{up.port}@127.0.0.1:{origin}",

@@ -26,7 +26,8 @@ class TokenAccount:
     counted: int  # sum before reconciliation
     counted_source: str  # the best source used before reconciliation
     usage: int | None  # the stream's own total, when it sent one
-    mismatch: int | None  # usage - counted
+    mismatch: int | None  # usage - hidden reasoning - counted
+    hidden_reasoning: int = 0  # reasoning tokens in usage that no event carried
 
 
 def account_tokens(
@@ -63,20 +64,22 @@ def account_tokens(
             counts.append(0)
     counted = sum(counts)
     counted_source = _weakest(sources)
-    if usage is not None and hidden_reasoning:
-        usage = max(0, usage - hidden_reasoning)
-    if usage is not None and usage > 0 and any(counts):
+    hidden = min(hidden_reasoning or 0, usage or 0)
+    target = None if usage is None else usage - hidden
+    if target is not None and target > 0 and any(counts):
         # the stream's own total is the best count there is; per-event counts are scaled to it
-        final = counts if counted == usage else reconcile(counts, usage)
+        final = counts if counted == target else reconcile(counts, target)
         return TokenAccount(per_event=tuple(final), source="usage", counted=counted,
-                            counted_source=counted_source, usage=usage, mismatch=usage - counted)
+                            counted_source=counted_source, usage=usage,
+                            mismatch=target - counted, hidden_reasoning=hidden)
     return TokenAccount(
         per_event=tuple(counts),
         source=counted_source,
         counted=counted,
         counted_source=counted_source,
         usage=usage,
-        mismatch=None if usage is None else usage - counted,
+        mismatch=None if target is None else target - counted,
+        hidden_reasoning=hidden,
     )
 
 

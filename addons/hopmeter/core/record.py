@@ -209,6 +209,7 @@ def _figures_dict(meter: FlowMeter, f: Figures, account: TokenAccount) -> dict[s
         "usage_tokens": account.usage, "tokens_mismatch": account.mismatch,
         "usage_input_tokens": meter.facts.usage_input_tokens,
         "usage_reasoning_tokens": meter.facts.usage_reasoning_tokens,
+        "tokens_hidden_reasoning": account.hidden_reasoning,
         "itl_p50_s": _r(f.itl_p50_s), "itl_p99_s": _r(f.itl_p99_s),
         "max_gap_s": _r(f.max_gap_s), "stalls": f.stalls,
         "tokens_per_s": _r(f.tokens_per_s, 3),

@@ -128,16 +128,16 @@ class UpstreamServer:
             body = {"object": "list", "data": [{"id": "demo-1", "object": "model"}]}
             await _plain(w, 200, orjson.dumps(body), "application/json")
             return True
-        api = _api_for(req.path)
-        if api is None or req.method != "POST":
-            await _plain(w, 404, b"not found: POST to /v1/chat/completions, /v1/messages, "
-                         b"/api/chat or /api/generate\n")
-            return True
         try:
             scenario = from_request(self.scenario, req.query,
                                     req.headers.get("x-hopmeter-scenario"))
         except ScenarioError as exc:
             await _plain(w, 400, f"{exc}\n".encode())
+            return True
+        api = "replay" if scenario.replay else _api_for(req.path)
+        if api is None or req.method != "POST":
+            await _plain(w, 404, b"not found: POST to /v1/chat/completions, /v1/messages, "
+                         b"/api/chat or /api/generate (any path with ?replay=NAME)\n")
             return True
         return await self._reply(req, w, api, scenario)
 
@@ -242,7 +242,10 @@ async def _clock(s: Scenario, plan: list[formats.Planned]):  # type: ignore[no-u
             if start is None:
                 await asyncio.sleep(s.prelude_s)
                 start = time.monotonic()
-            wait = start + due[event.last_token] - time.monotonic()
+            i = event.last_token
+            # replayed transcripts can be longer than the scenario's reply: the clock runs on
+            at = due[i] if i < len(due) else due[-1] + (i - len(due) + 1) / s.rate
+            wait = start + at - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
         yield event
