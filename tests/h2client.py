@@ -15,8 +15,9 @@ import h2.connection
 import h2.events
 
 
-def stream_post(host: str, port: int, path: str, body: bytes,
-                timeout_s: float = 30.0) -> Iterator[tuple[str, bytes]]:
+def stream_post(
+    host: str, port: int, path: str, body: bytes, timeout_s: float = 30.0
+) -> Iterator[tuple[str, bytes]]:
     """POST over HTTP/2; yields ("status", b"200") once, then ("data", payload) per DATA frame."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -30,9 +31,16 @@ def stream_post(host: str, port: int, path: str, body: bytes,
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     sid = conn.get_next_available_stream_id()
-    conn.send_headers(sid, [(":method", "POST"), (":path", path), (":scheme", "https"),
-                            (":authority", f"{host}:{port}"),
-                            ("content-type", "application/json")])
+    conn.send_headers(
+        sid,
+        [
+            (":method", "POST"),
+            (":path", path),
+            (":scheme", "https"),
+            (":authority", f"{host}:{port}"),
+            ("content-type", "application/json"),
+        ],
+    )
     conn.send_data(sid, body, end_stream=True)
     sock.sendall(conn.data_to_send())
     try:

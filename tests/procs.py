@@ -26,7 +26,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(condition: Callable[[], T | None], timeout_s: float = 15.0, what: str = "") -> T:
+def wait_for[T](condition: Callable[[], T | None], timeout_s: float = 15.0, what: str = "") -> T:
     """Poll `condition` until it returns something truthy; fail with `what` after the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -52,9 +52,13 @@ class Proc:
         self.args = args
         self.log_path = log
         self._log = log.open("wb")
-        self.popen = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **(env or {})},
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         """Everything the process printed so far."""
@@ -64,11 +68,14 @@ class Proc:
 
     def wait_port(self, port: int, timeout_s: float = 20.0) -> None:
         """Wait until the process listens on `port`, failing early if it exits."""
+
         def ready() -> bool:
             if self.popen.poll() is not None:
-                raise AssertionError(f"{self.args} exited {self.popen.returncode}:\n"
-                                     f"{self.output()}")
+                raise AssertionError(
+                    f"{self.args} exited {self.popen.returncode}:\n{self.output()}"
+                )
             return port_open(port)
+
         wait_for(ready, timeout_s, f"port {port} of {self.args[3:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
@@ -86,8 +93,13 @@ class Proc:
 
 
 @contextlib.contextmanager
-def hopmeter(tmp: Path, *args: str, name: str = "hopmeter", ports: tuple[int, ...] = (),
-             env: dict[str, str] | None = None) -> Iterator[Proc]:
+def hopmeter(
+    tmp: Path,
+    *args: str,
+    name: str = "hopmeter",
+    ports: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[Proc]:
     """Run `hopmeter ARGS...` and wait until each of `ports` accepts connections."""
     proc = Proc([*HOPMETER, *args], tmp / f"{name}.log", env)
     try:
@@ -100,9 +112,11 @@ def hopmeter(tmp: Path, *args: str, name: str = "hopmeter", ports: tuple[int, ..
 
 def read_records(path: Path, count: int, timeout_s: float = 15.0) -> list[dict[str, Any]]:
     """Wait until `path` holds at least `count` flow records, and return them."""
+
     def enough() -> list[dict[str, Any]] | None:
         if not path.exists():
             return None
         lines = [ln for ln in path.read_bytes().splitlines() if ln.strip()]
         return [orjson.loads(ln) for ln in lines] if len(lines) >= count else None
+
     return wait_for(enough, timeout_s, f"{count} records in {path}")

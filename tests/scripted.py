@@ -68,7 +68,8 @@ class ScriptedUpstream:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         self._server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0))
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self.loop.run_forever()
@@ -97,7 +98,7 @@ class ScriptedUpstream:
                 if "content-length" in headers:
                     body = await reader.readexactly(int(headers["content-length"]))
                 elif headers.get("transfer-encoding") == "chunked":
-                    while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)):
+                    while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
                         body += await reader.readexactly(size)
                         await reader.readexactly(2)
                     await reader.readuntil(b"\r\n")

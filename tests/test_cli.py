@@ -12,8 +12,9 @@ from tests.procs import HOPMETER
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HOPMETER, *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [*HOPMETER, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 @pytest.mark.parametrize(
@@ -28,8 +29,10 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         (["run", "--set", "novalue"], "--set 'novalue': expected NAME=VALUE"),
         (["run", "--set", "no_such_option=1", "--metrics", "off"], "no_such_option"),
         (["run", "--records", "/no/such/dir/r.jsonl"], "folder /no/such/dir does not exist"),
-        (["run", "--tokenizer", "/no/such.tiktoken", "--metrics", "off"],
-         "cannot read tokenizer file"),
+        (
+            ["run", "--tokenizer", "/no/such.tiktoken", "--metrics", "off"],
+            "cannot read tokenizer file",
+        ),
         (["upstream", "--scenario", "colaesce=2"], "unknown scenario key 'colaesce'"),
         (["upstream", "--replay", "/no/such.sse"], "cannot read transcript"),
     ],

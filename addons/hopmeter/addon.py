@@ -133,21 +133,41 @@ class HopMeter:
     def load(self, loader: Loader) -> None:
         loader.add_option("hopmeter_hop", str, "proxy", "This vantage point's name.")
         loader.add_option(
-            "hopmeter_listeners", Sequence[str], [],
+            "hopmeter_listeners",
+            Sequence[str],
+            [],
             "NAME=MODE pairs naming listeners; each MODE is also added to `mode`.",
         )
-        loader.add_option("hopmeter_records", str, "",
-                          'Append one JSON line per finished flow to this file ("-" = stdout).')
-        loader.add_option("hopmeter_stall_threshold", float, 0.5,
-                          "A gap between tokens at or above this many seconds is a stall.")
-        loader.add_option("hopmeter_tokenizer", str, "",
-                          "tiktoken encoding name or tokenizer file; default: chosen by model.")
-        loader.add_option("hopmeter_log_content", bool, False,
-                          "Include prompt and reply text in records (off by default).")
-        loader.add_option("hopmeter_summary", bool, True,
-                          "Log a one-line summary per finished flow.")
-        loader.add_option("hopmeter_trace_header", bool, True,
-                          "Add a W3C traceparent to requests that have none.")
+        loader.add_option(
+            "hopmeter_records",
+            str,
+            "",
+            'Append one JSON line per finished flow to this file ("-" = stdout).',
+        )
+        loader.add_option(
+            "hopmeter_stall_threshold",
+            float,
+            0.5,
+            "A gap between tokens at or above this many seconds is a stall.",
+        )
+        loader.add_option(
+            "hopmeter_tokenizer",
+            str,
+            "",
+            "tiktoken encoding name or tokenizer file; default: chosen by model.",
+        )
+        loader.add_option(
+            "hopmeter_log_content",
+            bool,
+            False,
+            "Include prompt and reply text in records (off by default).",
+        )
+        loader.add_option(
+            "hopmeter_summary", bool, True, "Log a one-line summary per finished flow."
+        )
+        loader.add_option(
+            "hopmeter_trace_header", bool, True, "Add a W3C traceparent to requests that have none."
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -200,8 +220,11 @@ class HopMeter:
             listener = self.listener_names.get(spec, ctx.options.hopmeter_hop)
             trace = self._trace(flow)
             state = FlowState(
-                mono0=mono0, skew_s=max(0.0, wall0 - flow.request.timestamp_start),
-                listener=listener, hop=listener, trace=trace,
+                mono0=mono0,
+                skew_s=max(0.0, wall0 - flow.request.timestamp_start),
+                listener=listener,
+                hop=listener,
+                trace=trace,
             )
             flow.metadata["hopmeter"] = state
         except Exception as exc:
@@ -211,7 +234,7 @@ class HopMeter:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # First statement: never hold the body. Anything that fails after this only loses measuring.
-        flow.response.stream = tap = ResponseTap(self, flow.metadata.get("hopmeter"))
+        flow.response.stream = tap = ResponseTap(self, flow.metadata.get("hopmeter"))  # type: ignore[union-attr]
         try:
             state = tap.state
             if state is None or flow.response is None:
@@ -220,7 +243,10 @@ class HopMeter:
             resp = flow.response
             req = flow.request
             api = detect_api(
-                req.method, req.path.split("?", 1)[0], _lower(req.headers), _lower(resp.headers),
+                req.method,
+                req.path.split("?", 1)[0],
+                _lower(req.headers),
+                _lower(resp.headers),
                 resp.headers.get("content-type", ""),
             )
             tap.meter = FlowMeter(
@@ -252,16 +278,20 @@ class HopMeter:
         """Count a bug in measuring code; the flow goes on unmeasured."""
         self.internal_errors += 1
         self._notify("internal_error", where)
-        log.warning("hopmeter: measuring failed; the flow is forwarded unmeasured",
-                    where=where, error=f"{type(exc).__name__}: {exc}" if exc else None)
+        log.warning(
+            "hopmeter: measuring failed; the flow is forwarded unmeasured",
+            where=where,
+            error=f"{type(exc).__name__}: {exc}" if exc else None,
+        )
 
     def _trace(self, flow: http.HTTPFlow) -> TraceContext:
         incoming = flow.request.headers.get("traceparent")
         parsed = parse_traceparent(incoming) if incoming else None
         if parsed is not None:
             return parsed
-        created = TraceContext(trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8),
-                               flags="01", created=True)
+        created = TraceContext(
+            trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8), flags="01", created=True
+        )
         if ctx.options.hopmeter_trace_header:
             flow.request.headers["traceparent"] = created.header()
         return created
@@ -307,13 +337,15 @@ class HopMeter:
             try:
                 self.sink.write(orjson.dumps(result.record) + b"\n")
             except OSError as exc:
-                log.error("hopmeter: cannot write records; they are being lost",
-                          path=ctx.options.hopmeter_records, error=str(exc))
+                log.error(
+                    "hopmeter: cannot write records; they are being lost",
+                    path=ctx.options.hopmeter_records,
+                    error=str(exc),
+                )
         if ctx.options.hopmeter_summary:
             log.info(summary_line(result.record))
 
-    def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str,
-                now: float) -> FlowResult:
+    def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str, now: float) -> FlowResult:
         req = flow.request
         tap = state.tap
         meter = tap.meter if tap is not None else None
@@ -324,9 +356,13 @@ class HopMeter:
                 tap.fail(exc)  # type: ignore[union-attr]
                 meter = None
         request = RequestInfo(
-            method=req.method, scheme=req.scheme, host=req.pretty_host,
-            path=req.path.split("?", 1)[0], t_start=req.timestamp_start,
-            t_end=req.timestamp_end, bytes=state.request_bytes,
+            method=req.method,
+            scheme=req.scheme,
+            host=req.pretty_host,
+            path=req.path.split("?", 1)[0],
+            t_start=req.timestamp_start,
+            t_end=req.timestamp_end,
+            bytes=state.request_bytes,
             model=state.request_model or model_from_path(req.path),
             stream_requested=state.stream_requested,
         )
@@ -334,15 +370,20 @@ class HopMeter:
         if flow.response is not None and tap is not None:
             resp = flow.response
             response = ResponseInfo(
-                status=resp.status_code, http_version=resp.http_version,
+                status=resp.status_code,
+                http_version=resp.http_version,
                 headers=_lower(resp.headers),
                 t_headers_s=(resp.timestamp_start - req.timestamp_start),
             )
         return finish_flow(
             flow_id=flow.id,
             trace_id=state.trace.trace_id if state.trace else None,
-            hop=state.hop, listener=state.listener,
-            request=request, response=response, meter=meter, ended=ended,
+            hop=state.hop,
+            listener=state.listener,
+            request=request,
+            response=response,
+            meter=meter,
+            ended=ended,
             bytes_out=tap.bytes_out if tap is not None else 0,
             counters=self.counter,
             stall_threshold_s=ctx.options.hopmeter_stall_threshold,
@@ -393,8 +434,7 @@ def sniff_request(head: bytes) -> tuple[str | None, bool | None]:
         return None, None
     model = doc.get("model")
     stream = doc.get("stream")
-    return (model if isinstance(model, str) else None,
-            stream if isinstance(stream, bool) else None)
+    return (model if isinstance(model, str) else None, stream if isinstance(stream, bool) else None)
 
 
 def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
@@ -402,6 +442,7 @@ def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
 
     model = re.search(rb'"model"\s*:\s*"([^"\\]{1,200})"', head)
     stream = re.search(rb'"stream"\s*:\s*(true|false)', head)
-    return (model.group(1).decode("utf-8", "replace") if model else None,
-            (stream.group(1) == b"true") if stream else None)
-
+    return (
+        model.group(1).decode("utf-8", "replace") if model else None,
+        (stream.group(1) == b"true") if stream else None,
+    )

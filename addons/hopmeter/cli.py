@@ -1,4 +1,4 @@
-"""`hopmeter`: the command line (DESIGN.md §3). Errors at this edge are one line and an exit code."""
+"""`hopmeter`: the command line (DESIGN.md §3). Errors here are one line and an exit code."""
 
 from __future__ import annotations
 
@@ -34,22 +34,36 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     p = _Parser(prog="hopmeter", description="A transparent measuring proxy for LLM token streams.")
     p.add_argument("--version", action="version", version=f"hopmeter {__version__}")
-    p.add_argument("--addon-path", action="store_true",
-                   help="print the script path for `mitmdump -s` and exit")
+    p.add_argument(
+        "--addon-path", action="store_true", help="print the script path for `mitmdump -s` and exit"
+    )
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="measure a reverse proxy in front of UPSTREAM_URL")
-    run.add_argument("upstream", nargs="?", metavar="UPSTREAM_URL",
-                     help="where to forward (default: a built-in demo upstream)")
+    run.add_argument(
+        "upstream",
+        nargs="?",
+        metavar="UPSTREAM_URL",
+        help="where to forward (default: a built-in demo upstream)",
+    )
     _proxy_flags(run)
 
     up = sub.add_parser("upstream", help="the synthetic LLM upstream alone")
     up.add_argument("--listen", default="127.0.0.1:9000", metavar="HOST:PORT")
-    up.add_argument("--scenario", default="", metavar="KEY=VALUE;...",
-                    help="server-wide defaults, e.g. 'rate=30;coalesce=3;stall_at=20'")
-    up.add_argument("--replay", action="append", default=[], metavar="FILE",
-                    help="load a recorded .sse/.ndjson transcript, chosen per request by "
-                         "?replay=NAME (repeatable)")
+    up.add_argument(
+        "--scenario",
+        default="",
+        metavar="KEY=VALUE;...",
+        help="server-wide defaults, e.g. 'rate=30;coalesce=3;stall_at=20'",
+    )
+    up.add_argument(
+        "--replay",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="load a recorded .sse/.ndjson transcript, chosen per request by "
+        "?replay=NAME (repeatable)",
+    )
 
     demo = sub.add_parser("demo", help="demo upstream + proxy + sample streams; print the figures")
     demo.add_argument("--records", default="", metavar="PATH")
@@ -59,20 +73,35 @@ def build_parser() -> argparse.ArgumentParser:
 def _proxy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
     p.add_argument("--hop", default="proxy", metavar="NAME")
-    p.add_argument("--listener", action="append", default=[], metavar="NAME=MODE",
-                   help="a named listener with any mitmproxy mode spec (repeatable)")
+    p.add_argument(
+        "--listener",
+        action="append",
+        default=[],
+        metavar="NAME=MODE",
+        help="a named listener with any mitmproxy mode spec (repeatable)",
+    )
     p.add_argument("--records", default="", metavar="PATH", help='JSON lines file ("-" = stdout)')
     p.add_argument("--metrics", default="127.0.0.1:9464", metavar="HOST:PORT|off")
     p.add_argument("--stall-threshold", type=_positive_float, default=0.5, metavar="SECONDS")
     p.add_argument("--tokenizer", default="", metavar="NAME|PATH")
-    p.add_argument("--log-content", action="store_true",
-                   help="include prompt/reply text in records (off by default)")
-    p.add_argument("--no-trace-header", action="store_true",
-                   help="do not add a traceparent header to requests")
+    p.add_argument(
+        "--log-content",
+        action="store_true",
+        help="include prompt/reply text in records (off by default)",
+    )
+    p.add_argument(
+        "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
+    )
     p.add_argument("--quiet", action="store_true", help="no per-flow console line")
     p.add_argument("--verbose", action="store_true", help="mitmproxy's own connection logs too")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="set_",
-                   help="any mitmproxy option, passed through")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        dest="set_",
+        help="any mitmproxy option, passed through",
+    )
 
 
 def _positive_float(value: str) -> float:
@@ -92,8 +121,10 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         for pair in args.listener:
             name, sep, mode = pair.partition("=")
             if not sep or not name or not mode:
-                raise UsageError(f"--listener {pair!r}: expected NAME=MODE, e.g. "
-                                 f"edge=reverse:http://127.0.0.1:9000@8081")
+                raise UsageError(
+                    f"--listener {pair!r}: expected NAME=MODE, e.g. "
+                    f"edge=reverse:http://127.0.0.1:9000@8081"
+                )
             modes.append(mode)
     else:
         if not upstream.startswith(("http://", "https://")):
@@ -102,7 +133,9 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         modes = [f"reverse:{upstream}@{host}:{port}"]
     for pair in args.set_:
         if "=" not in pair:
-            raise UsageError(f"--set {pair!r}: expected NAME=VALUE, e.g. --set keep_host_header=true")
+            raise UsageError(
+                f"--set {pair!r}: expected NAME=VALUE, e.g. --set keep_host_header=true"
+            )
     if args.metrics.lower() != "off":
         parse_hostport(args.metrics, "--metrics")
     if args.records and args.records != "-":
@@ -110,10 +143,17 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         if not parent.is_dir():
             raise UsageError(f"--records {args.records}: folder {parent} does not exist")
     return ProxyConfig(
-        modes=modes, listener_names=list(args.listener), hop=args.hop, records=args.records,
-        metrics=args.metrics, stall_threshold_s=args.stall_threshold, tokenizer=args.tokenizer,
-        log_content=args.log_content, trace_header=not args.no_trace_header,
-        summary=not args.quiet, extra=list(args.set_),
+        modes=modes,
+        listener_names=list(args.listener),
+        hop=args.hop,
+        records=args.records,
+        metrics=args.metrics,
+        stall_threshold_s=args.stall_threshold,
+        tokenizer=args.tokenizer,
+        log_content=args.log_content,
+        trace_header=not args.no_trace_header,
+        summary=not args.quiet,
+        extra=list(args.set_),
     )
 
 
@@ -136,8 +176,10 @@ async def _run(args: argparse.Namespace) -> int:
         demo = UpstreamServer()
         port = await demo.start("127.0.0.1", 0)
         cfg = proxy_config(args, f"http://127.0.0.1:{port}")
-        notice = (f"hopmeter: no upstream given; forwarding to the built-in demo upstream at "
-                  f"http://127.0.0.1:{port}")
+        notice = (
+            f"hopmeter: no upstream given; forwarding to the built-in demo upstream at "
+            f"http://127.0.0.1:{port}"
+        )
 
     async def announce() -> None:
         if notice:

@@ -26,16 +26,22 @@ class Received:
         return b"".join(c for _, c in self.chunks)
 
 
-async def post_stream(url: str, doc: dict[str, object], headers: dict[str, str] | None = None,
-                      timeout_s: float = 30.0) -> Received:
+async def post_stream(
+    url: str, doc: dict[str, object], headers: dict[str, str] | None = None, timeout_s: float = 30.0
+) -> Received:
     """POST a JSON body and read the (chunked or sized) response, stamping each chunk."""
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or 80
     body = orjson.dumps(doc)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
-    head = [f"POST {target} HTTP/1.1", f"host: {parts.netloc}", "content-type: application/json",
-            f"content-length: {len(body)}", "connection: close"]
+    head = [
+        f"POST {target} HTTP/1.1",
+        f"host: {parts.netloc}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+    ]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
     out = Received(t_start=time.monotonic())
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)

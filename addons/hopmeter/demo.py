@@ -18,18 +18,42 @@ from hopmeter.runner import ProxyConfig, quiet_mitmproxy_logs, run_proxy
 from hopmeter.upstream.server import UpstreamServer
 
 SAMPLES: list[tuple[str, str, str, dict[str, Any]]] = [
-    ("clean OpenAI stream", "/v1/chat/completions", "tokens=30;rate=40",
-     {"model": "gpt-4o-mini", "stream": True, "stream_options": {"include_usage": True}}),
-    ("role prelude, then 4 tokens per event", "/v1/chat/completions",
-     "tokens=32;rate=40;prelude_s=0.3;coalesce=4", {"model": "gpt-4o-mini", "stream": True}),
-    ("one 900 ms stall", "/v1/chat/completions", "tokens=30;rate=40;stall_at=15;stall_s=0.9",
-     {"model": "gpt-4o-mini", "stream": True}),
-    ("gzip on the event stream", "/v1/chat/completions", "tokens=40;rate=40;gzip=1",
-     {"model": "gpt-4o-mini", "stream": True}),
-    ("not streamed", "/v1/chat/completions", "tokens=30;rate=40",
-     {"model": "gpt-4o-mini", "stream": False}),
-    ("Anthropic with thinking", "/v1/messages", "tokens=20;reasoning=8;rate=40",
-     {"model": "claude-sonnet-4-5", "stream": True, "max_tokens": 256}),
+    (
+        "clean OpenAI stream",
+        "/v1/chat/completions",
+        "tokens=30;rate=40",
+        {"model": "gpt-4o-mini", "stream": True, "stream_options": {"include_usage": True}},
+    ),
+    (
+        "role prelude, then 4 tokens per event",
+        "/v1/chat/completions",
+        "tokens=32;rate=40;prelude_s=0.3;coalesce=4",
+        {"model": "gpt-4o-mini", "stream": True},
+    ),
+    (
+        "one 900 ms stall",
+        "/v1/chat/completions",
+        "tokens=30;rate=40;stall_at=15;stall_s=0.9",
+        {"model": "gpt-4o-mini", "stream": True},
+    ),
+    (
+        "gzip on the event stream",
+        "/v1/chat/completions",
+        "tokens=40;rate=40;gzip=1",
+        {"model": "gpt-4o-mini", "stream": True},
+    ),
+    (
+        "not streamed",
+        "/v1/chat/completions",
+        "tokens=30;rate=40",
+        {"model": "gpt-4o-mini", "stream": False},
+    ),
+    (
+        "Anthropic with thinking",
+        "/v1/messages",
+        "tokens=20;reasoning=8;rate=40",
+        {"model": "claude-sonnet-4-5", "stream": True, "max_tokens": 256},
+    ),
     ("Ollama chat", "/api/chat", "tokens=20;rate=40", {"model": "llama3.2", "stream": True}),
 ]
 
@@ -45,8 +69,13 @@ async def run_demo(records: str = "") -> int:
     upstream = UpstreamServer()
     up_port = await upstream.start("127.0.0.1", 0)
     proxy_port = _free_port()
-    cfg = ProxyConfig(modes=[f"reverse:http://127.0.0.1:{up_port}@127.0.0.1:{proxy_port}"],
-                      hop="demo", records=records, metrics="off", summary=False)
+    cfg = ProxyConfig(
+        modes=[f"reverse:http://127.0.0.1:{up_port}@127.0.0.1:{proxy_port}"],
+        hop="demo",
+        records=records,
+        metrics="off",
+        summary=False,
+    )
     results: list[dict[str, Any]] = []
     master_box: list[Any] = []
 
@@ -62,8 +91,9 @@ async def run_demo(records: str = "") -> int:
         await _wait_port(proxy_port)
         print(f"hopmeter demo: upstream 127.0.0.1:{up_port}, proxy 127.0.0.1:{proxy_port}\n")
         for title, path, scenario, body in SAMPLES:
-            got = await post_stream(f"http://127.0.0.1:{proxy_port}{path}", body,
-                                    {"x-hopmeter-scenario": scenario})
+            got = await post_stream(
+                f"http://127.0.0.1:{proxy_port}{path}", body, {"x-hopmeter-scenario": scenario}
+            )
             for _ in range(100):
                 if len(results) >= SAMPLES.index((title, path, scenario, body)) + 1:
                     break

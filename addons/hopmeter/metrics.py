@@ -124,6 +124,11 @@ class MetricsPortError(Exception):
     """The metrics endpoint could not bind its address."""
 
 
+def new_registry() -> CollectorRegistry:
+    """A fresh registry for one hopmeter process (never prometheus_client's global one)."""
+    return CollectorRegistry(auto_describe=True)
+
+
 def _name(value: object, seen: set[str], lock: threading.Lock) -> str:
     """A configured name (hop, segment, error site) if well formed and among the first few seen."""
     text = str(value) if value is not None else ""

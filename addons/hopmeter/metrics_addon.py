@@ -6,9 +6,9 @@ from typing import Any
 
 from mitmproxy import ctx, exceptions
 
-from hopmeter.log import get_logger
 from hopmeter.addon import FlowState, HopMeter
 from hopmeter.core.record import FlowResult
+from hopmeter.log import get_logger
 
 log = get_logger()
 
@@ -23,24 +23,23 @@ class MetricsAddon:
         meter.observers.append(self)
 
     def load(self, loader: Any) -> None:
-        loader.add_option("hopmeter_metrics", str, "127.0.0.1:9464",
-                          'Prometheus endpoint HOST:PORT (/metrics, /healthz), or "off".')
+        loader.add_option(
+            "hopmeter_metrics",
+            str,
+            "127.0.0.1:9464",
+            'Prometheus endpoint HOST:PORT (/metrics, /healthz), or "off".',
+        )
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_metrics" not in updated:
             return
-        from hopmeter.metrics import (  # noqa: PLC0415
-            CollectorRegistry,
-            Metrics,
-            MetricsPortError,
-            serve,
-        )
+        from hopmeter.metrics import Metrics, MetricsPortError, new_registry, serve  # noqa: PLC0415
         from hopmeter.runner import UsageError, parse_hostport  # noqa: PLC0415
 
         self._stop()
         spec = ctx.options.hopmeter_metrics.strip()
         if self.metrics is None:
-            self.metrics = Metrics(CollectorRegistry(auto_describe=True))
+            self.metrics = Metrics(new_registry())
         if spec.lower() in ("", "off", "none"):
             return
         try:
@@ -48,8 +47,11 @@ class MetricsAddon:
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         if host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("hopmeter: WARNING the metrics endpoint listens beyond this host; it "
-                        "exposes traffic volumes and model names", address=f"{host}:{port}")
+            log.warning(
+                "hopmeter: WARNING the metrics endpoint listens beyond this host; it "
+                "exposes traffic volumes and model names",
+                address=f"{host}:{port}",
+            )
         try:
             self.server = serve(self.metrics, host, port)
         except MetricsPortError as exc:

@@ -85,8 +85,12 @@ def mode_listen_address(mode: str) -> tuple[str, int] | None:
     return spec.listen_host("127.0.0.1"), port
 
 
-async def run_proxy(cfg: ProxyConfig, *, before: Callable[[], Awaitable[None]] | None = None,
-                    on_master: Callable[[Any], None] | None = None) -> int:
+async def run_proxy(
+    cfg: ProxyConfig,
+    *,
+    before: Callable[[], Awaitable[None]] | None = None,
+    on_master: Callable[[Any], None] | None = None,
+) -> int:
     """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down)."""
     from mitmproxy import exceptions, options  # noqa: PLC0415
     from mitmproxy.tools.dump import DumpMaster  # noqa: PLC0415

@@ -20,7 +20,7 @@ class RecordSink:
         """Open `path` for appending ("-" means stdout); raises OSError if it cannot be written."""
         if path == "-":
             return cls(sys.stdout.buffer, owned=False)
-        return cls(open(path, "ab"), owned=True)  # noqa: SIM115 - closed in close()
+        return cls(open(path, "ab"), owned=True)
 
     def write(self, line: bytes) -> None:
         """Write one record line; a failure is remembered and raised to the caller once."""

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
-from hopmeter.log import get_logger
 from hopmeter.core.accounting import Counter
 from hopmeter.core.tokens import check_tokenizer, make_counter
+from hopmeter.log import get_logger
 
 log = get_logger()
 
@@ -39,7 +38,6 @@ class Counters:
                 self._by_model.clear()
             self._by_model[key] = counter
         return counter
-
 
     def preload(self) -> None:
         """Load the default encoding now (~0.3 s), not on the first flow's event loop turn."""

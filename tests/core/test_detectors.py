@@ -1,4 +1,4 @@
-"""Detectors on literal timelines: each fault found with its evidence, healthy streams left alone."""
+"""Detectors on literal timelines: each fault found with evidence, healthy streams left alone."""
 
 from __future__ import annotations
 
@@ -6,18 +6,35 @@ import random
 
 from hopmeter.core.detectors import StreamView, diagnose
 
-GOOD = {"content-type": "text/event-stream", "x-accel-buffering": "no",
-        "cache-control": "no-cache, no-transform"}
+GOOD = {
+    "content-type": "text/event-stream",
+    "x-accel-buffering": "no",
+    "cache-control": "no-cache, no-transform",
+}
 
 
-def view(times: list[float], tokens: list[int] | None = None, *, sizes: list[int] | None = None,
-         **kw: object) -> StreamView:
+def view(
+    times: list[float],
+    tokens: list[int] | None = None,
+    *,
+    sizes: list[int] | None = None,
+    **kw: object,
+) -> StreamView:
     """A terminated 200 event stream with one chunk per event unless sizes/chunks are given."""
     tokens = tokens or [1] * len(times)
     args: dict[str, object] = dict(
-        status=200, api="openai.chat", event_stream=True, headers=GOOD, ended="complete",
-        chunk_times_s=times, chunk_bytes=sizes or [150] * len(times), event_times_s=times,
-        event_tokens=tokens, ttfb_s=times[0], ttft_s=times[0], terminal_seen=True,
+        status=200,
+        api="openai.chat",
+        event_stream=True,
+        headers=GOOD,
+        ended="complete",
+        chunk_times_s=times,
+        chunk_bytes=sizes or [150] * len(times),
+        event_times_s=times,
+        event_tokens=tokens,
+        ttfb_s=times[0],
+        ttft_s=times[0],
+        terminal_seen=True,
     )
     args.update(kw)
     return StreamView(**args)  # type: ignore[arg-type]
@@ -88,8 +105,9 @@ def test_whole_body_hold_is_found() -> None:
 
 def test_headers_that_let_proxies_buffer() -> None:
     """Missing X-Accel-Buffering and no-cache, and a Content-Length, are listed."""
-    f = diagnose(view(clock(20, 50), headers={"content-type": "text/event-stream",
-                                              "content-length": "100"}))
+    f = diagnose(
+        view(clock(20, 50), headers={"content-type": "text/event-stream", "content-length": "100"})
+    )
     assert f[0].kind == "buffering_headers"
     assert f[0].severity == "warning"
     assert "Content-Length on a stream" in f[0].evidence["problems"]
@@ -115,16 +133,29 @@ def test_not_streamed_document() -> None:
 
 def test_content_faults() -> None:
     """U+FFFD, split characters, compression and CRLF are each reported."""
-    v = view(clock(20, 50), replacement_chars=2, events_incomplete_utf8=3,
-             line_endings={"crlf": 40}, headers={**GOOD, "content-encoding": "gzip"})
-    assert set(kinds(v)) == {"replacement_char", "split_utf8", "line_endings",
-                             "compression_on_stream"}
+    v = view(
+        clock(20, 50),
+        replacement_chars=2,
+        events_incomplete_utf8=3,
+        line_endings={"crlf": 40},
+        headers={**GOOD, "content-encoding": "gzip"},
+    )
+    assert set(kinds(v)) == {
+        "replacement_char",
+        "split_utf8",
+        "line_endings",
+        "compression_on_stream",
+    }
 
 
 def test_findings_are_worst_first() -> None:
     """Errors come before warnings before informational findings."""
-    v = view(clock(20, 50), replacement_chars=1, line_endings={"cr": 1},
-             headers={"content-type": "text/event-stream", "content-length": "5"})
+    v = view(
+        clock(20, 50),
+        replacement_chars=1,
+        line_endings={"cr": 1},
+        headers={"content-type": "text/event-stream", "content-length": "5"},
+    )
     sev = [f.severity for f in diagnose(v)]
     assert sev == sorted(sev, key=["error", "warning", "info"].index)
 

@@ -13,9 +13,16 @@ from hopmeter.core.figures import (
 
 
 def _figures(times: list[float], tokens: list[int], threshold: float = 0.5):  # type: ignore[no-untyped-def]
-    return compute_figures(first_byte_s=times[0], last_byte_s=times[-1], times_s=times,
-                           tokens=tokens, first_event_s=times[0], first_visible_s=times[0],
-                           first_content_s=times[0], stall_threshold_s=threshold)
+    return compute_figures(
+        first_byte_s=times[0],
+        last_byte_s=times[-1],
+        times_s=times,
+        tokens=tokens,
+        first_event_s=times[0],
+        first_visible_s=times[0],
+        first_content_s=times[0],
+        stall_threshold_s=threshold,
+    )
 
 
 def test_coalesced_events_give_the_token_clock() -> None:

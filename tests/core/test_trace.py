@@ -10,16 +10,23 @@ VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def test_valid_header_parses() -> None:
     """A version-00 header yields its trace id, parent id and flags."""
     ctx = parse_traceparent(VALID)
-    assert ctx == TraceContext(trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
-                               span_id="00f067aa0ba902b7", flags="01")
+    assert ctx == TraceContext(
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="00f067aa0ba902b7", flags="01"
+    )
     assert ctx is not None and ctx.header() == VALID
 
 
 def test_invalid_headers_are_ignored() -> None:
     """Upper case, all-zero ids, version ff and extra fields on version 00 are not valid."""
-    for bad in (VALID.upper(), "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
-                "00-4bf92f3577b34da6a3ce929d0e0e4736-" + "0" * 16 + "-01",
-                "ff" + VALID[2:], VALID + "-extra", "garbage", ""):
+    for bad in (
+        VALID.upper(),
+        "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-" + "0" * 16 + "-01",
+        "ff" + VALID[2:],
+        VALID + "-extra",
+        "garbage",
+        "",
+    ):
         assert parse_traceparent(bad) is None, bad
 
 

@@ -20,19 +20,42 @@ def test_corpus_replayed_through_proxy(tmp_path: Path) -> None:
     up_port, port = free_port(), free_port()
     records = tmp_path / "records.jsonl"
     replay = [a for f in files for a in ("--replay", str(CORPUS / f))]
-    with hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up_port}",
-                  "--scenario", "rate=500;ttft_s=0", *replay, name="upstream",
-                  ports=(up_port,)), hopmeter(
-        tmp_path, "run", f"http://127.0.0.1:{up_port}", "--listen", f"127.0.0.1:{port}",
-        "--records", str(records), "--metrics", "off", "--quiet", ports=(port,),
-    ), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+    with (
+        hopmeter(
+            tmp_path,
+            "upstream",
+            "--listen",
+            f"127.0.0.1:{up_port}",
+            "--scenario",
+            "rate=500;ttft_s=0",
+            *replay,
+            name="upstream",
+            ports=(up_port,),
+        ),
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up_port}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            "--quiet",
+            ports=(port,),
+        ),
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client,
+    ):
         recs = []
         for i, name in enumerate(files):
             case = CASES[name]
             stem = Path(name).stem
-            r = client.post(case.model_path or case.path, json={"stream": True},
-                            headers={"x-hopmeter-scenario": f"replay={stem}",
-                                     **case.request_headers})
+            r = client.post(
+                case.model_path or case.path,
+                json={"stream": True},
+                headers={"x-hopmeter-scenario": f"replay={stem}", **case.request_headers},
+            )
             assert r.status_code == 200, (name, r.text)
             assert r.content == (CORPUS / name).read_bytes(), name
             recs.append(read_records(records, i + 1)[i])
@@ -51,9 +74,12 @@ def test_corpus_replayed_through_proxy(tmp_path: Path) -> None:
             if fig["usage_tokens"] != case.output_total:
                 problems.append(f"usage {fig['usage_tokens']} != {case.output_total}")
             elif fig["tokens_counted"] and fig["tokens"] + fig["tokens_hidden_reasoning"] != (
-                    case.output_total):
-                problems.append(f"tokens {fig['tokens']} + hidden "
-                                f"{fig['tokens_hidden_reasoning']} != {case.output_total}")
+                case.output_total
+            ):
+                problems.append(
+                    f"tokens {fig['tokens']} + hidden "
+                    f"{fig['tokens_hidden_reasoning']} != {case.output_total}"
+                )
             elif fig["tokens_counted"] and fig["tokens_source"] != "usage":
                 problems.append(f"source {fig['tokens_source']}")
         if case.error and "truncated" not in [f["kind"] for f in rec["findings"]]:

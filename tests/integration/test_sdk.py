@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -25,13 +24,29 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sdk")
     up_port, port = free_port(), free_port()
     records = tmp / "records.jsonl"
-    with hopmeter(tmp, "upstream", "--listen", f"127.0.0.1:{up_port}", name="upstream",
-                  ports=(up_port,)), hopmeter(
-        tmp, "run", f"http://127.0.0.1:{up_port}", "--listen", f"127.0.0.1:{port}",
-        "--records", str(records), "--metrics", "off", ports=(port,),
+    with (
+        hopmeter(
+            tmp, "upstream", "--listen", f"127.0.0.1:{up_port}", name="upstream", ports=(up_port,)
+        ),
+        hopmeter(
+            tmp,
+            "run",
+            f"http://127.0.0.1:{up_port}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            ports=(port,),
+        ),
     ):
-        yield {"proxy": f"http://127.0.0.1:{port}", "upstream": f"http://127.0.0.1:{up_port}",
-               "records": records, "count": [0]}
+        yield {
+            "proxy": f"http://127.0.0.1:{port}",
+            "upstream": f"http://127.0.0.1:{up_port}",
+            "records": records,
+            "count": [0],
+        }
 
 
 def _next_record(path: dict[str, Any]) -> dict[str, Any]:
@@ -59,11 +74,18 @@ def _check_against_upstream(rec: dict[str, Any], sent: dict[str, Any]) -> None:
 def test_openai_sdk_streams_intact_and_measured(path: dict[str, Any]) -> None:
     """openai's SDK gets the whole reply; TTFT is the first token's, tokens match the send log."""
     scenario = "tokens=30;rate=20;prelude_s=0.3;emoji=1"
-    client = openai.OpenAI(base_url=f"{path['proxy']}/v1", api_key=SECRET, max_retries=0,
-                           default_headers={"x-hopmeter-scenario": scenario})
+    client = openai.OpenAI(
+        base_url=f"{path['proxy']}/v1",
+        api_key=SECRET,
+        max_retries=0,
+        default_headers={"x-hopmeter-scenario": scenario},
+    )
     raw = client.chat.completions.with_raw_response.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": "a secret prompt"}],
-        stream=True, stream_options={"include_usage": True})
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "a secret prompt"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     request_id = raw.headers["x-hopmeter-request-id"]
     text, usage = "", None
     for chunk in raw.parse():
@@ -83,10 +105,15 @@ def test_openai_sdk_streams_intact_and_measured(path: dict[str, Any]) -> None:
 def test_anthropic_sdk_streams_intact_and_measured(path: dict[str, Any]) -> None:
     """anthropic's SDK gets the whole reply with thinking; tokens match the send log."""
     scenario = "tokens=24;reasoning=6;rate=20"
-    client = anthropic.Anthropic(base_url=path["proxy"], api_key=SECRET, max_retries=0,
-                                 default_headers={"x-hopmeter-scenario": scenario})
-    with client.messages.stream(model="claude-demo-1", max_tokens=200,
-                                messages=[{"role": "user", "content": "hi"}]) as stream:
+    client = anthropic.Anthropic(
+        base_url=path["proxy"],
+        api_key=SECRET,
+        max_retries=0,
+        default_headers={"x-hopmeter-scenario": scenario},
+    )
+    with client.messages.stream(
+        model="claude-demo-1", max_tokens=200, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
         request_id = stream.response.headers["x-hopmeter-request-id"]
@@ -101,8 +128,12 @@ def test_anthropic_sdk_streams_intact_and_measured(path: dict[str, Any]) -> None
 
 def test_coalesced_events_give_the_token_clock(path: dict[str, Any]) -> None:
     """Four tokens per event at 20 tokens/s is an inter-token latency of ~50 ms, not ~200 ms."""
-    r = httpx.post(f"{path['proxy']}/v1/chat/completions", json={"model": "m", "stream": True},
-                   headers={"x-hopmeter-scenario": "tokens=40;rate=20;coalesce=4"}, timeout=30)
+    r = httpx.post(
+        f"{path['proxy']}/v1/chat/completions",
+        json={"model": "m", "stream": True},
+        headers={"x-hopmeter-scenario": "tokens=40;rate=20;coalesce=4"},
+        timeout=30,
+    )
     assert r.status_code == 200
     rec = _next_record(path)
     fig = rec["figures"]

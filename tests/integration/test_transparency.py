@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from pathlib import Path
 
@@ -50,11 +51,13 @@ class Lockstep:
         return got
 
 
-def _lockstep_through(url: str, lock: Lockstep, **client: object) -> bytes:
-    with httpx.Client(timeout=30, verify=False, **client) as c:  # noqa: S501 - hopmeter's own CA
-        with c.stream("POST", url, json={"model": "m", "stream": True}) as r:
-            assert r.status_code == 200
-            return lock.read(r)
+def _lockstep_through(url: str, lock: Lockstep) -> bytes:
+    with (
+        httpx.Client(timeout=30) as c,
+        c.stream("POST", url, json={"model": "m", "stream": True}) as r,
+    ):
+        assert r.status_code == 200
+        return lock.read(r)
 
 
 def test_lockstep_http1(tmp_path: Path) -> None:
@@ -62,9 +65,20 @@ def test_lockstep_http1(tmp_path: Path) -> None:
     lock = Lockstep()
     port = free_port()
     records = tmp_path / "records.jsonl"
-    with ScriptedUpstream(lock) as up, hopmeter(
-        tmp_path, "run", f"http://127.0.0.1:{up.port}", "--listen", f"127.0.0.1:{port}",
-        "--records", str(records), "--metrics", "off", ports=(port,),
+    with (
+        ScriptedUpstream(lock) as up,
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up.port}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            ports=(port,),
+        ),
     ):
         body = _lockstep_through(f"http://127.0.0.1:{port}/v1/chat/completions", lock)
         rec = read_records(records, 1)[0]
@@ -80,14 +94,27 @@ def test_lockstep_http2_client(tmp_path: Path) -> None:
     lock = Lockstep()
     port = free_port()
     records = tmp_path / "records.jsonl"
-    with ScriptedUpstream(lock) as up, hopmeter(
-        tmp_path, "run", f"http://127.0.0.1:{up.port}", "--listen", f"127.0.0.1:{port}",
-        "--records", str(records), "--metrics", "off",
-        "--set", f"confdir={tmp_path / 'mitm'}", ports=(port,),
+    with (
+        ScriptedUpstream(lock) as up,
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up.port}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            "--set",
+            f"confdir={tmp_path / 'mitm'}",
+            ports=(port,),
+        ),
     ):
         got = b""
-        for kind, payload in stream_post("127.0.0.1", port, "/v1/chat/completions",
-                                         b'{"model": "m", "stream": true}'):
+        for kind, payload in stream_post(
+            "127.0.0.1", port, "/v1/chat/completions", b'{"model": "m", "stream": true}'
+        ):
             if kind == "status":
                 assert payload == b"200"
                 continue
@@ -109,12 +136,22 @@ def test_lockstep_two_listeners_around_nginx(tmp_path: Path) -> None:
     lock = Lockstep()
     edge, origin = free_port(), free_port()
     records = tmp_path / "records.jsonl"
-    with ScriptedUpstream(lock) as up, NginxServer(origin, "streaming",
-                                                   prefix=tmp_path) as nginx, hopmeter(
-        tmp_path, "run",
-        "--listener", f"edge=reverse:http://127.0.0.1:{nginx.port}@127.0.0.1:{edge}",
-        "--listener", f"origin=reverse:http://127.0.0.1:{up.port}@127.0.0.1:{origin}",
-        "--records", str(records), "--metrics", "off", ports=(edge, origin),
+    with (
+        ScriptedUpstream(lock) as up,
+        NginxServer(origin, "streaming", prefix=tmp_path) as nginx,
+        hopmeter(
+            tmp_path,
+            "run",
+            "--listener",
+            f"edge=reverse:http://127.0.0.1:{nginx.port}@127.0.0.1:{edge}",
+            "--listener",
+            f"origin=reverse:http://127.0.0.1:{up.port}@127.0.0.1:{origin}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            ports=(edge, origin),
+        ),
     ):
         body = _lockstep_through(f"http://127.0.0.1:{edge}/v1/chat/completions", lock)
         recs = read_records(records, 2)
@@ -166,22 +203,34 @@ def identity_path(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     tmp = tmp_path_factory.mktemp("identity")
     replayer = Replayer()
     port = free_port()
-    with ScriptedUpstream(replayer) as up, hopmeter(
-        tmp, "run", f"http://127.0.0.1:{up.port}", "--listen", f"127.0.0.1:{port}",
-        "--metrics", "off", "--quiet", ports=(port,),
-    ) as proc:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as client:
-            yield replayer, client, proc
+    with (
+        ScriptedUpstream(replayer) as up,
+        hopmeter(
+            tmp,
+            "run",
+            f"http://127.0.0.1:{up.port}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics",
+            "off",
+            "--quiet",
+            ports=(port,),
+        ) as proc,
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as client,
+    ):
+        yield replayer, client, proc
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=streams())
 def test_bytes_identical_through_proxy(identity_path, case) -> None:  # type: ignore[no-untyped-def]
     """Whatever the events, endings and chunking, the client receives exactly upstream's bytes."""
     replayer, client, _ = identity_path
     data, cuts = case
     bounds = [0, *cuts, len(data)]
-    pieces = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    pieces = [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     path = f"/s/{len(replayer.streams)}"
     replayer.streams[path] = pieces
     with client.stream("GET", path) as r:

@@ -23,11 +23,15 @@ def test_every_corpus_file_splits_losslessly() -> None:
 def test_sse_split_accepts_all_three_line_endings() -> None:
     """Blank lines made of CR, LF or CRLF all end an event."""
     data = b"data: a\n\ndata: b\r\n\r\ndata: c\r\rdata: d"
-    assert split_events(data, ndjson=False) == [b"data: a\n\n", b"data: b\r\n\r\n",
-                                                 b"data: c\r\r", b"data: d"]
+    assert split_events(data, ndjson=False) == [
+        b"data: a\n\n",
+        b"data: b\r\n\r\n",
+        b"data: c\r\r",
+        b"data: d",
+    ]
 
 
 def test_missing_transcript_is_a_clear_error(tmp_path: Path) -> None:
     """A transcript that cannot be read names the file."""
-    with pytest.raises(TranscriptError, match="cannot read transcript .*nope.sse"):
+    with pytest.raises(TranscriptError, match=r"cannot read transcript .*nope\.sse"):
         Transcript.load(str(tmp_path / "nope.sse"))

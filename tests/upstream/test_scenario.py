@@ -16,7 +16,7 @@ def test_header_then_query_override_defaults() -> None:
 
 def test_unknown_key_names_the_known_ones() -> None:
     """A typo is an error that lists the keys the upstream knows."""
-    with pytest.raises(ScenarioError, match="unknown scenario key 'colaesce'.*coalesce"):
+    with pytest.raises(ScenarioError, match=r"unknown scenario key 'colaesce'.*coalesce"):
         apply(Scenario(), parse_pairs("colaesce=2"))
 
 

@@ -1,4 +1,4 @@
-"""Tokens per event, best source first, reconciled to the stream's own usage total (DESIGN.md §6)."""
+"""Tokens per event, best source first, reconciled to the stream's usage total (DESIGN.md §6)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,15 @@ def account_tokens(
     if target is not None and target > 0 and any(counts):
         # the stream's own total is the best count there is; per-event counts are scaled to it
         final = counts if counted == target else reconcile(counts, target)
-        return TokenAccount(per_event=tuple(final), source="usage", counted=counted,
-                            counted_source=counted_source, usage=usage,
-                            mismatch=target - counted, hidden_reasoning=hidden)
+        return TokenAccount(
+            per_event=tuple(final),
+            source="usage",
+            counted=counted,
+            counted_source=counted_source,
+            usage=usage,
+            mismatch=target - counted,
+            hidden_reasoning=hidden,
+        )
     return TokenAccount(
         per_event=tuple(counts),
         source=counted_source,

@@ -8,6 +8,7 @@ held" of "Streaming responses and buffering" are their specification (DESIGN.md 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,27 +54,26 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 FIXES: dict[str, str] = {
     "whole_body_hold": "A hop buffers the whole body: turn off buffering and compression for "
-                       "event streams (nginx: proxy_buffering off; gzip off) or flush per event.",
+    "event streams (nginx: proxy_buffering off; gzip off) or flush per event.",
     "burst_gaps": "A buffer or compressor upstream releases the stream in windows: disable it "
-                  "for event streams, or flush after each event.",
+    "for event streams, or flush after each event.",
     "compression_on_stream": "Turn compression off for streaming endpoints: a compressor waits "
-                             "to fill its window before it writes.",
+    "to fill its window before it writes.",
     "buffering_headers": "Send X-Accel-Buffering: no and Cache-Control: no-cache, no-transform, "
-                         "and no Content-Length or ETag, so every proxy streams the response.",
+    "and no Content-Length or ETag, so every proxy streams the response.",
     "replacement_char": "The server decodes token bytes one at a time: hold bytes until they "
-                        "form valid UTF-8 before sending them.",
+    "form valid UTF-8 before sending them.",
     "split_utf8": "Characters are split across events or reads: clients must use one streaming "
-                  "UTF-8 decoder per stream, never one per chunk.",
-    "line_endings": "Events end in CR or CRLF: clients that split on \"\\n\\n\" render nothing; "
-                    "accept all three line endings.",
+    "UTF-8 decoder per stream, never one per chunk.",
+    "line_endings": 'Events end in CR or CRLF: clients that split on "\\n\\n" render nothing; '
+    "accept all three line endings.",
     "truncated": "The stream ended without its terminal event: treat the reply as failed and "
-                 "retry, even though the status was 200.",
-    "not_streamed": "Stream this reply: its first words could have appeared long before the "
-                    "last.",
+    "retry, even though the status was 200.",
+    "not_streamed": "Stream this reply: its first words could have appeared long before the last.",
     "stall": "A gap above the stall threshold: look for a scheduler admitting prefills or an "
-             "upstream pause.",
+    "upstream pause.",
     "slow_first_token": "The first visible token came well after the first byte (role prelude "
-                        "or reasoning): promise first-word times on TTFT, not TTFB.",
+    "or reasoning): promise first-word times on TTFT, not TTFB.",
 }
 
 
@@ -88,8 +88,12 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         """The record's JSON form."""
-        return {"kind": self.kind, "severity": self.severity, "evidence": dict(self.evidence),
-                "fix": self.fix}
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "evidence": dict(self.evidence),
+            "fix": self.fix,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,14 +153,17 @@ def detect_whole_body_hold(v: StreamView) -> Finding | None:
     bursts = _bursts(v.chunk_times_s, v.chunk_bytes)
     if total <= 0 or not bursts:
         return None
-    start, end, _, size = bursts[-1]
+    start, _end, _, size = bursts[-1]
     share = size / total
     wait = start - (v.ttfb_s or 0.0) if len(bursts) > 1 else start
     if share >= THRESHOLDS["hold_final_burst_share"] and start >= THRESHOLDS["hold_min_wait_s"]:
         return _finding(
-            "whole_body_hold", "error",
-            final_burst_share=round(share, 3), final_burst_at_s=round(start, 4),
-            final_burst_bytes=size, events=len(v.event_times_s),
+            "whole_body_hold",
+            "error",
+            final_burst_share=round(share, 3),
+            final_burst_at_s=round(start, 4),
+            final_burst_bytes=size,
+            events=len(v.event_times_s),
             wait_before_burst_s=round(wait, 4),
         )
     return None
@@ -180,7 +187,9 @@ def _two_means_log(gaps: Sequence[float]) -> tuple[list[float], list[float]] | N
     for i in range(1, n):
         lo_n, hi_n = i, n - i
         lo_s, hi_s = prefix[i], prefix[n] - prefix[i]
-        sse = (prefix_sq[i] - lo_s * lo_s / lo_n) + (prefix_sq[n] - prefix_sq[i] - hi_s * hi_s / hi_n)
+        sse = (prefix_sq[i] - lo_s * lo_s / lo_n) + (
+            prefix_sq[n] - prefix_sq[i] - hi_s * hi_s / hi_n
+        )
         if sse < best:
             best, best_i = sse, i
     return xs[:best_i], xs[best_i:]
@@ -202,7 +211,7 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     pts = [(t, k) for t, k in zip(v.event_times_s, v.event_tokens, strict=True) if k > 0]
     if len(pts) < THRESHOLDS["min_events"]:
         return None
-    gaps = [b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(pts)]
     split = _two_means_log(gaps)
     if split is None:
         return None
@@ -238,11 +247,15 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
         pattern = "irregular"
     stall_gaps = [g for g in gaps if g >= cut]
     return _finding(
-        "burst_gaps", "warning",
-        bursts=len(bursts), tokens_per_burst=round(fmean(tokens_per_burst), 2),
+        "burst_gaps",
+        "warning",
+        bursts=len(bursts),
+        tokens_per_burst=round(fmean(tokens_per_burst), 2),
         bytes_per_burst=round(fmean(inner_bytes), 1) if inner_bytes else None,
-        stall_period_s=round(fmean(stall_gaps), 4), burst_gap_s=round(math.exp(fmean(lo)), 5),
-        ashman_d=round(d, 2) if d != math.inf else None, gap_ratio=round(ratio, 1),
+        stall_period_s=round(fmean(stall_gaps), 4),
+        burst_gap_s=round(math.exp(fmean(lo)), 5),
+        ashman_d=round(d, 2) if d != math.inf else None,
+        gap_ratio=round(ratio, 1),
         pattern=pattern,
     )
 
@@ -287,16 +300,21 @@ def detect_buffering_headers(v: StreamView) -> Finding | None:
 def detect_replacement_char(v: StreamView) -> Finding | None:
     """U+FFFD in the payload."""
     if v.replacement_chars or v.invalid_utf8:
-        return _finding("replacement_char", "error", in_text=v.replacement_chars,
-                        from_invalid_bytes=v.invalid_utf8)
+        return _finding(
+            "replacement_char",
+            "error",
+            in_text=v.replacement_chars,
+            from_invalid_bytes=v.invalid_utf8,
+        )
     return None
 
 
 def detect_split_utf8(v: StreamView) -> Finding | None:
     """Events (or reads) whose bytes end inside a UTF-8 sequence."""
     if v.events_incomplete_utf8:
-        return _finding("split_utf8", "warning", events=v.events_incomplete_utf8,
-                        chunks=v.chunks_split_utf8)
+        return _finding(
+            "split_utf8", "warning", events=v.events_incomplete_utf8, chunks=v.chunks_split_utf8
+        )
     if v.chunks_split_utf8:
         return _finding("split_utf8", "info", events=0, chunks=v.chunks_split_utf8)
     return None
@@ -325,8 +343,14 @@ def detect_truncated(v: StreamView) -> Finding | None:
         reasons.append("no terminal event")
     if not reasons:
         return None
-    return _finding("truncated", "error", reasons=reasons, errors=list(v.errors[:3]),
-                    ended=v.ended, unterminated_bytes=v.unterminated_bytes)
+    return _finding(
+        "truncated",
+        "error",
+        reasons=reasons,
+        errors=list(v.errors[:3]),
+        ended=v.ended,
+        unterminated_bytes=v.unterminated_bytes,
+    )
 
 
 def detect_not_streamed(v: StreamView) -> Finding | None:
@@ -334,15 +358,25 @@ def detect_not_streamed(v: StreamView) -> Finding | None:
     if v.event_stream or v.document_tokens < THRESHOLDS["not_streamed_min_tokens"]:
         return None
     severity = "error" if v.stream_requested else "warning"
-    return _finding("not_streamed", severity, tokens=v.document_tokens,
-                    first_visible_at_s=v.ttft_s, stream_requested=v.stream_requested)
+    return _finding(
+        "not_streamed",
+        severity,
+        tokens=v.document_tokens,
+        first_visible_at_s=v.ttft_s,
+        stream_requested=v.stream_requested,
+    )
 
 
 def detect_stall(v: StreamView) -> Finding | None:
     """Gaps at or above the stall threshold."""
     if v.stalls:
-        return _finding("stall", "warning", stalls=v.stalls, max_gap_s=v.max_gap_s,
-                        threshold_s=v.stall_threshold_s)
+        return _finding(
+            "stall",
+            "warning",
+            stalls=v.stalls,
+            max_gap_s=v.max_gap_s,
+            threshold_s=v.stall_threshold_s,
+        )
     return None
 
 
@@ -356,14 +390,28 @@ def detect_slow_first_token(v: StreamView) -> Finding | None:
     reasoning = None
     if v.ttft_content_s is not None:
         reasoning = round(v.ttft_content_s - v.ttft_s, 4)
-    return _finding("slow_first_token", "info", ttfb_s=v.ttfb_s, ttft_s=v.ttft_s,
-                    lag_s=round(lag, 4), reasoning_before_content_s=reasoning)
+    return _finding(
+        "slow_first_token",
+        "info",
+        ttfb_s=v.ttfb_s,
+        ttft_s=v.ttft_s,
+        lag_s=round(lag, 4),
+        reasoning_before_content_s=reasoning,
+    )
 
 
 DETECTORS: tuple[Callable[[StreamView], Finding | None], ...] = (
-    detect_whole_body_hold, detect_burst_gaps, detect_compression, detect_buffering_headers,
-    detect_replacement_char, detect_split_utf8, detect_line_endings, detect_truncated,
-    detect_not_streamed, detect_stall, detect_slow_first_token,
+    detect_whole_body_hold,
+    detect_burst_gaps,
+    detect_compression,
+    detect_buffering_headers,
+    detect_replacement_char,
+    detect_split_utf8,
+    detect_line_endings,
+    detect_truncated,
+    detect_not_streamed,
+    detect_stall,
+    detect_slow_first_token,
 )
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from itertools import accumulate
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 # A window of one second is what "tokens per second" means to a reader; shorter windows are noise
 # at 20-100 tokens/s, longer ones hide a half-second stall.
@@ -64,7 +64,9 @@ def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float)
     return max(values)
 
 
-def min_window_rate(times_s: Sequence[float], tokens: Sequence[int], window_s: float) -> float | None:
+def min_window_rate(
+    times_s: Sequence[float], tokens: Sequence[int], window_s: float
+) -> float | None:
     """The lowest tokens-per-second over any window of `window_s` inside the token-carrying span.
 
     Windows start at each token-carrying event (where a rate can first drop) and must fit inside

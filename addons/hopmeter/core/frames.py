@@ -10,7 +10,8 @@ class Frame:
     """One dispatched unit of a stream.
 
     `t_s` is the `now` passed with the bytes that completed the frame; `wire_bytes` are the bytes of
-    the stream it consumed since the previous frame (fields, comments, line endings, blank lines), so
+    the stream it consumed since the previous frame (fields, comments, line endings, blank lines),
+    so
     the sum over frames plus any unterminated tail is the stream's length.
     """
 

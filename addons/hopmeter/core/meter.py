@@ -28,12 +28,19 @@ MAX_EVENTS = 8192
 # Visible text kept for tokenizing at the end of the flow. Past this, tokens are estimated from the
 # character count: 256 KiB is ~64,000 tokens of English, longer than any model's reply limit.
 MAX_TEXT_CHARS = 256 * 1024
-# A non-streamed JSON reply is parsed at the end for its usage and text; bigger bodies are timed only.
+# A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
 
 EVENT_STREAM = "text/event-stream"
-NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
-                          "application/x-jsonlines", "application/json-seq"})
+NDJSON_TYPES = frozenset(
+    {
+        "application/x-ndjson",
+        "application/ndjson",
+        "application/jsonl",
+        "application/x-jsonlines",
+        "application/json-seq",
+    }
+)
 
 
 class Framer(Protocol):
@@ -44,8 +51,9 @@ class Framer(Protocol):
     def close(self, now: float) -> list[Frame]: ...
 
 
-def make_framer(content_type: str, api: str,
-                headers: Mapping[str, str] | None = None) -> Framer | None:
+def make_framer(
+    content_type: str, api: str, headers: Mapping[str, str] | None = None
+) -> Framer | None:
     """The framer for a response's media type, or None when the body is not an event stream."""
     media = content_type.split(";", 1)[0].strip().lower()
     if media == EVENT_STREAM:
@@ -179,7 +187,7 @@ class FlowMeter:
 
     @property
     def document(self) -> bytes | None:
-        """The body of a response that was not an event stream (bounded), for not-streamed checks."""
+        """The body of a response that was not an event stream (bounded), for not_streamed."""
         return None if self._document_overflow else bytes(self._document)
 
     def _take(self, decoded: bytes, now_s: float) -> None:
@@ -203,8 +211,9 @@ class FlowMeter:
             text = body.decode("utf-8", errors="replace")
         except Exception:  # pragma: no cover - bytes.decode with replace does not raise
             return
-        frame = Frame(t_s=now_s, kind="document", data=text, wire_bytes=len(body),
-                      data_bytes=len(body))
+        frame = Frame(
+            t_s=now_s, kind="document", data=text, wire_bytes=len(body), data_bytes=len(body)
+        )
         self._on_frames([frame])
 
     def _on_frames(self, frames: list[Frame]) -> None:

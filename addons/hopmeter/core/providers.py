@@ -170,7 +170,7 @@ def _lower(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 
 
-def detect_api(  # noqa: PLR0911 - one return per rule reads as the table of rules it is
+def detect_api(
     method: str,
     path: str,
     request_headers: Mapping[str, str],
@@ -234,7 +234,7 @@ def refine_api(api: str, first_frame_data: str) -> str:
     return _sniff(doc) or api
 
 
-def _sniff(doc: dict[str, object]) -> str | None:  # noqa: PLR0911 - one return per API
+def _sniff(doc: dict[str, object]) -> str | None:
     kind = doc.get("type")
     if isinstance(kind, str):
         if kind.startswith("response."):
@@ -483,7 +483,7 @@ class ResponsesParser(ApiParser):
 
     api = "openai.responses"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:  # noqa: PLR0911 - one per event kind
+    def parse_json(self, doc: object, frame: Frame) -> Delta:
         if not isinstance(doc, dict):
             self.malformed += 1
             return EMPTY
@@ -551,7 +551,7 @@ class AnthropicParser(ApiParser):
 
     api = "anthropic.messages"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:  # noqa: PLR0911 - one per event kind
+    def parse_json(self, doc: object, frame: Frame) -> Delta:
         if not isinstance(doc, dict):
             self.malformed += 1
             return EMPTY

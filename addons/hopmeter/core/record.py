@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hopmeter.core.accounting import Counter, TokenAccount, account_tokens
-from typing import Protocol
 from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
@@ -15,14 +14,22 @@ from hopmeter.core.meter import FlowMeter
 SCHEMA = "hopmeter.flow/1"
 ENDINGS = ("complete", "upstream_reset", "client_gone", "error", "shutdown")
 # APIs whose streams end with a terminal event; for the rest, "no terminal event" means nothing.
-TERMINATED_APIS = frozenset({"openai.chat", "openai.responses", "anthropic.messages", "ollama",
-                             "gemini", "tgi"})
+TERMINATED_APIS = frozenset(
+    {"openai.chat", "openai.responses", "anthropic.messages", "ollama", "gemini", "tgi"}
+)
 
 # Response headers the detectors read; nothing else of the response's headers is kept, and no
 # request header at all (they carry keys and cookies).
 KEPT_RESPONSE_HEADERS = (
-    "cache-control", "x-accel-buffering", "content-length", "etag", "transfer-encoding",
-    "content-encoding", "content-type", "x-tokenizer", "vary",
+    "cache-control",
+    "x-accel-buffering",
+    "content-length",
+    "etag",
+    "transfer-encoding",
+    "content-encoding",
+    "content-type",
+    "x-tokenizer",
+    "vary",
 )
 
 
@@ -104,8 +111,12 @@ def finish_flow(
         "hop": hop,
         "listener": listener,
         "request": {
-            "method": request.method, "scheme": request.scheme, "host": request.host,
-            "path": request.path, "t_start": request.t_start, "t_end": request.t_end,
+            "method": request.method,
+            "scheme": request.scheme,
+            "host": request.host,
+            "path": request.path,
+            "t_start": request.t_start,
+            "t_end": request.t_end,
             "bytes": request.bytes,
         },
     }
@@ -121,8 +132,11 @@ def finish_flow(
             "content_type": response.content_type,
             "content_encoding": response.content_encoding,
             "t_headers": _abs(t0, response.t_headers_s),
-            "t_first_byte": None, "t_last_byte": None,
-            "bytes_wire": 0, "bytes_decoded": 0, "bytes_out": bytes_out,
+            "t_first_byte": None,
+            "t_last_byte": None,
+            "bytes_wire": 0,
+            "bytes_decoded": 0,
+            "bytes_out": bytes_out,
             "ended": ended,
             "headers": {k: v for k, v in response.headers.items() if k in KEPT_RESPONSE_HEADERS},
         }
@@ -136,13 +150,15 @@ def finish_flow(
             resp["bytes_decoded"] = meter.bytes_decoded
             account = _account(meter, counters.for_model(model))
             figures = _figures(meter, account, stall_threshold_s)
-            rec["chunks"] = [[_r(t), n] for t, n in zip(meter.chunk_t, meter.chunk_bytes,
-                                                           strict=True)]
+            rec["chunks"] = [
+                [_r(t), n] for t, n in zip(meter.chunk_t, meter.chunk_bytes, strict=True)
+            ]
             rec["chunks_dropped"] = meter.chunks_seen - len(meter.chunk_t)
             rec["events"] = [
                 [_r(t), k, off]
-                for t, k, off in zip(meter.events.t_s, account.per_event,
-                                     meter.events.content_offset, strict=False)
+                for t, k, off in zip(
+                    meter.events.t_s, account.per_event, meter.events.content_offset, strict=False
+                )
             ]
             rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
             rec["figures"] = _figures_dict(meter, figures, account)
@@ -153,8 +169,15 @@ def finish_flow(
     rec["model"] = model
     findings = []
     if response is not None and meter is not None and figures is not None and account is not None:
-        view = stream_view(meter, figures, account, response, ended, stall_threshold_s,
-                           request.stream_requested)
+        view = stream_view(
+            meter=meter,
+            f=figures,
+            account=account,
+            response=response,
+            ended=ended,
+            stall_threshold_s=stall_threshold_s,
+            stream_requested=request.stream_requested,
+        )
         findings = [f.as_dict() for f in diagnose(view)]
     rec["findings"] = findings
     if measuring_error:
@@ -171,9 +194,7 @@ def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
     texts = meter.text_parts[:n]
     # an event whose text was not kept (past the bound) has "" here but visible chars in offsets
     offsets = meter.events.content_offset
-    overflow = [
-        not texts[i] and offsets[i] > (offsets[i - 1] if i else 0) for i in range(n)
-    ]
+    overflow = [not texts[i] and offsets[i] > (offsets[i - 1] if i else 0) for i in range(n)]
     return account_tokens(
         stream_tokens=meter.events.stream_tokens[:n],
         texts=texts,
@@ -181,8 +202,9 @@ def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
         usage=meter.facts.usage_output_tokens,
         counter=counter,
         # reasoning billed but not streamed as text is not in any event
-        hidden_reasoning=(meter.facts.usage_reasoning_tokens
-                          if meter.facts.reasoning_chars == 0 else None),
+        hidden_reasoning=(
+            meter.facts.usage_reasoning_tokens if meter.facts.reasoning_chars == 0 else None
+        ),
     )
 
 
@@ -202,16 +224,24 @@ def _figures(meter: FlowMeter, account: TokenAccount, stall_threshold_s: float) 
 def _figures_dict(meter: FlowMeter, f: Figures, account: TokenAccount) -> dict[str, Any]:
     payload = meter.facts.payload_bytes
     return {
-        "ttfb_s": _r(f.ttfb_s), "ttfe_s": _r(f.ttfe_s), "ttft_s": _r(f.ttft_s),
-        "ttft_content_s": _r(f.ttft_content_s), "duration_s": _r(f.duration_s),
-        "tokens": f.tokens, "tokens_source": account.source,
-        "tokens_counted": account.counted, "tokens_counted_source": account.counted_source,
-        "usage_tokens": account.usage, "tokens_mismatch": account.mismatch,
+        "ttfb_s": _r(f.ttfb_s),
+        "ttfe_s": _r(f.ttfe_s),
+        "ttft_s": _r(f.ttft_s),
+        "ttft_content_s": _r(f.ttft_content_s),
+        "duration_s": _r(f.duration_s),
+        "tokens": f.tokens,
+        "tokens_source": account.source,
+        "tokens_counted": account.counted,
+        "tokens_counted_source": account.counted_source,
+        "usage_tokens": account.usage,
+        "tokens_mismatch": account.mismatch,
         "usage_input_tokens": meter.facts.usage_input_tokens,
         "usage_reasoning_tokens": meter.facts.usage_reasoning_tokens,
         "tokens_hidden_reasoning": account.hidden_reasoning,
-        "itl_p50_s": _r(f.itl_p50_s), "itl_p99_s": _r(f.itl_p99_s),
-        "max_gap_s": _r(f.max_gap_s), "stalls": f.stalls,
+        "itl_p50_s": _r(f.itl_p50_s),
+        "itl_p99_s": _r(f.itl_p99_s),
+        "max_gap_s": _r(f.max_gap_s),
+        "stalls": f.stalls,
         "tokens_per_s": _r(f.tokens_per_s, 3),
         "tokens_per_s_min_window": _r(f.tokens_per_s_min_window, 3),
         "events": meter.events_seen,
@@ -268,8 +298,16 @@ def summary_line(rec: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def stream_view(meter: FlowMeter, f: Figures, account: TokenAccount, response: ResponseInfo,
-                ended: str, stall_threshold_s: float, stream_requested: bool | None) -> StreamView:
+def stream_view(
+    *,
+    meter: FlowMeter,
+    f: Figures,
+    account: TokenAccount,
+    response: ResponseInfo,
+    ended: str,
+    stall_threshold_s: float,
+    stream_requested: bool | None,
+) -> StreamView:
     """The detectors' input for one measured flow."""
     framer = meter.framer
     facts = meter.facts

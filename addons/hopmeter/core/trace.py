@@ -7,9 +7,7 @@ from dataclasses import dataclass
 
 # https://www.w3.org/TR/trace-context/#traceparent-header-field-values: version "00" has exactly
 # four fields; a higher version may append more after a dash, which are ignored.
-_TRACEPARENT = re.compile(
-    r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$"
-)
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,9 +38,11 @@ class Transcript:
         except OSError as exc:
             raise TranscriptError(f"cannot read transcript {path}: {exc.strerror}") from exc
         ndjson = p.suffix in (".ndjson", ".jsonl")
-        return cls(name=p.stem,
-                   content_type="application/x-ndjson" if ndjson else "text/event-stream",
-                   pieces=tuple(split_events(data, ndjson=ndjson)))
+        return cls(
+            name=p.stem,
+            content_type="application/x-ndjson" if ndjson else "text/event-stream",
+            pieces=tuple(split_events(data, ndjson=ndjson)),
+        )
 
     def plan(self) -> list[Planned]:
         """One planned send per event, one token-clock tick each."""
@@ -53,11 +55,11 @@ def split_events(data: bytes, *, ndjson: bool) -> list[bytes]:
     start = 0
     if ndjson:
         while (end := data.find(b"\n", start)) != -1:
-            pieces.append(data[start:end + 1])
+            pieces.append(data[start : end + 1])
             start = end + 1
     else:
         for m in _SSE_EVENT_END.finditer(data):
-            pieces.append(data[start:m.end()])
+            pieces.append(data[start : m.end()])
             start = m.end()
     if start < len(data):
         pieces.append(data[start:])

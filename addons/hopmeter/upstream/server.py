@@ -1,4 +1,4 @@
-"""The demo upstream: a synthetic LLM server on a token clock, speaking OpenAI, Anthropic and Ollama.
+"""The demo upstream: a synthetic LLM server on a token clock (OpenAI, Anthropic, Ollama).
 
 It is a small HTTP/1.1 server on asyncio so that it controls exactly what goes on the wire: one
 chunk per event, flushed, at the time the token clock says, and every fault a real path produces
@@ -46,9 +46,14 @@ class SendLog:
     def as_json(self) -> dict[str, object]:
         """The log as a JSON-ready dict."""
         first = next((t for t, k, _ in self.events if k), None)
-        return {"request_id": self.request_id, "api": self.api, "t_request": self.t_request,
-                "t_first_token": first, "tokens": self.tokens,
-                "events": [list(e) for e in self.events]}
+        return {
+            "request_id": self.request_id,
+            "api": self.api,
+            "t_request": self.t_request,
+            "t_first_token": first,
+            "tokens": self.tokens,
+            "events": [list(e) for e in self.events],
+        }
 
 
 class Request:
@@ -74,8 +79,9 @@ class Request:
 class UpstreamServer:
     """The server; `start()` binds, `serve_forever()` runs until cancelled."""
 
-    def __init__(self, scenario: Scenario | None = None, transcripts: dict[str, Transcript] | None
-                 = None) -> None:
+    def __init__(
+        self, scenario: Scenario | None = None, transcripts: dict[str, Transcript] | None = None
+    ) -> None:
         self.scenario = scenario or Scenario()
         self.transcripts = transcripts or {}
         self.logs: OrderedDict[str, SendLog] = OrderedDict()
@@ -121,23 +127,32 @@ class UpstreamServer:
                 await _plain(w, 200, orjson.dumps(log.as_json()), "application/json")
             return True
         if req.method == "GET" and req.path in ("/", "/healthz"):
-            await _plain(w, 200, b"hopmeter demo upstream: POST /v1/chat/completions, "
-                         b"/v1/messages, /api/chat, /api/generate\n")
+            await _plain(
+                w,
+                200,
+                b"hopmeter demo upstream: POST /v1/chat/completions, "
+                b"/v1/messages, /api/chat, /api/generate\n",
+            )
             return True
         if req.method == "GET" and req.path.rstrip("/") == "/v1/models":
             body = {"object": "list", "data": [{"id": "demo-1", "object": "model"}]}
             await _plain(w, 200, orjson.dumps(body), "application/json")
             return True
         try:
-            scenario = from_request(self.scenario, req.query,
-                                    req.headers.get("x-hopmeter-scenario"))
+            scenario = from_request(
+                self.scenario, req.query, req.headers.get("x-hopmeter-scenario")
+            )
         except ScenarioError as exc:
             await _plain(w, 400, f"{exc}\n".encode())
             return True
         api = "replay" if scenario.replay else _api_for(req.path)
         if api is None or req.method != "POST":
-            await _plain(w, 404, b"not found: POST to /v1/chat/completions, /v1/messages, "
-                         b"/api/chat or /api/generate (any path with ?replay=NAME)\n")
+            await _plain(
+                w,
+                404,
+                b"not found: POST to /v1/chat/completions, /v1/messages, "
+                b"/api/chat or /api/generate (any path with ?replay=NAME)\n",
+            )
             return True
         return await self._reply(req, w, api, scenario)
 
@@ -153,15 +168,19 @@ class UpstreamServer:
         if s.replay:
             transcript = self.transcripts.get(s.replay)
             if transcript is None:
-                await _plain(w, 400, f"no transcript named {s.replay!r} was loaded with "
-                             f"--replay\n".encode())
+                await _plain(
+                    w, 400, f"no transcript named {s.replay!r} was loaded with --replay\n".encode()
+                )
                 return True
             plan = transcript.plan()
             ctype = transcript.content_type
         elif not streamed:
             await asyncio.sleep(s.ttft_s + sum(s.intervals()))
-            body = (formats.anthropic_document(s, model) if api == "anthropic"
-                    else formats.openai_document(s, model))
+            body = (
+                formats.anthropic_document(s, model)
+                if api == "anthropic"
+                else formats.openai_document(s, model)
+            )
             log.tokens = s.total_tokens
             log.events.append((time.time(), s.total_tokens, len(body)))
             await _plain(w, 200, body, "application/json", {"x-hopmeter-request-id": rid})
@@ -170,8 +189,14 @@ class UpstreamServer:
             plan, ctype = _plan(api, s, model, doc, req.path)
         return await self._stream(w, s, plan, ctype, log)
 
-    async def _stream(self, w: asyncio.StreamWriter, s: Scenario, plan: list[formats.Planned],
-                      ctype: str, log: SendLog) -> bool:
+    async def _stream(
+        self,
+        w: asyncio.StreamWriter,
+        s: Scenario,
+        plan: list[formats.Planned],
+        ctype: str,
+        log: SendLog,
+    ) -> bool:
         headers = {"content-type": ctype, "x-hopmeter-request-id": log.request_id}
         if s.headers == "good":
             headers["cache-control"] = "no-cache, no-transform"
@@ -182,7 +207,7 @@ class UpstreamServer:
             compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
         ending = _ENDINGS[s.line_ending]
         if s.buffered:
-            # like a body-hashing middleware: nothing leaves until the hash of the whole body is known
+            # like a body-hashing middleware: nothing leaves before the whole body is hashed
             body = bytearray()
             async for event in _clock(s, plan):
                 piece = event.body.replace(b"\n", ending) if ending != b"\n" else event.body
@@ -195,8 +220,11 @@ class UpstreamServer:
             await _plain(w, 200, data, ctype, headers)
             log.events.append((time.time(), log.tokens, len(data)))
             return True
-        head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        head = (
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            + "\r\n"
+        )
         w.write(head.encode())
         await w.drain()
         sent = 0
@@ -209,7 +237,7 @@ class UpstreamServer:
                 piece = compressor.compress(piece)
                 if s.gzip_flush:
                     piece += compressor.flush(zlib.Z_SYNC_FLUSH)
-            for part in (_split(piece) if s.split_writes else [piece]):
+            for part in _split(piece) if s.split_writes else [piece]:
                 if part:
                     w.write(b"%x\r\n%s\r\n" % (len(part), part))
                     await w.drain()
@@ -251,8 +279,9 @@ async def _clock(s: Scenario, plan: list[formats.Planned]):  # type: ignore[no-u
         yield event
 
 
-def _plan(api: str, s: Scenario, model: str, doc: dict[str, object], path: str
-          ) -> tuple[list[formats.Planned], str]:
+def _plan(
+    api: str, s: Scenario, model: str, doc: dict[str, object], path: str
+) -> tuple[list[formats.Planned], str]:
     if api == "anthropic":
         plan, error = formats.anthropic_messages(s, model), formats.anthropic_error()
         ctype = "text/event-stream; charset=utf-8"
@@ -279,7 +308,7 @@ def _split(piece: bytes) -> list[bytes]:
     """Cut an event in two, inside a multi-byte character when it has one."""
     for i, b in enumerate(piece):
         if b >= 0xC0 and i + 1 < len(piece):
-            return [piece[: i + 1], piece[i + 1:]]
+            return [piece[: i + 1], piece[i + 1 :]]
     mid = len(piece) // 2
     return [piece[:mid], piece[mid:]]
 
@@ -331,13 +360,20 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
     return Request(method, target, headers, body)
 
 
-async def _plain(w: asyncio.StreamWriter, status: int, body: bytes,
-                 ctype: str = "text/plain; charset=utf-8",
-                 extra: dict[str, str] | None = None) -> None:
+async def _plain(
+    w: asyncio.StreamWriter,
+    status: int,
+    body: bytes,
+    ctype: str = "text/plain; charset=utf-8",
+    extra: dict[str, str] | None = None,
+) -> None:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "OK")
     headers = {"content-type": ctype, "content-length": str(len(body))}
     headers.update(extra or {})
-    head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(
-        f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + "\r\n"
+    )
     w.write(head.encode() + body)
     await w.drain()
