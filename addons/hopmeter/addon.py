@@ -24,6 +24,7 @@ from hopmeter.core.providers import detect_api, model_from_path
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.log import get_logger
+from hopmeter.pairing import Pairing
 from hopmeter.sinks import RecordSink
 from hopmeter.tokenizers import load_counter
 
@@ -127,7 +128,8 @@ class HopMeter:
         self.counter: Any = None
         self.internal_errors = 0
         self.flows_finished = 0
-        self.observers: list[Any] = []  # callables taking (FlowResult, FlowState)
+        self.observers: list[Any] = []  # objects with observe(FlowResult) and optional hooks
+        self.pairing = Pairing(schedule=_call_later, emit=self._emit)
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -227,6 +229,7 @@ class HopMeter:
                 trace=trace,
             )
             flow.metadata["hopmeter"] = state
+            self.pairing.start(trace.trace_id, flow.request.timestamp_start)
         except Exception as exc:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False:
@@ -325,14 +328,21 @@ class HopMeter:
             self.internal_error("finish", exc)
             return
         self.flows_finished += 1
-        for obs in self.observers:
-            try:
-                obs.observe(result, state)
-            except Exception as exc:
-                self.internal_error("observer", exc)
-        self._emit(result)
+        try:
+            ready = self.pairing.finish(result)
+        except Exception as exc:
+            self.internal_error("pairing", exc)
+            ready = [result]
+        for r in ready:
+            self._emit(r)
 
     def _emit(self, result: FlowResult) -> None:
+        """Hand one finished record to the observers (metrics), the records file and the console."""
+        for obs in self.observers:
+            try:
+                obs.observe(result)
+            except Exception as exc:
+                self.internal_error("observer", exc)
         if self.sink is not None:
             try:
                 self.sink.write(orjson.dumps(result.record) + b"\n")
@@ -390,6 +400,10 @@ class HopMeter:
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
         )
+
+
+def _call_later(delay_s: float, fn: Any) -> None:
+    asyncio.get_running_loop().call_later(delay_s, fn)
 
 
 def _lower(headers: Any) -> dict[str, str]:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hopmeter import __version__
+from hopmeter import __version__, join
 from hopmeter.core.frames import HopmeterError
 from hopmeter.runner import (
     ProxyConfig,
@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="load a recorded .sse/.ndjson transcript, chosen per request by "
         "?replay=NAME (repeatable)",
     )
+
+    join.add_parser(sub)
 
     demo = sub.add_parser("demo", help="demo upstream + proxy + sample streams; print the figures")
     demo.add_argument("--records", default="", metavar="PATH")
@@ -217,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_run(args))
         if args.command == "upstream":
             return asyncio.run(_upstream(args))
+        if args.command == "join":
+            return join.run(args)
         if args.command == "demo":
             from hopmeter.demo import run_demo  # noqa: PLC0415
 

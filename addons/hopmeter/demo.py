@@ -80,7 +80,7 @@ async def run_demo(records: str = "") -> int:
     master_box: list[Any] = []
 
     class Collect:
-        def observe(self, result: Any, state: Any) -> None:
+        def observe(self, result: Any) -> None:
             results.append(result.record)
 
     def on_master(master: Any) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from mitmproxy import ctx, exceptions
 
-from hopmeter.addon import FlowState, HopMeter
+from hopmeter.addon import HopMeter
 from hopmeter.core.record import FlowResult
 from hopmeter.log import get_logger
 
@@ -66,10 +66,12 @@ class MetricsAddon:
             self.server = None
 
     # observer protocol of HopMeter
-    def observe(self, result: FlowResult, state: FlowState) -> None:
-        """One finished flow."""
+    def observe(self, result: FlowResult) -> None:
+        """One finished flow, and the holds of each segment when it is a trace's outermost."""
         if self.metrics is not None:
             self.metrics.observe_flow(result.record)
+            for seg in result.segments:
+                self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""

@@ -232,11 +232,6 @@ def test_every_panel_query_returns_data(stack: Prometheus) -> None:
     assert empty == [], "queries without data:\n" + "\n".join(empty)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="per-token hold pairing of two listeners (DESIGN.md §5) is not in the addon yet, so "
-    "hopmeter_hold_seconds has no series; remove this mark when it lands",
-)
 def test_hold_panel_queries_return_data(stack: Prometheus) -> None:
     """The hold panels (segment between edge and origin) return data."""
     empty = [

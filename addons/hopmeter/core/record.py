@@ -81,6 +81,7 @@ class FlowResult:
     record: dict[str, Any]
     figures: Figures | None
     tokens: TokenAccount | None
+    segments: tuple[Any, ...] = ()  # hops.Segment per segment, on the outermost flow of a trace
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:

@@ -1,0 +1,221 @@
+"""Hops: one stream seen at several vantage points, and how long each segment held each token.
+
+Two flow records that share a trace id saw the same stream at two points of its path. Their events
+carry `content_offset` (visible characters so far), which is the same at both points whatever the
+framing, chunking or compression in between; aligning them by it gives, for every token, the time
+the segment between the two points held it: `hold = t_outer - t_inner` (DESIGN.md §5).
+
+The same function serves the live case (two listeners of one process, one wall clock) and
+`hopmeter join` on records from separate hosts, where the clocks may disagree: the skew between
+them is bounded by causality (the request reaches the outer hop first; a token leaves the inner hop
+before the outer one sees it) and estimated within those bounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hopmeter.core.figures import weighted_quantile
+
+# A segment that released its first token after this share of the inner hop's token span had
+# passed held the whole body: nothing, then everything (seed "GPU to pixel").
+WHOLE_BODY_SHARE = 0.9
+# ... and only when that span is long enough for a reader to notice (the stall threshold's 0.5 s).
+WHOLE_BODY_MIN_SPAN_S = 0.5
+# The tell of a batching segment: inter-token latency fell to under half while the first token
+# came this much later (seed "Streaming responses": bursts after stalls look fast per token).
+BATCHING_ITL_RATIO = 0.5
+BATCHING_TTFT_RISE_S = 0.25
+# Finding kinds that describe pacing, and so can be attributed to the segment that introduced them.
+PACING_KINDS = (
+    "whole_body_hold",
+    "burst_gaps",
+    "compression_on_stream",
+    "stall",
+    "line_endings",
+    "split_utf8",
+    "replacement_char",
+)
+
+SEGMENT_FIXES = {
+    "segment_batching": "This segment turned a steady stream into bursts: inter-token latency "
+    "fell while the first token came later; look for buffering or "
+    "compression between these two hops.",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HopView:
+    """What alignment needs of one flow record."""
+
+    hop: str
+    t_start: float  # wall clock, epoch seconds
+    t_first_byte: float | None
+    events: Sequence[Sequence[float]]  # [t_offset_s, tokens, content_offset]
+    ttft_s: float | None
+    itl_p50_s: float | None
+    finding_kinds: frozenset[str]
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> HopView:
+        """The view of a `hopmeter.flow/1` record."""
+        fig = rec.get("figures") or {}
+        resp = rec.get("response") or {}
+        return cls(
+            hop=str(rec.get("hop", "")),
+            t_start=float(rec["request"]["t_start"]),
+            t_first_byte=resp.get("t_first_byte"),
+            events=rec.get("events") or [],
+            ttft_s=fig.get("ttft_s"),
+            itl_p50_s=fig.get("itl_p50_s"),
+            finding_kinds=frozenset(f["kind"] for f in rec.get("findings") or []),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """The hold one segment added, token by token."""
+
+    segment: str  # "outer>inner"
+    inner_hop: str
+    holds_s: tuple[float, ...]  # one per token
+    first_token_hold_s: float | None
+    whole_body: bool
+    skew_s: float  # inner clock minus outer clock, as estimated
+    skew_bounds_s: tuple[float | None, float | None]
+    findings: tuple[dict[str, Any], ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `hops` entry of the outer record (DESIGN.md §4)."""
+        w = [1] * len(self.holds_s)
+
+        def q(p: float) -> float | None:
+            v = weighted_quantile(self.holds_s, w, p)
+            return None if v is None else round(v, 6)
+
+        return {
+            "segment": self.segment,
+            "inner_hop": self.inner_hop,
+            "first_token_hold_s": None
+            if self.first_token_hold_s is None
+            else round(self.first_token_hold_s, 6),
+            "hold_p50_s": q(0.5),
+            "hold_p99_s": q(0.99),
+            "hold_max_s": round(max(self.holds_s), 6) if self.holds_s else None,
+            "whole_body": self.whole_body,
+            "tokens_aligned": len(self.holds_s),
+            "skew_s": round(self.skew_s, 6),
+            "skew_bounds_s": [None if b is None else round(b, 6) for b in self.skew_bounds_s],
+            "findings": list(self.findings),
+        }
+
+
+def _token_times(v: HopView) -> list[tuple[float, int, int]]:
+    """(absolute time, tokens, content offset) of each token-carrying event."""
+    return [(v.t_start + float(t), int(k), int(c)) for t, k, c, *_ in v.events if k > 0]
+
+
+def _first_reaching(offsets: Sequence[int], times: Sequence[float], target: int) -> float | None:
+    """When a hop's visible content first reached `target` characters (offsets are sorted)."""
+    i = bisect_left(offsets, target)
+    return times[i] if i < len(times) else None
+
+
+def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | None]:
+    """Bounds on (inner clock - outer clock) that causality allows.
+
+    Upper: the request reached the outer hop first, so inner.t_start - skew >= outer.t_start.
+    Lower: each token left the inner hop before the outer hop saw it, so for every aligned token
+    inner_t - skew <= outer_t.
+    """
+    upper = inner.t_start - outer.t_start
+    out = _token_times(outer)
+    out_offsets = [c for _, _, c in out]
+    out_times = [t for t, _, _ in out]
+    lower: float | None = None
+    for t_in, _, c in _token_times(inner):
+        t_out = _first_reaching(out_offsets, out_times, c)
+        if t_out is not None:
+            lower = t_in - t_out if lower is None else max(lower, t_in - t_out)
+    return lower, upper
+
+
+def align(outer: HopView, inner: HopView) -> Segment:
+    """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later)."""
+    lower, upper = skew_bounds(outer, inner)
+    skew = 0.0
+    if lower is not None and lower > skew:
+        skew = lower
+    if upper is not None and upper < skew:
+        skew = upper  # contradictory bounds (clock jumps): trust the request order
+    out = _token_times(outer)
+    out_offsets = [c for _, _, c in out]
+    out_times = [t for t, _, _ in out]
+    holds: list[float] = []
+    inner_tokens = _token_times(inner)
+    for t_in, k, c in inner_tokens:
+        t_out = _first_reaching(out_offsets, out_times, c)
+        if t_out is None:
+            continue
+        holds.extend([t_out - (t_in - skew)] * k)
+    first = holds[0] if holds else None
+    whole = False
+    if inner_tokens and out and first is not None:
+        span = inner_tokens[-1][0] - inner_tokens[0][0]
+        whole = span >= WHOLE_BODY_MIN_SPAN_S and first >= WHOLE_BODY_SHARE * span
+    return Segment(
+        segment=f"{outer.hop}>{inner.hop}",
+        inner_hop=inner.hop,
+        holds_s=tuple(holds),
+        first_token_hold_s=first,
+        whole_body=whole,
+        skew_s=skew,
+        skew_bounds_s=(lower, upper),
+        findings=tuple(_segment_findings(outer, inner, whole, first)),
+    )
+
+
+def _segment_findings(
+    outer: HopView, inner: HopView, whole: bool, first_hold: float | None
+) -> Iterable[dict[str, Any]]:
+    """Findings present at the outer hop but not the inner one belong to this segment."""
+    for kind in PACING_KINDS:
+        if kind in outer.finding_kinds and kind not in inner.finding_kinds:
+            yield {"kind": kind, "introduced_by": f"{outer.hop}>{inner.hop}"}
+    if whole and "whole_body_hold" not in outer.finding_kinds:
+        yield {
+            "kind": "whole_body_hold",
+            "introduced_by": f"{outer.hop}>{inner.hop}",
+            "first_token_hold_s": first_hold,
+        }
+    if (
+        outer.itl_p50_s is not None
+        and inner.itl_p50_s
+        and outer.ttft_s is not None
+        and inner.ttft_s is not None
+        and outer.itl_p50_s < BATCHING_ITL_RATIO * inner.itl_p50_s
+        and outer.ttft_s - inner.ttft_s >= BATCHING_TTFT_RISE_S
+    ):
+        yield {
+            "kind": "segment_batching",
+            "introduced_by": f"{outer.hop}>{inner.hop}",
+            "evidence": {
+                "itl_p50_inner_s": inner.itl_p50_s,
+                "itl_p50_outer_s": outer.itl_p50_s,
+                "ttft_rise_s": round(outer.ttft_s - inner.ttft_s, 6),
+            },
+            "fix": SEGMENT_FIXES["segment_batching"],
+        }
+
+
+def chain(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
+    """Segments between consecutive hops of one trace, outermost first (by request start)."""
+    views = sorted(
+        (HopView.from_record(r) for r in records if r.get("events") is not None),
+        key=lambda v: v.t_start,
+    )
+    return [align(a, b) for a, b in itertools.pairwise(views)]

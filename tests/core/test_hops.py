@@ -1,0 +1,100 @@
+"""Per-token holds from two vantage points, aligned by content offset, with bounded clock skew."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hopmeter.core.hops import HopView, align, chain, skew_bounds
+
+
+def record(hop: str, t_start: float, events: list[list[float]], **fig: Any) -> dict[str, Any]:
+    return {
+        "hop": hop,
+        "request": {"t_start": t_start},
+        "response": {},
+        "events": events,
+        "figures": fig,
+        "findings": [{"kind": k} for k in fig.pop("kinds", [])],
+    }
+
+
+def steady(n: int, gap: float, start: float, offset_per: int = 5) -> list[list[float]]:
+    return [[start + i * gap, 1, (i + 1) * offset_per] for i in range(n)]
+
+
+def test_streaming_segment_holds_each_token_briefly() -> None:
+    """An outer hop that sees each token 1 ms after the inner one holds every token 1 ms."""
+    inner = record("origin", 1000.001, steady(20, 0.05, 0.1))
+    outer = record("edge", 1000.0, steady(20, 0.05, 0.102))
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert seg.segment == "edge>origin"
+    assert all(h == pytest.approx(0.001, abs=1e-9) for h in seg.holds_s)
+    assert not seg.whole_body
+    d = seg.as_dict()
+    assert d["tokens_aligned"] == 20
+    assert d["hold_p50_s"] == pytest.approx(0.001)
+
+
+def test_whole_body_hold_shows_on_the_segment() -> None:
+    """A segment that releases everything at the end holds the first token for the whole span."""
+    inner = record("origin", 1000.001, steady(40, 0.05, 0.1))
+    outer = record("edge", 1000.0, [[2.2 + i * 1e-5, 1, (i + 1) * 5] for i in range(40)])
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert seg.whole_body
+    assert seg.first_token_hold_s == pytest.approx(2.2 - 0.101, abs=1e-6)
+    assert seg.holds_s[-1] == pytest.approx(2.2 + 39e-5 - 0.101 - 39 * 0.05, abs=1e-6)
+    assert {
+        "kind": "whole_body_hold",
+        "introduced_by": "edge>origin",
+        "first_token_hold_s": seg.first_token_hold_s,
+    } in seg.findings
+
+
+def test_coalescing_between_hops_aligns_by_content() -> None:
+    """An outer hop that sees two inner events in one aligns each token to when it arrived."""
+    inner = record("origin", 0.0, [[0.1, 1, 5], [0.2, 1, 10], [0.3, 1, 15], [0.4, 1, 20]])
+    outer = record("edge", 0.0, [[0.21, 2, 10], [0.41, 2, 20]])
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert seg.holds_s == pytest.approx((0.11, 0.01, 0.11, 0.01))
+
+
+def test_skew_is_bounded_by_causality() -> None:
+    """A clock 2 s ahead at the inner host is corrected within the causal bounds."""
+    inner = record("origin", 1002.001, steady(10, 0.05, 0.1))  # its clock runs 2 s ahead
+    outer = record("edge", 1000.0, steady(10, 0.05, 0.102))
+    lower, upper = skew_bounds(HopView.from_record(outer), HopView.from_record(inner))
+    assert lower is not None and upper is not None
+    assert lower <= 2.0 <= upper
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert all(h >= 0 for h in seg.holds_s)
+    assert max(seg.holds_s) < 0.01
+
+
+def test_segment_findings_are_those_the_segment_introduced() -> None:
+    """Bursts at the edge but not at the origin belong to the segment; ITL falling is the tell."""
+    inner = record(
+        "origin", 0.0, steady(20, 0.05, 0.1), itl_p50_s=0.05, ttft_s=0.1, kinds=["stall"]
+    )
+    outer = record(
+        "edge",
+        0.0,
+        steady(20, 0.05, 0.5),
+        itl_p50_s=0.001,
+        ttft_s=0.5,
+        kinds=["burst_gaps", "stall"],
+    )
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    kinds = [f["kind"] for f in seg.findings]
+    assert kinds == ["burst_gaps", "segment_batching"]
+
+
+def test_chain_orders_hops_by_request_start() -> None:
+    """Three hops give two segments, outermost first."""
+    recs = [
+        record("b", 1.0, steady(5, 0.1, 0.2)),
+        record("a", 0.0, steady(5, 0.1, 1.3)),
+        record("c", 2.0, steady(5, 0.1, 0.1)),
+    ]
+    assert [s.segment for s in chain(recs)] == ["a>b", "b>c"]
