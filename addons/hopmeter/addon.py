@@ -45,6 +45,7 @@ class FlowState:
     listener: str
     hop: str
     trace: TraceContext | None
+    span_id: str  # this flow's own span: the one hopmeter put in traceparent, or a new one
     request_bytes: int = 0
     request_head: bytearray = field(default_factory=bytearray)
     request_model: str | None = None
@@ -130,6 +131,7 @@ class HopMeter:
         self.flows_finished = 0
         self.observers: list[Any] = []  # objects with observe(FlowResult) and optional hooks
         self.pairing = Pairing(schedule=_call_later, emit=self._emit)
+        self.otel: Any = None
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -168,6 +170,13 @@ class HopMeter:
             "hopmeter_summary", bool, True, "Log a one-line summary per finished flow."
         )
         loader.add_option(
+            "hopmeter_otel_endpoint",
+            str,
+            "",
+            "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
+            "(needs `pip install hopmeter[otel]`).",
+        )
+        loader.add_option(
             "hopmeter_trace_header", bool, True, "Add a W3C traceparent to requests that have none."
         )
 
@@ -198,6 +207,8 @@ class HopMeter:
                         f"cannot write records to {opts.hopmeter_records}: {exc.strerror}; "
                         f"pick a writable path with --records"
                     ) from exc
+        if "hopmeter_otel_endpoint" in updated:
+            self._set_otel(opts.hopmeter_otel_endpoint.strip())
         if "hopmeter_tokenizer" in updated or self.counter is None:
             try:
                 self.counter = load_counter(opts.hopmeter_tokenizer or None)
@@ -211,6 +222,24 @@ class HopMeter:
     def done(self) -> None:
         if self.sink is not None:
             self.sink.close()
+        self._set_otel("")
+
+    def _set_otel(self, endpoint: str) -> None:
+        if self.otel is not None:
+            self.observers.remove(self.otel)
+            self.otel.close()
+            self.otel = None
+        if not endpoint:
+            return
+        try:
+            from hopmeter.otel import OtelExporter  # noqa: PLC0415 - an optional extra
+        except ImportError as exc:
+            raise exceptions.OptionsError(
+                f"hopmeter_otel_endpoint needs the OpenTelemetry extra: pip install "
+                f"'hopmeter[otel]' ({exc})"
+            ) from None
+        self.otel = OtelExporter(endpoint)
+        self.observers.append(self.otel)
 
     # -- hooks ---------------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -227,6 +256,7 @@ class HopMeter:
                 listener=listener,
                 hop=listener,
                 trace=trace,
+                span_id=trace.span_id if trace.created else secrets.token_hex(8),
             )
             flow.metadata["hopmeter"] = state
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
@@ -388,6 +418,10 @@ class HopMeter:
         return finish_flow(
             flow_id=flow.id,
             trace_id=state.trace.trace_id if state.trace else None,
+            span_id=state.span_id,
+            parent_span_id=None
+            if state.trace is None or state.trace.created
+            else state.trace.span_id,
             hop=state.hop,
             listener=state.listener,
             request=request,

@@ -92,6 +92,12 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         help="include prompt/reply text in records (off by default)",
     )
     p.add_argument(
+        "--otel-endpoint",
+        default="",
+        metavar="URL",
+        help="export a span per flow to this OTLP/HTTP endpoint (pip install hopmeter[otel])",
+    )
+    p.add_argument(
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument("--quiet", action="store_true", help="no per-flow console line")
@@ -154,6 +160,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         tokenizer=args.tokenizer,
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
+        otel_endpoint=args.otel_endpoint,
         summary=not args.quiet,
         extra=list(args.set_),
     )

@@ -32,6 +32,7 @@ class ProxyConfig:
     tokenizer: str = ""
     log_content: bool = False
     trace_header: bool = True
+    otel_endpoint: str = ""
     summary: bool = True
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
@@ -113,6 +114,7 @@ async def run_proxy(
             hopmeter_tokenizer=cfg.tokenizer,
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
+            hopmeter_otel_endpoint=cfg.otel_endpoint,
             hopmeter_summary=cfg.summary,
         )
         if cfg.extra:

@@ -92,6 +92,8 @@ def finish_flow(
     *,
     flow_id: str,
     trace_id: str | None,
+    span_id: str | None = None,
+    parent_span_id: str | None = None,
     hop: str,
     listener: str,
     request: RequestInfo,
@@ -108,6 +110,8 @@ def finish_flow(
     rec: dict[str, Any] = {
         "schema": SCHEMA,
         "trace_id": trace_id,
+        "span_id": span_id,
+        "parent_span_id": parent_span_id,
         "flow_id": flow_id,
         "hop": hop,
         "listener": listener,
