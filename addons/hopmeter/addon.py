@@ -132,6 +132,8 @@ class HopMeter:
         self.observers: list[Any] = []  # objects with observe(FlowResult) and optional hooks
         self.pairing = Pairing(schedule=_call_later, emit=self._emit)
         self.otel: Any = None
+        self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
+        self.records_lost = 0
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -220,8 +222,21 @@ class HopMeter:
             self.counter.preload()
 
     def done(self) -> None:
+        # flows still in flight when the proxy stops are written as ended "shutdown"
+        for flow, state in list(self.live.values()):
+            if not state.finished:
+                state.finished = True
+                self._complete(flow, state, "shutdown", state.offset(time.monotonic()))
+        self.live.clear()
+        self.pairing.drain()
         if self.sink is not None:
             self.sink.close()
+        if self.records_lost:
+            log.error(
+                "hopmeter: records were lost",
+                lost=self.records_lost,
+                path=ctx.options.hopmeter_records,
+            )
         self._set_otel("")
 
     def _set_otel(self, endpoint: str) -> None:
@@ -259,6 +274,7 @@ class HopMeter:
                 span_id=trace.span_id if trace.created else secrets.token_hex(8),
             )
             flow.metadata["hopmeter"] = state
+            self.live[flow.id] = (flow, state)
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
         except Exception as exc:
             self.internal_error("requestheaders", exc)
@@ -339,6 +355,7 @@ class HopMeter:
         if state is None or state.finished:
             return
         state.finished = True
+        self.live.pop(flow.id, None)
         end_s = state.offset(time.monotonic())
         if state.streaming:
             state.streaming = False
@@ -377,11 +394,14 @@ class HopMeter:
             try:
                 self.sink.write(orjson.dumps(result.record) + b"\n")
             except OSError as exc:
-                log.error(
-                    "hopmeter: cannot write records; they are being lost",
-                    path=ctx.options.hopmeter_records,
-                    error=str(exc),
-                )
+                self.records_lost += 1
+                if self.records_lost == 1:
+                    log.error(
+                        "hopmeter: ERROR cannot write records; every record from now on is lost "
+                        "until the file is writable again",
+                        path=ctx.options.hopmeter_records,
+                        error=str(exc),
+                    )
         if ctx.options.hopmeter_summary:
             log.info(summary_line(result.record))
 

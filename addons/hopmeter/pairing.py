@@ -82,6 +82,12 @@ class Pairing:
         with_hops = attach(outer, segments)
         return [with_hops if r is outer else r for r in out] if outer in out else out
 
+    def drain(self) -> None:
+        """Write every parked record now (the proxy is stopping)."""
+        for trace_id in list(self._traces):
+            self._expire(trace_id)
+        self._traces.clear()
+
     def _expire(self, trace_id: str) -> None:
         trace = self._traces.get(trace_id)
         if trace is None or trace.parked is None:

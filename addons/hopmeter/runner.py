@@ -130,7 +130,16 @@ async def run_proxy(
     if before is not None:
         await before()
     await master.run()
+    # asyncio.run cancels the connection tasks still open at exit; on Python 3.12 the stream
+    # protocol then reports each cancellation as an error. They are not errors: stay quiet.
+    loop.set_exception_handler(_quiet_cancellations)
     return 0
+
+
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
 
 
 def quiet_mitmproxy_logs(verbose: bool) -> None:

@@ -1,0 +1,93 @@
+"""Stopping hopmeter loses no record: finished flows are written, in-flight ones as shutdown."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.procs import free_port, hopmeter, read_records, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_sigterm_writes_finished_and_in_flight_flows(tmp_path: Path) -> None:
+    """After SIGTERM the records hold the finished flow and the in-flight one as ended shutdown."""
+    up, port = free_port(), free_port()
+    records = tmp_path / "records.jsonl"
+    with (
+        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,)),
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            ports=(port,),
+        ) as proxy,
+    ):
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        httpx.post(url, json={"stream": True}, headers={"x-hopmeter-scenario": "tokens=5"})
+        read_records(records, 1)
+        got: list[bytes] = []
+
+        def long_stream() -> None:
+            try:
+                with httpx.stream(
+                    "POST",
+                    url,
+                    json={"stream": True},
+                    timeout=30,
+                    headers={"x-hopmeter-scenario": "tokens=1000;rate=50"},
+                ) as r:
+                    for piece in r.iter_raw():
+                        got.append(piece)
+            except httpx.HTTPError:
+                pass
+
+        client = threading.Thread(target=long_stream)
+        client.start()
+        wait_for(lambda: len(got) >= 5, what="the long stream to be under way")
+        assert proxy.stop(signal.SIGTERM) == 0
+        client.join(10)
+    recs = read_records(records, 2)
+    assert [r["response"]["ended"] for r in recs] == ["complete", "shutdown"]
+    assert recs[1]["figures"]["events"] >= 5
+    assert "Traceback" not in proxy.output()
+
+
+def test_unwritable_records_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A records path in a read-only folder fails at start with one line naming it."""
+    import subprocess
+
+    from tests.procs import HOPMETER
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "r.jsonl").mkdir()  # a folder where the file should be: cannot be opened
+    result = subprocess.run(
+        [
+            *HOPMETER,
+            "run",
+            "--records",
+            str(locked / "r.jsonl"),
+            "--metrics",
+            "off",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert f"cannot write records to {locked / 'r.jsonl'}" in result.stderr
+    assert "Traceback" not in result.stderr
