@@ -18,10 +18,12 @@ import orjson
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.console import MODES as CONSOLE_MODES
+from hopmeter.console import Console
 from hopmeter.core.frames import HopmeterError
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.providers import detect_api, model_from_path
-from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
+from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.log import get_logger
 from hopmeter.pairing import Pairing
@@ -134,6 +136,7 @@ class HopMeter:
         self.otel: Any = None
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.records_lost = 0
+        self.console: Console | None = None
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -169,7 +172,17 @@ class HopMeter:
             "Include prompt and reply text in records (off by default).",
         )
         loader.add_option(
-            "hopmeter_summary", bool, True, "Log a one-line summary per finished flow."
+            "hopmeter_console",
+            str,
+            "text",
+            'Per-flow console output: "text" (a line per flow), "json" (an object per line on '
+            'stdout) or "off".',
+        )
+        loader.add_option(
+            "hopmeter_summary_interval",
+            float,
+            60.0,
+            "Seconds between compact console summaries (0 = none).",
         )
         loader.add_option(
             "hopmeter_otel_endpoint",
@@ -209,6 +222,8 @@ class HopMeter:
                         f"cannot write records to {opts.hopmeter_records}: {exc.strerror}; "
                         f"pick a writable path with --records"
                     ) from exc
+        if "hopmeter_console" in updated or "hopmeter_summary_interval" in updated:
+            self._set_console(opts.hopmeter_console, opts.hopmeter_summary_interval)
         if "hopmeter_otel_endpoint" in updated:
             self._set_otel(opts.hopmeter_otel_endpoint.strip())
         if "hopmeter_tokenizer" in updated or self.counter is None:
@@ -220,6 +235,21 @@ class HopMeter:
     def running(self) -> None:
         if self.counter is not None:
             self.counter.preload()
+        if self.console is not None:
+            self.console.start()
+
+    def _set_console(self, mode: str, interval_s: float) -> None:
+        if mode not in CONSOLE_MODES:
+            raise exceptions.OptionsError(
+                f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
+            )
+        if interval_s < 0:
+            raise exceptions.OptionsError("hopmeter_summary_interval must be 0 or more seconds")
+        if self.console is not None:
+            self.console.stop()
+            self.observers.remove(self.console)
+        self.console = Console(mode, interval_s)
+        self.observers.append(self.console)
 
     def done(self) -> None:
         # flows still in flight when the proxy stops are written as ended "shutdown"
@@ -229,6 +259,8 @@ class HopMeter:
                 self._complete(flow, state, "shutdown", state.offset(time.monotonic()))
         self.live.clear()
         self.pairing.drain()
+        if self.console is not None:
+            self.console.stop()
         if self.sink is not None:
             self.sink.close()
         if self.records_lost:
@@ -402,8 +434,6 @@ class HopMeter:
                         path=ctx.options.hopmeter_records,
                         error=str(exc),
                     )
-        if ctx.options.hopmeter_summary:
-            log.info(summary_line(result.record))
 
     def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str, now: float) -> FlowResult:
         req = flow.request

@@ -101,6 +101,16 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument("--quiet", action="store_true", help="no per-flow console line")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per finished flow on stdout"
+    )
+    p.add_argument(
+        "--summary-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds between compact console summaries, 0 for none (default 60)",
+    )
     p.add_argument("--verbose", action="store_true", help="mitmproxy's own connection logs too")
     p.add_argument(
         "--set",
@@ -161,7 +171,8 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
         otel_endpoint=args.otel_endpoint,
-        summary=not args.quiet,
+        console="off" if args.quiet else "json" if args.json else "text",
+        summary_interval_s=args.summary_interval,
         extra=list(args.set_),
     )
 

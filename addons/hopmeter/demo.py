@@ -74,7 +74,7 @@ async def run_demo(records: str = "") -> int:
         hop="demo",
         records=records,
         metrics="off",
-        summary=False,
+        console="off",
     )
     results: list[dict[str, Any]] = []
     master_box: list[Any] = []

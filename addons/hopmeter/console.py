@@ -1,0 +1,123 @@
+"""What a person (or a script) sees while `hopmeter run` runs.
+
+One line per finished flow — hop, api, model, status, TTFB, TTFT, inter-token latency p50/p99,
+max gap, tokens, findings worst first — as text through the log, or as one JSON object per line on
+stdout (`--json`); and every `--summary-interval` seconds a compact summary of the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+import orjson
+
+from hopmeter.core.figures import weighted_quantile
+from hopmeter.core.record import FlowResult, summary_line
+from hopmeter.log import get_logger
+
+log = get_logger()
+MODES = ("text", "json", "off")
+# Per-window memory is one small tuple per flow; past this many flows in one window the rest are
+# only counted (a busy sidecar does thousands per minute).
+MAX_WINDOW_FLOWS = 100_000
+
+
+def flow_json(rec: dict[str, Any]) -> dict[str, Any]:
+    """The console's JSON line for one flow: figures only, never content or headers."""
+    fig = rec.get("figures") or {}
+    resp = rec.get("response") or {}
+    return {
+        "hop": rec.get("hop"),
+        "trace_id": rec.get("trace_id"),
+        "api": rec.get("api"),
+        "model": rec.get("model"),
+        "path": rec["request"]["path"],
+        "status": resp.get("status"),
+        "ended": resp.get("ended"),
+        "ttfb_s": fig.get("ttfb_s"),
+        "ttft_s": fig.get("ttft_s"),
+        "itl_p50_s": fig.get("itl_p50_s"),
+        "itl_p99_s": fig.get("itl_p99_s"),
+        "max_gap_s": fig.get("max_gap_s"),
+        "tokens": fig.get("tokens"),
+        "findings": [f["kind"] for f in rec.get("findings") or []],
+    }
+
+
+class Console:
+    """An observer of finished flows that prints them and summarises each window."""
+
+    def __init__(self, mode: str = "text", interval_s: float = 60.0) -> None:
+        self.mode = mode
+        self.interval_s = interval_s
+        self._window: list[tuple[str, float | None, float | None]] = []  # (hop, ttft, itl p50)
+        self._dropped = 0
+        self._findings: Counter[str] = Counter()
+        self._task: asyncio.Task[None] | None = None
+
+    def observe(self, result: FlowResult) -> None:
+        """One finished flow."""
+        rec = result.record
+        if self.mode == "text":
+            log.info(summary_line(rec))
+        elif self.mode == "json":
+            sys.stdout.buffer.write(orjson.dumps(flow_json(rec)) + b"\n")
+            sys.stdout.flush()
+        fig = rec.get("figures") or {}
+        if len(self._window) < MAX_WINDOW_FLOWS:
+            self._window.append((str(rec.get("hop")), fig.get("ttft_s"), fig.get("itl_p50_s")))
+        else:
+            self._dropped += 1
+        self._findings.update(f["kind"] for f in rec.get("findings") or [])
+
+    def start(self) -> None:
+        """Begin the periodic summary (needs a running event loop)."""
+        if self.interval_s > 0 and self.mode != "off" and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._every())
+
+    def stop(self) -> None:
+        """Stop the periodic summary."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _every(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            line = self.summary()
+            if line:
+                log.info(line)
+
+    def summary(self) -> str:
+        """The window's compact summary (and a new window)."""
+        window, self._window = self._window, []
+        findings, self._findings = self._findings, Counter()
+        flows = len(window) + self._dropped
+        self._dropped = 0
+        if not flows:
+            return ""
+        by_hop: dict[str, list[tuple[float | None, float | None]]] = defaultdict(list)
+        for hop, ttft, itl in window:
+            by_hop[hop].append((ttft, itl))
+        parts = [f"hopmeter: last {self.interval_s:g}s: {flows} flows"]
+        for hop, rows in sorted(by_hop.items()):
+            ttfts = [t for t, _ in rows if t is not None]
+            itls = [i for _, i in rows if i is not None]
+            parts.append(
+                f"[{hop}] n={len(rows)} ttft p50={_ms(_q(ttfts, 0.5))} p99={_ms(_q(ttfts, 0.99))}"
+                f" itl p50={_ms(_q(itls, 0.5))}"
+            )
+        if findings:
+            parts.append("findings " + " ".join(f"{k}={n}" for k, n in findings.most_common()))
+        return " ".join(parts)
+
+
+def _q(values: list[float], q: float) -> float | None:
+    return weighted_quantile(values, [1] * len(values), q)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}ms"

@@ -1,0 +1,58 @@
+"""The console: a line per flow (text or JSON, never content) and a compact window summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from hopmeter.console import Console, flow_json
+from hopmeter.core.record import FlowResult
+
+
+def flow(hop: str, ttft: float, itl: float, kinds: tuple[str, ...] = ()) -> FlowResult:
+    rec: dict[str, Any] = {
+        "hop": hop,
+        "trace_id": "t",
+        "api": "openai.chat",
+        "model": "gpt-4o",
+        "request": {"method": "POST", "path": "/v1/chat/completions"},
+        "response": {"status": 200, "ended": "complete"},
+        "figures": {
+            "ttfb_s": 0.01,
+            "ttft_s": ttft,
+            "itl_p50_s": itl,
+            "itl_p99_s": itl,
+            "max_gap_s": itl,
+            "tokens": 10,
+            "tokens_source": "usage",
+            "duration_s": 1.0,
+        },
+        "findings": [{"kind": k} for k in kinds],
+        "content": "secret reply",
+    }
+    return FlowResult(record=rec, figures=None, tokens=None)
+
+
+def test_json_line_has_figures_and_no_content(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    """--json prints one object per flow with figures and finding kinds, never the content."""
+    Console("json", 0).observe(flow("edge", 0.2, 0.02, ("stall",)))
+    line = capsysbinary.readouterr().out
+    doc = orjson.loads(line)
+    assert doc == flow_json(flow("edge", 0.2, 0.02, ("stall",)).record)
+    assert doc["findings"] == ["stall"] and doc["ttft_s"] == 0.2
+    assert b"secret reply" not in line
+
+
+def test_window_summary_per_hop() -> None:
+    """The summary counts flows and gives TTFT percentiles per hop, then starts a new window."""
+    c = Console("off", 60)
+    for i in range(10):
+        c.observe(flow("edge", 0.1 * (i + 1), 0.02, ("stall",) if i == 0 else ()))
+    c.observe(flow("origin", 0.05, 0.02))
+    line = c.summary()
+    assert line.startswith("hopmeter: last 60s: 11 flows")
+    assert "[edge] n=10 ttft p50=500ms p99=1000ms itl p50=20ms" in line
+    assert "[origin] n=1" in line and "findings stall=1" in line
+    assert c.summary() == ""
