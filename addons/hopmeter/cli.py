@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     join.add_parser(sub)
 
+    up.add_argument(
+        "--tls-dir",
+        default="",
+        metavar="DIR",
+        help="serve HTTPS with a self-signed certificate written to DIR/cert.pem",
+    )
+
     demo = sub.add_parser("demo", help="demo upstream + proxy + sample streams; print the figures")
     demo.add_argument("--records", default="", metavar="PATH")
     return p
@@ -218,9 +225,18 @@ async def _upstream(args: argparse.Namespace) -> int:
     scenario = apply(Scenario(), parse_pairs(args.scenario))
     transcripts = {t.name: t for t in (Transcript.load(p) for p in args.replay)}
     check_port_free(host, port, "listen address")
+    tls = None
+    if args.tls_dir:
+        from hopmeter.upstream.tls import make_self_signed, server_context  # noqa: PLC0415
+
+        try:
+            tls = server_context(*make_self_signed(Path(args.tls_dir), (host, "localhost")))
+        except OSError as exc:
+            raise UsageError(f"--tls-dir {args.tls_dir}: {exc.strerror}") from None
     server = UpstreamServer(scenario, transcripts)
-    bound = await server.start(host, port)
-    print(f"hopmeter upstream listening on http://{host}:{bound}", file=sys.stderr, flush=True)
+    bound = await server.start(host, port, tls)
+    scheme = "https" if tls else "http"
+    print(f"hopmeter upstream listening on {scheme}://{host}:{bound}", file=sys.stderr, flush=True)
     await server.serve_forever()
     return 0
 

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import itertools
 import socket
+import ssl
 import time
 import zlib
 from collections import OrderedDict
@@ -88,9 +89,9 @@ class UpstreamServer:
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Bind and return the port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._handle, host, port)
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Bind and return the port (useful with port 0); HTTPS when given a TLS context."""
+        self._server = await asyncio.start_server(self._handle, host, port, ssl=tls)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def serve_forever(self) -> None:
