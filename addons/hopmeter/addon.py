@@ -18,6 +18,7 @@ import orjson
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.chaos import Chaos, parse_actions
 from hopmeter.console import MODES as CONSOLE_MODES
 from hopmeter.console import Console
 from hopmeter.core.frames import HopmeterError
@@ -93,7 +94,7 @@ class ResponseTap:
     chunk (mitmproxy does not guard stream callables), so everything is caught.
     """
 
-    __slots__ = ("addon", "bytes_out", "error", "meter", "state")
+    __slots__ = ("addon", "bytes_out", "chaos", "error", "meter", "state")
 
     def __init__(self, addon: HopMeter, state: FlowState | None) -> None:
         self.addon = addon
@@ -101,18 +102,34 @@ class ResponseTap:
         self.meter: FlowMeter | None = None
         self.bytes_out = 0
         self.error: str | None = None
+        self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
 
-    def __call__(self, data: bytes) -> bytes:
+    def __call__(self, data: bytes) -> bytes | list[bytes]:
         now = time.monotonic()
         if data:
-            self.bytes_out += len(data)
             meter = self.meter
             if meter is not None and self.state is not None:
                 try:
                     meter.feed(bytes(data), self.state.offset(now))
                 except Exception as exc:
                     self.fail(exc)
+        if self.chaos is not None:
+            return self._chaos(data)
+        self.bytes_out += len(data)
         return data
+
+    def _chaos(self, data: bytes) -> bytes | list[bytes]:
+        assert self.chaos is not None
+        try:
+            pieces = self.chaos.feed(data) if data else self.chaos.flush()
+        except Exception as exc:  # chaos that fails falls back to the original bytes
+            self.chaos = None
+            self.fail(exc)
+            self.bytes_out += len(data)
+            return data
+        self.bytes_out += sum(map(len, pieces))
+        # the final call must return b"" (bytes), and no data piece may be empty
+        return pieces if data or pieces else b""
 
     def fail(self, exc: BaseException) -> None:
         """Stop measuring this flow, say so once, and count it."""
@@ -137,6 +154,7 @@ class HopMeter:
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.records_lost = 0
         self.console: Console | None = None
+        self.chaos_actions: tuple[str, ...] = ()
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -170,6 +188,16 @@ class HopMeter:
             bool,
             False,
             "Include prompt and reply text in records (off by default).",
+        )
+        loader.add_option(
+            "hopmeter_chaos",
+            str,
+            "",
+            "Staging only: comma list of rechunk, split_utf8, crlf, cr applied to responses on "
+            "the way to the client (measuring sees the original).",
+        )
+        loader.add_option(
+            "hopmeter_chaos_seed", int, 0, "Seed for --chaos (0 = a new seed per flow)."
         )
         loader.add_option(
             "hopmeter_console",
@@ -224,6 +252,16 @@ class HopMeter:
                     ) from exc
         if "hopmeter_console" in updated or "hopmeter_summary_interval" in updated:
             self._set_console(opts.hopmeter_console, opts.hopmeter_summary_interval)
+        if "hopmeter_chaos" in updated:
+            try:
+                self.chaos_actions = parse_actions(opts.hopmeter_chaos)
+            except HopmeterError as exc:
+                raise exceptions.OptionsError(f"hopmeter_chaos: {exc}") from None
+            if self.chaos_actions:
+                log.warning(
+                    "hopmeter: CHAOS is on: responses are re-cut on the way to clients",
+                    actions=",".join(self.chaos_actions),
+                )
         if "hopmeter_otel_endpoint" in updated:
             self._set_otel(opts.hopmeter_otel_endpoint.strip())
         if "hopmeter_tokenizer" in updated or self.counter is None:
@@ -338,6 +376,13 @@ class HopMeter:
             )
             state.streaming = True
             self._notify("stream_started")
+            if self.chaos_actions:
+                tap.chaos = Chaos(
+                    self.chaos_actions,
+                    ctx.options.hopmeter_chaos_seed or secrets.randbits(32),
+                    rewrite_ok="content-length" not in resp.headers
+                    and "content-encoding" not in resp.headers,
+                )
         except Exception as exc:
             tap.fail(exc)
 
@@ -465,7 +510,7 @@ class HopMeter:
                 headers=_lower(resp.headers),
                 t_headers_s=(resp.timestamp_start - req.timestamp_start),
             )
-        return finish_flow(
+        result = finish_flow(
             flow_id=flow.id,
             trace_id=state.trace.trace_id if state.trace else None,
             span_id=state.span_id,
@@ -484,6 +529,9 @@ class HopMeter:
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
         )
+        if tap is not None and tap.chaos is not None:
+            result.record["chaos"] = sorted(tap.chaos.actions)
+        return result
 
 
 def _call_later(delay_s: float, fn: Any) -> None:

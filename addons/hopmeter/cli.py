@@ -107,6 +107,13 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
+    p.add_argument(
+        "--chaos",
+        default="",
+        metavar="ACTIONS",
+        help="staging only: rechunk,split_utf8,crlf,cr applied to responses sent to clients",
+    )
+    p.add_argument("--chaos-seed", type=int, default=0, metavar="N", help="seed for --chaos")
     p.add_argument("--quiet", action="store_true", help="no per-flow console line")
     p.add_argument(
         "--json", action="store_true", help="one JSON object per finished flow on stdout"
@@ -178,6 +185,8 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
         otel_endpoint=args.otel_endpoint,
+        chaos=args.chaos,
+        chaos_seed=args.chaos_seed,
         console="off" if args.quiet else "json" if args.json else "text",
         summary_interval_s=args.summary_interval,
         extra=list(args.set_),

@@ -33,6 +33,8 @@ class ProxyConfig:
     log_content: bool = False
     trace_header: bool = True
     otel_endpoint: str = ""
+    chaos: str = ""
+    chaos_seed: int = 0
     console: str = "text"  # "text" | "json" | "off"
     summary_interval_s: float = 60.0
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
@@ -116,6 +118,8 @@ async def run_proxy(
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
             hopmeter_otel_endpoint=cfg.otel_endpoint,
+            hopmeter_chaos=cfg.chaos,
+            hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
             hopmeter_summary_interval=cfg.summary_interval_s,
         )

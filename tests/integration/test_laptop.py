@@ -75,3 +75,39 @@ def test_openai_sdk_over_https_through_regular_mode(tmp_path: Path) -> None:
     assert rec["hop"] == "laptop" and rec["request"]["scheme"] == "https"
     assert rec["api"] == "openai.chat" and rec["figures"]["tokens"] == Scenario().tokens
     assert rec["figures"]["ttft_s"] is not None and rec["response"]["ended"] == "complete"
+
+
+def test_chaos_recuts_for_the_client_and_measures_the_original(tmp_path: Path) -> None:
+    """--chaos crlf,rechunk changes what the client gets (same events) but not what is measured."""
+    up, port = free_port(), free_port()
+    records = tmp_path / "records.jsonl"
+    with (
+        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,)),
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--chaos",
+            "crlf,rechunk,split_utf8",
+            "--chaos-seed",
+            "7",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            ports=(port,),
+        ) as proxy,
+    ):
+        body = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"stream": True},
+            headers={"x-hopmeter-scenario": "tokens=20;emoji=1"},
+        ).content
+        rec = read_records(records, 1)[0]
+    assert b"\r\n\r\n" in body and b"\n\n" not in body.replace(b"\r\n", b"")
+    assert rec["chaos"] == ["crlf", "rechunk", "split_utf8"]
+    assert rec["response"]["bytes_out"] == len(body) > rec["response"]["bytes_wire"]
+    assert "line_endings" not in [f["kind"] for f in rec["findings"]]  # upstream sent LF
+    assert "CHAOS is on" in proxy.output()
