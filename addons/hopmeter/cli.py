@@ -19,6 +19,7 @@ from hopmeter.runner import (
     quiet_mitmproxy_logs,
     run_proxy,
 )
+from hopmeter.workers import enable_reuse_port, run_workers
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -114,6 +115,14 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         help="staging only: rechunk,split_utf8,crlf,cr applied to responses sent to clients",
     )
     p.add_argument("--chaos-seed", type=int, default=0, metavar="N", help="seed for --chaos")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="N proxy processes on the same ports (SO_REUSEPORT); metrics port + index each",
+    )
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no per-flow console line")
     p.add_argument(
         "--json", action="store_true", help="one JSON object per finished flow on stdout"
@@ -134,6 +143,16 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         dest="set_",
         help="any mitmproxy option, passed through",
     )
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    return n
 
 
 def _positive_float(value: str) -> float:
@@ -206,12 +225,19 @@ async def _run(args: argparse.Namespace) -> int:
 
     # validate everything before starting anything
     cfg = proxy_config(args, args.upstream or "http://127.0.0.1:9")
-    check_ports(cfg)
+    if args.worker_index is None:
+        check_ports(cfg)
+    else:
+        # a worker shares the listen ports; its metrics port is its own
+        enable_reuse_port()
+        cfg.metrics = _worker_metrics(cfg.metrics, args.worker_index)
     notice = None
     if args.upstream is None and not args.listener:
         demo = UpstreamServer()
         port = await demo.start("127.0.0.1", 0)
         cfg = proxy_config(args, f"http://127.0.0.1:{port}")
+        if args.worker_index is not None:
+            cfg.metrics = _worker_metrics(cfg.metrics, args.worker_index)
         notice = (
             f"hopmeter: no upstream given; forwarding to the built-in demo upstream at "
             f"http://127.0.0.1:{port}"
@@ -223,6 +249,24 @@ async def _run(args: argparse.Namespace) -> int:
 
     quiet_mitmproxy_logs(args.verbose)
     return await run_proxy(cfg, before=announce)
+
+
+def _worker_metrics(metrics: str, index: int) -> str:
+    if metrics.lower() == "off":
+        return metrics
+    host, port = parse_hostport(metrics, "--metrics")
+    return f"{host}:{port + index}"
+
+
+def _run_workers(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    cfg = proxy_config(args, args.upstream or "http://127.0.0.1:9")
+    check_ports(cfg)
+    if cfg.metrics.lower() != "off":
+        for i in range(1, args.workers):
+            check_port_free(
+                *parse_hostport(_worker_metrics(cfg.metrics, i), "--metrics"), "metrics address"
+            )
+    return run_workers(argv, args.workers)
 
 
 async def _upstream(args: argparse.Namespace) -> int:
@@ -253,12 +297,15 @@ async def _upstream(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hopmeter` command."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.addon_path:
         print(Path(__file__).with_name("script.py"))
         return 0
     try:
         if args.command == "run":
+            if args.workers > 1 and args.worker_index is None:
+                return _run_workers(args, argv)
             return asyncio.run(_run(args))
         if args.command == "upstream":
             return asyncio.run(_upstream(args))

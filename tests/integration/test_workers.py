@@ -1,0 +1,64 @@
+"""--workers N: several processes serve the same port; metrics and records stay correct."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.procs import free_port, hopmeter, read_records, wait_for
+
+pytestmark = pytest.mark.integration
+FLOWS = 24
+
+
+def _flows(metrics_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("hopmeter_flows_total{")
+    )
+
+
+def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Path) -> None:
+    """Connections spread over both workers; each scrape target counts its own, records all."""
+    up, port, metrics = free_port(), free_port(), free_port()
+    records = tmp_path / "records.jsonl"
+    with (
+        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,)),
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "--metrics",
+            f"127.0.0.1:{metrics}",
+            "--records",
+            str(records),
+            "--quiet",
+            ports=(port, metrics, metrics + 1),
+        ) as proxy,
+    ):
+        for _ in range(FLOWS):
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"stream": True},
+                headers={"x-hopmeter-scenario": "tokens=5;rate=500", "connection": "close"},
+            )
+            assert r.status_code == 200
+        recs = read_records(records, FLOWS)
+
+        def counted() -> tuple[float, float] | None:
+            pair = (_flows(metrics), _flows(metrics + 1))
+            return pair if sum(pair) == FLOWS else None
+
+        per_worker = wait_for(counted, what="every flow counted by one worker")
+        assert proxy.stop(signal.SIGTERM) == 0
+    assert all(n > 0 for n in per_worker), per_worker  # both workers served connections
+    assert len({r["flow_id"] for r in recs}) == FLOWS  # whole records, none interleaved
