@@ -1,0 +1,230 @@
+"""Records grouped into traces, and the lanes picture's data measured from them.
+
+A trace is every record that shares a trace id: the same stream seen at one or more hops. Its lanes
+are ordered outermost first (the hop whose request started first is nearest the client). Between
+two neighbouring lanes lies a segment; aligning the two records' events by `content_offset` gives,
+for each token event, when the inner hop saw it and when the outer hop did: the run between is the
+time the segment held it (DESIGN.md §5). Inside one lane, a gap between tokens at or above the
+stall threshold is a run too: the token was held somewhere before this hop.
+
+Times here are seconds since the trace's origin (the outermost request start), on the outermost
+hop's clock; inner hops are shifted by the skew hopmeter.core.hops estimates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hopmeter.core.detectors import SEVERITY_ORDER
+from hopmeter.core.hops import HopView, align
+
+Record = Mapping[str, Any]
+
+# The stall threshold when no record says which one it was measured with (DESIGN.md §3 default).
+DEFAULT_STALL_THRESHOLD_S = 0.5
+# A segment finding names no severity; a hold it introduced is as bad as the flow's own.
+SEGMENT_SEVERITY = {"whole_body_hold": "error", "segment_batching": "warning"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mark:
+    """One token-carrying event as one hop saw it."""
+
+    t_s: float
+    tokens: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """A stretch of time a token (or the stream) was held: t0_s to t1_s."""
+
+    t0_s: float
+    t1_s: float
+    tokens: int
+    label: str  # what held it, for a tooltip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lane:
+    """One hop's view of the stream."""
+
+    hop: str
+    record: Record
+    t_start_s: float
+    t_first_byte_s: float | None
+    t_end_s: float
+    marks: tuple[Mark, ...]
+    quiet_s: tuple[float, ...]  # events carrying no tokens (preludes, [DONE], pings)
+    runs: tuple[Run, ...]  # stalls and whole-body waits seen at this hop
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Band:
+    """The segment between lane `outer` and the lane after it: one run per aligned event."""
+
+    segment: str
+    runs: tuple[Run, ...]
+    summary: Mapping[str, Any]  # the `hops` entry: first_token_hold_s, hold_p50_s, ...
+    live: bool  # the summary was measured live (in the record), not aligned here
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace:
+    """A stream and every hop that saw it, outermost first."""
+
+    trace_id: str
+    t0: float  # epoch seconds of the outermost request start
+    lanes: tuple[Lane, ...]
+    bands: tuple[Band, ...]
+
+    @property
+    def outer(self) -> Record:
+        """The record nearest the client."""
+        return self.lanes[0].record
+
+    @property
+    def span_s(self) -> float:
+        """From the first request start to the last byte at any hop, and a little room."""
+        return max(max(lane.t_end_s for lane in self.lanes) * 1.02, 1e-3)
+
+    def findings(self) -> list[tuple[str, Mapping[str, Any]]]:
+        """(where, finding) for every finding of every hop and segment, worst first."""
+        out: list[tuple[str, Mapping[str, Any]]] = []
+        for lane in self.lanes:
+            out += [(lane.hop, f) for f in lane.record.get("findings") or []]
+        for band in self.bands:
+            out += [(band.segment, f) for f in band.summary.get("findings") or []]
+        return sorted(out, key=lambda wf: severity_rank(wf[1]))
+
+    def worst(self) -> Mapping[str, Any] | None:
+        """The worst finding, if any."""
+        found = self.findings()
+        return found[0][1] if found else None
+
+
+def severity(finding: Mapping[str, Any]) -> str:
+    """A finding's severity; segment findings get one from SEGMENT_SEVERITY (else warning)."""
+    sev = finding.get("severity")
+    if isinstance(sev, str) and sev in SEVERITY_ORDER:
+        return sev
+    return SEGMENT_SEVERITY.get(str(finding.get("kind")), "warning")
+
+
+def severity_rank(finding: Mapping[str, Any]) -> int:
+    """0 for the worst severity."""
+    return SEVERITY_ORDER[severity(finding)]
+
+
+def stall_threshold(records: Iterable[Record]) -> float:
+    """The threshold the records' stall findings were measured with, else the default."""
+    for rec in records:
+        for f in rec.get("findings") or []:
+            value = (f.get("evidence") or {}).get("threshold_s")
+            if f.get("kind") == "stall" and isinstance(value, int | float) and value > 0:
+                return float(value)
+    return DEFAULT_STALL_THRESHOLD_S
+
+
+def group(records: Iterable[Record]) -> list[list[Record]]:
+    """Records sharing a trace id together (a record without one is its own trace), by time."""
+    by_trace: dict[str, list[Record]] = defaultdict(list)
+    for n, rec in enumerate(records):
+        key = rec.get("trace_id") or f"flow:{rec.get('flow_id') or n}"
+        by_trace[str(key)].append(rec)
+    groups = [sorted(recs, key=_t_start) for recs in by_trace.values()]
+    return sorted(groups, key=lambda recs: _t_start(recs[0]))
+
+
+def _t_start(rec: Record) -> float:
+    return float((rec.get("request") or {}).get("t_start") or 0.0)
+
+
+def _events(rec: Record) -> list[tuple[float, int, int]]:
+    """(t_offset_s, tokens, content_offset) of each event; offset -1 when the record has none."""
+    out = []
+    for ev in rec.get("events") or []:
+        if len(ev) >= 2:
+            out.append((float(ev[0]), int(ev[1]), int(ev[2]) if len(ev) >= 3 else -1))
+    return out
+
+
+def build(records: Sequence[Record], threshold_s: float) -> Trace:
+    """The trace of records that share one trace id (outermost first)."""
+    recs = sorted(records, key=_t_start)
+    t0 = _t_start(recs[0])
+    bands: list[Band] = []
+    shift = [0.0]  # each lane's clock minus the outermost one's
+    for outer, inner in itertools.pairwise(recs):
+        band, skew = _band(outer, inner, t0, shift[-1])
+        bands.append(band)
+        shift.append(shift[-1] + skew)
+    lanes = tuple(_lane(rec, t0, s, threshold_s) for rec, s in zip(recs, shift, strict=True))
+    trace_id = str(recs[0].get("trace_id") or recs[0].get("flow_id") or "")
+    return Trace(trace_id=trace_id, t0=t0, lanes=lanes, bands=tuple(bands))
+
+
+def _lane(rec: Record, t0: float, shift: float, threshold_s: float) -> Lane:
+    base = _t_start(rec) - shift - t0
+    events = _events(rec)
+    marks = tuple(Mark(t_s=base + t, tokens=k, offset=c) for t, k, c in events if k > 0)
+    quiet = tuple(base + t for t, k, _ in events if k <= 0)
+    resp = rec.get("response") or {}
+    fb = resp.get("t_first_byte")
+    t_fb = None if fb is None else float(fb) - shift - t0
+    last = resp.get("t_last_byte") or (rec.get("request") or {}).get("t_end")
+    ends = [base + t for t, _, _ in events]
+    if last is not None:
+        ends.append(float(last) - shift - t0)
+    runs = [
+        Run(t0_s=a.t_s, t1_s=b.t_s, tokens=b.tokens, label=f"stall {b.t_s - a.t_s:.3f} s")
+        for a, b in itertools.pairwise(marks)
+        if b.t_s - a.t_s >= threshold_s
+    ]
+    for f in rec.get("findings") or []:
+        ev = f.get("evidence") or {}
+        at, wait = ev.get("final_burst_at_s"), ev.get("wait_before_burst_s")
+        if f.get("kind") == "whole_body_hold" and at is not None and wait is not None:
+            start = base + float(at) - float(wait)
+            runs.append(Run(t0_s=start, t1_s=base + float(at), tokens=0, label="whole body held"))
+        shown = ev.get("first_visible_at_s")
+        if f.get("kind") == "not_streamed" and shown is not None:
+            label = "not streamed: the whole reply came as one document"
+            runs.append(Run(t0_s=base, t1_s=base + float(shown), tokens=0, label=label))
+    return Lane(
+        hop=str(rec.get("hop") or "?"),
+        record=rec,
+        t_start_s=base,
+        t_first_byte_s=t_fb,
+        t_end_s=max(ends, default=base),
+        marks=marks,
+        quiet_s=quiet,
+        runs=tuple(runs),
+    )
+
+
+def _band(outer: Record, inner: Record, t0: float, shift: float) -> tuple[Band, float]:
+    """The segment between two records, and the inner clock's skew from the outer's."""
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    name = seg.segment
+    live = next((h for h in outer.get("hops") or [] if h.get("segment") == name), None)
+    summary: Mapping[str, Any] = live if live is not None else seg.as_dict()
+    out_base = _t_start(outer) - shift - t0
+    in_base = _t_start(inner) - shift - seg.skew_s - t0
+    out_marks = [(out_base + t, c) for t, k, c in _events(outer) if k > 0 and c >= 0]
+    offsets = [c for _, c in out_marks]
+    runs = []
+    for t, k, c in _events(inner):
+        if k <= 0 or c < 0:
+            continue
+        i = bisect_left(offsets, c)
+        if i < len(out_marks):
+            t_in, t_out = in_base + t, out_marks[i][0]
+            label = f"held {t_out - t_in:.4f} s between {name.replace('>', ' and ')}"
+            runs.append(Run(t0_s=t_in, t1_s=t_out, tokens=k, label=label))
+    return Band(segment=name, runs=tuple(runs), summary=summary, live=live is not None), seg.skew_s
