@@ -110,7 +110,7 @@ class ResponseTap:
             meter = self.meter
             if meter is not None and self.state is not None:
                 try:
-                    meter.feed(bytes(data), self.state.offset(now))
+                    meter.feed(data, self.state.offset(now))
                 except Exception as exc:
                     self.fail(exc)
         if self.chaos is not None:
