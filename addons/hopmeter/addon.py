@@ -317,13 +317,16 @@ class HopMeter:
         if not endpoint:
             return
         try:
-            from hopmeter.otel import OtelExporter  # noqa: PLC0415 - an optional extra
+            from hopmeter.otel import OtelConfigError, OtelExporter  # noqa: PLC0415 - optional
         except ImportError as exc:
             raise exceptions.OptionsError(
                 f"hopmeter_otel_endpoint needs the OpenTelemetry extra: pip install "
                 f"'hopmeter[otel]' ({exc})"
             ) from None
-        self.otel = OtelExporter(endpoint)
+        try:
+            self.otel = OtelExporter(endpoint)
+        except OtelConfigError as exc:
+            raise exceptions.OptionsError(f"hopmeter_otel_endpoint: {exc}") from None
         self.observers.append(self.otel)
 
     # -- hooks ---------------------------------------------------------------------------------
