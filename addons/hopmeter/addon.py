@@ -326,7 +326,7 @@ class HopMeter:
         try:
             self.otel = OtelExporter(endpoint)
         except OtelConfigError as exc:
-            raise exceptions.OptionsError(f"hopmeter_otel_endpoint: {exc}") from None
+            raise exceptions.OptionsError(str(exc)) from None
         self.observers.append(self.otel)
 
     # -- hooks ---------------------------------------------------------------------------------
