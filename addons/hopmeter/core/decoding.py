@@ -2,14 +2,17 @@
 
 Modelled on the shape of httpx's `_decoders.py`: every decoder has `decode(data) -> bytes` and
 `flush() -> bytes`. Unlike a client, a measuring proxy must survive hostile bodies, so every decoder
-produces output in bounded steps and stops with `DecodedSizeError` past a per-stream cap. Library
-errors are translated here, at the boundary, into `DecodingError`.
+produces output in bounded steps and stops with `DecodedSizeError` past a per-stream cap.
+`steps(data)` hands those steps out one at a time, so a caller that handles each before asking for
+the next never holds more than one step of a bomb (`decode` joins them). Library errors are
+translated here, at the boundary, into `DecodingError`.
 """
 
 from __future__ import annotations
 
 import codecs
 import zlib
+from collections.abc import Iterator
 from typing import IO, Any, Protocol, cast
 
 from hopmeter.core.frames import HopmeterError, StreamLimitError
@@ -24,6 +27,9 @@ MAX_DECODED_BYTES = 64 * 1024 * 1024
 # RFC 9659: zstd decoders for HTTP must support windows up to 8 MB and may refuse larger ones;
 # without this cap zstandard accepts 128 MiB windows, i.e. 128 MiB of memory per stream.
 ZSTD_MAX_WINDOW_BYTES = 8 * 1024 * 1024
+# zstandard cannot limit one call's output, and a zstd RLE block turns 4 bytes into 128 KiB, so the
+# input is written in slices this small: one slice makes at most 64 such blocks, 8 MiB.
+ZSTD_SLICE_BYTES = 256
 
 _LITERAL_FFFD = "\ufffd".encode()  # EF BF BD: a U+FFFD the server sent on purpose
 
@@ -40,6 +46,8 @@ class Decoder(Protocol):
     """One stage of content decoding: bytes in, bytes out, `flush()` at the end of the body."""
 
     def decode(self, data: bytes) -> bytes: ...
+
+    def steps(self, data: bytes) -> Iterator[bytes]: ...
 
     def flush(self) -> bytes: ...
 
@@ -67,6 +75,10 @@ class IdentityDecoder:
     def decode(self, data: bytes) -> bytes:
         return data
 
+    def steps(self, data: bytes) -> Iterator[bytes]:
+        if data:
+            yield data
+
     def flush(self) -> bytes:
         return b""
 
@@ -79,26 +91,27 @@ class _ZlibDecoder:
         self._budget = _Budget(encoding, max_bytes)
         self._obj: Any = zlib.decompressobj(wbits)
 
-    def _inflate(self, data: bytes) -> bytes:
-        out: list[bytes] = []
-        try:
-            while True:
+    def steps(self, data: bytes) -> Iterator[bytes]:
+        if not data:
+            return
+        while True:
+            try:
                 piece = self._obj.decompress(data, DECODE_STEP_BYTES)
-                self._budget.spend(len(piece))
-                out.append(piece)
-                data = self._obj.unconsumed_tail
-                if self._obj.eof and self._obj.unused_data:
-                    # Another gzip member follows (RFC 1952 §2.2 allows several): start afresh.
-                    data = self._obj.unused_data
-                    self._obj = zlib.decompressobj(self._wbits)
-                elif not data and len(piece) < DECODE_STEP_BYTES:
-                    break
-        except zlib.error as exc:
-            raise DecodingError(f"{self._budget.encoding} body is corrupt: {exc}") from exc
-        return b"".join(out)
+            except zlib.error as exc:
+                raise DecodingError(f"{self._budget.encoding} body is corrupt: {exc}") from exc
+            self._budget.spend(len(piece))
+            if piece:
+                yield piece
+            data = self._obj.unconsumed_tail
+            if self._obj.eof and self._obj.unused_data:
+                # Another gzip member follows (RFC 1952 §2.2 allows several): start afresh.
+                data = self._obj.unused_data
+                self._obj = zlib.decompressobj(self._wbits)
+            elif not data and len(piece) < DECODE_STEP_BYTES:
+                break
 
     def decode(self, data: bytes) -> bytes:
-        return self._inflate(data) if data else b""
+        return b"".join(self.steps(data))
 
     def flush(self) -> bytes:
         try:
@@ -129,16 +142,19 @@ class DeflateDecoder:
         self._inner: _ZlibDecoder | None = None
 
     def decode(self, data: bytes) -> bytes:
+        return b"".join(self.steps(data))
+
+    def steps(self, data: bytes) -> Iterator[bytes]:
         if self._inner is None:
             data = self._head + data
             if len(data) < 2:
                 self._head = data
-                return b""
+                return
             self._head = b""
             zlib_wrapped = data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0
             wbits = zlib.MAX_WBITS if zlib_wrapped else -zlib.MAX_WBITS
             self._inner = _ZlibDecoder("deflate", wbits, self._max_bytes)
-        return self._inner.decode(data)
+        yield from self._inner.steps(data)
 
     def flush(self) -> bytes:
         if self._inner is None:
@@ -166,21 +182,23 @@ class BrotliDecoder:
         self._budget = _Budget("br", max_bytes)
 
     def decode(self, data: bytes) -> bytes:
+        return b"".join(self.steps(data))
+
+    def steps(self, data: bytes) -> Iterator[bytes]:
         if not data:
-            return b""
-        out: list[bytes] = []
-        try:
-            piece: bytes = self._obj.process(data, output_buffer_limit=DECODE_STEP_BYTES)
-            while True:
-                self._budget.spend(len(piece))
-                out.append(piece)
-                # Output may still be pending after the input is taken in: drain until empty.
-                if not piece and self._obj.can_accept_more_data():
-                    break
-                piece = self._obj.process(b"", output_buffer_limit=DECODE_STEP_BYTES)
-        except self._error as exc:
-            raise DecodingError(f"br body is corrupt: {exc}") from exc
-        return b"".join(out)
+            return
+        while True:
+            try:
+                piece: bytes = self._obj.process(data, output_buffer_limit=DECODE_STEP_BYTES)
+            except self._error as exc:
+                raise DecodingError(f"br body is corrupt: {exc}") from exc
+            self._budget.spend(len(piece))
+            # Output may still be pending after the input is taken in: drain until empty.
+            if not piece and self._obj.can_accept_more_data():
+                break
+            if piece:
+                yield piece
+            data = b""
 
     def flush(self) -> bytes:
         return b""
@@ -227,13 +245,17 @@ class ZstdDecoder:
         )
 
     def decode(self, data: bytes) -> bytes:
-        if not data:
-            return b""
-        try:
-            self._writer.write(data)
-        except self._error as exc:
-            raise DecodingError(f"zstd body is corrupt: {exc}") from exc
-        return self._sink.take()
+        return b"".join(self.steps(data))
+
+    def steps(self, data: bytes) -> Iterator[bytes]:
+        for start in range(0, len(data), ZSTD_SLICE_BYTES):
+            try:
+                self._writer.write(data[start : start + ZSTD_SLICE_BYTES])
+            except self._error as exc:
+                raise DecodingError(f"zstd body is corrupt: {exc}") from exc
+            piece = self._sink.take()
+            if piece:
+                yield piece
 
     def flush(self) -> bytes:
         try:
@@ -250,9 +272,18 @@ class MultiDecoder:
         self.children = children
 
     def decode(self, data: bytes) -> bytes:
-        for child in self.children:
-            data = child.decode(data)
-        return data
+        return b"".join(self.steps(data))
+
+    def steps(self, data: bytes) -> Iterator[bytes]:
+        yield from self._through(0, data)
+
+    def _through(self, stage: int, data: bytes) -> Iterator[bytes]:
+        if stage == len(self.children):
+            if data:
+                yield data
+            return
+        for piece in self.children[stage].steps(data):
+            yield from self._through(stage + 1, piece)
 
     def flush(self) -> bytes:
         data = b""

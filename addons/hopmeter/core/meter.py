@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
+
 from hopmeter.core.decoding import DecodingError, Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import NdjsonDecoder
@@ -41,6 +43,11 @@ NDJSON_TYPES = frozenset(
         "application/json-seq",
     }
 )
+# Media types whose body is measured as one document when it is not an event stream: a JSON reply
+# (an LLM answer that was not streamed) or an untyped body. Anything else that is not an event
+# stream (an image, a download, an HTML page) is timed and counted only: reading a PNG as UTF-8
+# text would report U+FFFD and "not streamed" findings for traffic that is no LLM reply at all.
+DOCUMENT_TYPES = frozenset({"application/json", ""})
 
 
 class Framer(Protocol):
@@ -63,6 +70,12 @@ def make_framer(
     if api == "token_ids" and media != "application/json":
         return PackedIdDecoder(width_bits(headers or {}, content_type))
     return None
+
+
+def is_document(content_type: str) -> bool:
+    """Whether a body that is not an event stream is read as a JSON document (a whole reply)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in DOCUMENT_TYPES or media.endswith("+json")
 
 
 @dataclass(slots=True)
@@ -93,6 +106,7 @@ class StreamFacts:
     events_incomplete_utf8: int = 0
     decode_error: str | None = None
     framing_limit_hits: int = 0
+    undeclared_document: bool = False  # an "event stream" that was one JSON document
 
 
 class FlowMeter:
@@ -127,9 +141,15 @@ class FlowMeter:
         self._visible_chars = 0
         self._document = bytearray()
         self._document_overflow = False
+        # an SSE body's bytes before its first event (bounded); None once there is no need
+        self._head: bytearray | None = None
         self._decoder = make_decoder(content_encoding) if content_encoding else None
         self._utf8 = Utf8Decoder()
         self._framer = make_framer(content_type, api, headers)
+        if isinstance(self._framer, SseDecoder):
+            self._head = bytearray()
+        # the body is read as text (UTF-8, events or one document) or only timed and counted
+        self._text = self._framer is not None or is_document(content_type)
         self._parser = make_parser(api)
         # an unknown SSE/NDJSON stream is sniffed frame by frame until a payload tells its API;
         # a bounded number of tries, so a plain-text stream does not pay for it forever
@@ -163,14 +183,15 @@ class FlowMeter:
             self.chunk_bytes.append(n)
         if self.facts.decode_error is not None:
             return
-        decoded = data
-        if self._decoder is not None:
-            try:
-                decoded = self._decoder.decode(data)
-            except DecodingError as exc:
-                self.facts.decode_error = str(exc)
-                return
-        self._take(decoded, now_s)
+        if self._decoder is None:
+            self._take(data, now_s)
+            return
+        try:
+            # one bounded step at a time: a compression bomb never sits decoded in memory
+            for piece in self._decoder.steps(data):
+                self._take(piece, now_s)
+        except DecodingError as exc:
+            self.facts.decode_error = str(exc)
 
     def close(self, now_s: float) -> None:
         """End of body: flush the decoders; an unterminated last event is not dispatched."""
@@ -182,6 +203,12 @@ class FlowMeter:
         self._utf8.flush()
         if self._framer is not None:
             self._on_frames(self._framer.close(now_s))
+            head, self._head = self._head, None
+            if self.events_seen == 0 and head and _is_json_document(head):
+                # declared an event stream, sent one JSON document: measure it as what it is
+                self._framer = None
+                self.facts.undeclared_document = True
+                self._on_document(bytes(head), now_s)
         elif self._document and not self._document_overflow:
             self._on_document(bytes(self._document), now_s)
 
@@ -194,8 +221,16 @@ class FlowMeter:
         if not decoded:
             return
         self.bytes_decoded += len(decoded)
+        if not self._text:
+            return
         self._utf8.decode(decoded)
         if self._framer is not None:
+            if self._head is not None:
+                # kept until the first event: the body may be one JSON document in disguise
+                if self.events_seen or len(self._head) + len(decoded) > MAX_DOCUMENT_BYTES:
+                    self._head = None
+                else:
+                    self._head += decoded
             self._on_frames(self._framer.feed(decoded, now_s))
         elif not self._document_overflow:
             if len(self._document) + len(decoded) > MAX_DOCUMENT_BYTES:
@@ -278,6 +313,17 @@ class FlowMeter:
             ids = len(delta.token_ids)
         marks.stream_tokens.append(-1 if ids is None else ids)
         marks.content_offset.append(self._visible_chars)
+
+
+def _is_json_document(body: bytes | bytearray) -> bool:
+    """Whether a body is one JSON object or array (and nothing else)."""
+    if body.lstrip()[:1] not in (b"{", b"["):
+        return False
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def header_map(headers: Mapping[str, str]) -> dict[str, str]:
