@@ -25,7 +25,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from wsproto import ConnectionType, WSConnection
@@ -219,13 +219,14 @@ class Chromium:
         self.size = (width, height)
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: _Socket | None = None
+        self._log: BinaryIO | None = None
         self._ids = itertools.count(1)
 
     def start(self) -> Chromium:
         """Start Chromium and connect to its DevTools endpoint."""
         self.profile.mkdir(parents=True, exist_ok=True)
         (self.profile / "DevToolsActivePort").unlink(missing_ok=True)  # a reused profile's port
-        log = (self.profile.parent / "chromium.log").open("wb")
+        self._log = log = (self.profile.parent / "chromium.log").open("wb")
         args = [CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"]
         args.append(f"--window-size={self.size[0]},{self.size[1]}")
         self._proc = subprocess.Popen(
@@ -280,6 +281,9 @@ class Chromium:
     def stop(self) -> None:
         """Close the connection and end the browser and its helpers (SIGTERM, then SIGKILL)."""
         proc, self._proc = self._proc, None
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()  # the browser holds its own copy of the descriptor
         if self._conn is not None:
             # asked to close, the browser ends and reaps its helpers itself
             with contextlib.suppress(OSError, BrowserError):

@@ -48,6 +48,13 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read the records, print the text report, write the HTML one; 1 when there are none."""
+    out = Path(args.html).expanduser() if args.html else None
+    if out is not None and not out.parent.is_dir():
+        raise HopmeterError(f"--html {args.html}: folder {out.parent} does not exist")
+    if args.max_traces < 0:
+        raise HopmeterError("--max-traces must be 0 or more")
+    if args.stall_threshold is not None and args.stall_threshold <= 0:
+        raise HopmeterError("--stall-threshold must be above 0 seconds")
     records = list(read_records(args.records))
     if not records:
         print(
@@ -56,16 +63,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     threshold = args.stall_threshold or stall_threshold(records)
-    if threshold <= 0:
-        raise HopmeterError("--stall-threshold must be above 0 seconds")
     traces = [build(recs, threshold) for recs in group(records)]
     fleet = summarise(records, traces)
     if not args.quiet:
         sys.stdout.write(render_text(fleet, traces))
-    if args.html:
-        out = Path(args.html).expanduser()
-        if not out.parent.is_dir():
-            raise HopmeterError(f"--html {args.html}: folder {out.parent} does not exist")
+    if out is not None:
         page = render_html(fleet, traces, threshold_s=threshold, max_traces=args.max_traces)
         out.write_text(page, encoding="utf-8")
         if not args.quiet:
