@@ -55,6 +55,7 @@ def test_unheld_stream_passes_with_no_hold() -> None:
     assert v.figures["line_endings"]["crlf"] > 0 and v.figures["line_endings"]["lf"] == 0
     assert v.figures["holds"]["source"] == "token_clock"
     assert v.figures["holds"]["max_s"] < 1e-9
+    assert v.figures["bursts"] == spec.tokens
     assert abs(v.figures["first_word_s"] - (0.05 + PATH_DELAY_S)) < 1e-9
 
 
@@ -84,6 +85,7 @@ def test_whole_body_at_the_end_fails_as_held() -> None:
     assert v.problems[0].startswith("held:") and "whole body" in v.problems[0]
     holds = v.figures["holds"]
     assert holds["whole_body"] and not holds["first_event_before_last_send"]
+    assert v.figures["bursts"] == 1
     assert abs(holds["first_word_s"] - (spec.clock_s()[-1] - spec.clock_s()[0])) < 1e-6
 
 
@@ -96,7 +98,7 @@ def test_bursts_fail_with_the_longest_hold() -> None:
     second = b"".join(b for _, b in events[half:])
     v = judge(spec, 200, SSE, [(events[half - 1][0], first), (events[-1][0], second)])
     assert not v.ok
-    assert "bursts" in v.problems[0]
+    assert "bursts" in v.problems[0] and v.figures["bursts"] == 2
     assert v.figures["holds"]["max_s"] > MAX_HOLD_S and not v.figures["holds"]["whole_body"]
 
 

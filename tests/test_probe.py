@@ -64,6 +64,7 @@ def test_passes_through_a_streaming_nginx(
         assert s["holds"]["source"] == "token_clock"
         assert s["holds"]["max_s"] < 0.1 and s["holds"]["first_event_before_last_send"]
         assert s["reads"] >= s["events"]  # each event written in pieces, and delivered so
+        assert s["bursts"] >= 15  # of 20 tokens on a 50 ms clock; a loaded box may merge a few
 
 
 @pytest.mark.integration
@@ -82,7 +83,7 @@ def test_fails_through_a_holding_nginx_with_the_reason(
         assert s["content_encoding"] == "gzip"
         assert s["bytes_intact"]  # held, not damaged
         assert s["holds"]["whole_body"] and not s["holds"]["first_event_before_last_send"]
-        assert s["first_word_s"] > 0.9
+        assert s["first_word_s"] > 0.9 and s["bursts"] == 1
 
 
 @pytest.mark.integration

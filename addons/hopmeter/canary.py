@@ -33,6 +33,9 @@ MAX_HOLD_S = 0.5
 # known to every upstream: the probe falls back to the fixed cut of `split_writes`).
 RANDOM_CUTS_KEY = "split_cuts"
 RANDOM_CUTS = 3  # cuts per event: enough to land inside a 4-byte emoji and between CR and LF
+# Token arrivals closer than this share of the clock's interval belong to one burst: an unheld
+# stream has one burst per token, a whole-body hold one burst in all.
+BURST_SHARE = 0.25
 MODEL = "hopmeter-probe"
 DEFAULT_TOKENS = 40
 DEFAULT_RATE = 20.0  # tokens per second: 40 tokens span ~2 s, long enough to see a hold
@@ -243,8 +246,11 @@ def _check_events(spec: Spec, frames: Sequence[Frame], v: Verdict) -> None:
 def _timing(
     spec: Spec, reads: Sequence[tuple[float, bytes]], frames: Sequence[Frame], v: Verdict
 ) -> None:
+    arrivals: list[float] = v.figures["token_arrivals_s"]
+    close = BURST_SHARE / spec.rate
     v.figures.update(
         reads=len(reads),
+        bursts=sum(1 for i, t in enumerate(arrivals) if i == 0 or t - arrivals[i - 1] >= close),
         first_byte_s=reads[0][0] if reads else None,
         first_event_s=frames[0].t_s if frames else None,
         last_event_s=frames[-1].t_s if frames else None,

@@ -225,7 +225,8 @@ def _line(v: Verdict) -> str:
         f"  {v.line_ending:<4} {v.status} {f.get('content_encoding') or 'identity'} "
         f"first byte {_ms(f.get('first_byte_s'))}, first word {_ms(f.get('first_word_s'))}, "
         f"{f.get('events', 0)}/{f.get('events_expected', '?')} events in {f.get('reads', 0)} "
-        f"reads, last at {_ms(f.get('last_event_s'))}; {intact}; hold first word "
+        f"reads, tokens in {f.get('bursts', 0)} bursts, last at {_ms(f.get('last_event_s'))}; "
+        f"{intact}; hold first word "
         f"{_ms(holds.get('first_word_s'))} p50 {_ms(holds.get('p50_s'))} max "
         f"{_ms(holds.get('max_s'))} ({holds.get('source', 'not judged')})"
         + (f"\n       {f['note']}" if f.get("note") else "")
