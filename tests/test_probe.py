@@ -142,6 +142,27 @@ def test_a_path_that_is_not_the_upstream_fails_with_its_status(
     assert doc["reason"].startswith("lf: status 404, expected 200: not found")
 
 
+@pytest.mark.integration
+def test_https_front(upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An HTTPS front (hopmeter's own TLS) passes with --insecure and fails on its unknown CA."""
+    port = free_port()
+    with hopmeter(
+        tmp_path,
+        "run",
+        f"http://127.0.0.1:{upstream}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--metrics",
+        "off",
+        ports=(port,),
+    ):
+        url = f"https://127.0.0.1:{port}"
+        ok, doc, _ = _probe(capsys, url, *SHORT, "--line-endings", "crlf", "--insecure")
+        bad, refused, _ = _probe(capsys, url, *SHORT, "--line-endings", "crlf")
+    assert ok == 0, doc["reason"]
+    assert bad == 1 and "CERTIFICATE_VERIFY_FAILED" in refused["reason"]
+
+
 def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """No server at URL: exit 1, the reason on one line."""
     status, doc, err = _probe(capsys, f"http://127.0.0.1:{free_port()}")

@@ -292,4 +292,5 @@ def _emit(
     else:
         words = [v.figures.get("first_word_s") for v in verdicts]
         worst = max((w for w in words if w is not None), default=None)
-        print(f"PASS {len(verdicts)} streams intact, first word by {_ms(worst)}, no holds")
+        n = len(verdicts)
+        print(f"PASS {n} stream{'s' * (n != 1)} intact, first word by {_ms(worst)}, no holds")
