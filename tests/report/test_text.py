@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,16 @@ def test_shipped_command(demo_path: Path, tmp_path: Path) -> None:
     assert done.stdout.startswith("hopmeter report: 7 flows in 7 traces")
     assert done.stdout.endswith(f"hopmeter report: wrote {out}\n")
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_imports_no_mitmproxy() -> None:
+    """The report reads JSON only: importing all of it loads neither mitmproxy nor prometheus."""
+    code = (
+        "import pkgutil, sys, importlib, hopmeter.report as r\n"
+        "for m in pkgutil.iter_modules(r.__path__):\n"
+        "    importlib.import_module('hopmeter.report.' + m.name)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('mitmproxy', 'prometheus_client')]\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
