@@ -143,3 +143,13 @@ def test_alignment_from_events_alone_matches_the_live_hold(held_path: Path) -> N
         assert first.t1_s - first.t0_s == pytest.approx(
             live.summary["first_token_hold_s"], abs=0.002
         )
+
+
+def test_records_without_offsets_or_events_still_build() -> None:
+    """Events without a content offset are drawn but not aligned; a record with none is a lane."""
+    bare = {**ORIGIN, "events": [e[:2] for e in ORIGIN["events"]]}
+    trace = build([bare, EDGE], 0.5)
+    assert trace.bands[0].runs == () and trace.bands[0].summary["hold_max_s"] is None
+    assert len(trace.lanes[1].marks) == 3
+    empty = build([{**EDGE, "events": []}], 0.5)
+    assert empty.lanes[0].marks == () and empty.span_s > 0

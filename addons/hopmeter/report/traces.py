@@ -208,9 +208,15 @@ def _lane(rec: Record, t0: float, shift: float, threshold_s: float) -> Lane:
     )
 
 
+def _offsets_only(rec: Record) -> HopView:
+    """The alignment view of a record, keeping only events that carry a content offset."""
+    events = [e for e in rec.get("events") or [] if len(e) >= 3]
+    return HopView.from_record({**rec, "events": events})
+
+
 def _band(outer: Record, inner: Record, t0: float, shift: float) -> tuple[Band, float]:
     """The segment between two records, and the inner clock's skew from the outer's."""
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(_offsets_only(outer), _offsets_only(inner))
     name = seg.segment
     live = next((h for h in outer.get("hops") or [] if h.get("segment") == name), None)
     summary: Mapping[str, Any] = live if live is not None else seg.as_dict()
