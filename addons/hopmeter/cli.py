@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hopmeter import __version__, join
+from hopmeter import __version__, join, probe, report
 from hopmeter.core.frames import HopmeterError
 from hopmeter.runner import (
     ProxyConfig,
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     join.add_parser(sub)
+    report.add_parser(sub)
+    probe.add_parser(sub)
 
     up.add_argument(
         "--tls-dir",
@@ -311,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_upstream(args))
         if args.command == "join":
             return join.run(args)
+        if args.command == "report":
+            return report.run(args)
+        if args.command == "probe":
+            return probe.run(args)
         if args.command == "demo":
             from hopmeter.demo import run_demo  # noqa: PLC0415
 
@@ -322,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`hopmeter report ... | head`): not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

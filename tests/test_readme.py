@@ -1,0 +1,47 @@
+"""README's commands are real: every hopmeter command line parses, the Docker lines match."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from hopmeter.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _commands() -> list[str]:
+    blocks = re.findall(r"```sh\n(.*?)```", README, flags=re.S)
+    lines = []
+    for block in blocks:
+        joined = block.replace("\\\n", " ")
+        lines += [ln.split("#", 1)[0].strip() for ln in joined.splitlines()]
+    return [ln for ln in lines if ln.startswith("hopmeter ")]
+
+
+@pytest.mark.parametrize("line", _commands())
+def test_documented_command_parses(line: str) -> None:
+    """Each `hopmeter ...` line in README is accepted by the real parser."""
+    build_parser().parse_args(shlex.split(line)[1:])
+
+
+def test_docker_lines_are_the_dockerfile_ones() -> None:
+    """The build and run commands in the Dockerfile's header are the ones README documents."""
+    header = [
+        ln[1:].strip()
+        for ln in (ROOT / "Dockerfile").read_text().splitlines()
+        if ln.startswith("#   docker ")
+    ]
+    assert header
+    for line in header:
+        assert line in README, line
+
+
+def test_two_commands_are_first() -> None:
+    """README opens with the demo and the test command, and CI runs the same test command."""
+    assert "scripts/demo" in README and "scripts/test" in README
+    assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
