@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import secrets
 import ssl
 import sys
@@ -29,6 +30,7 @@ from hopmeter.core.frames import HopmeterError
 # A probe reply is ~10 KB; anything past this is not the upstream's reply and is not read.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
+CLOSE_TIMEOUT_S = 2.0  # a peer that never answers our TLS close_notify is not waited for longer
 # What a browser says it accepts: a path that compresses for browsers compresses for the probe.
 ACCEPT_ENCODING = "gzip, deflate, br, zstd"
 LINE_ENDINGS = ("lf", "crlf", "cr")
@@ -99,6 +101,9 @@ async def _request(
         await _body(reader, resp, lambda data: reads.append((time.monotonic() - start, data)))
     finally:
         writer.close()
+        # a TLS close is a handshake too: wait for it, so the socket is closed before the loop
+        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
     return status, resp, reads, wall
 
 
