@@ -149,7 +149,14 @@ def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any
 
 
 def quiet_mitmproxy_logs(verbose: bool) -> None:
-    """Keep mitmproxy's own per-connection chatter out of the console unless asked for."""
+    """Let hopmeter's INFO lines through; keep mitmproxy's per-connection chatter out unless asked.
+
+    mitmproxy's own main() sets the root logger to DEBUG and filters in its console handler; a
+    master built here must do the same, or every INFO line (the per-flow summary) is dropped.
+    """
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in ("asyncio", "hpack", "urwid", "tornado", "quic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     level = logging.DEBUG if verbose else logging.WARNING
     for name in ("mitmproxy.proxy.server", "mitmproxy.proxy.layers"):
         logging.getLogger(name).setLevel(level)

@@ -35,6 +35,7 @@ class Scenario:
     emoji: bool = False  # the reply includes emoji and CJK tokens
     fffd: bool = False  # emit U+FFFD where a server decoding tokens alone would
     split_writes: bool = False  # write each event in two pieces, cut inside a character if any
+    split_cuts: int = 0  # with split_writes: this many cuts at random offsets (seeded) instead
     line_ending: str = "lf"  # "lf" | "crlf" | "cr"
     gzip: bool = False  # Content-Encoding: gzip without per-event flush (a compressor holding)
     gzip_flush: bool = False  # gzip with a sync flush per event (streams, still compressed)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import random
 import socket
 import ssl
 import time
@@ -229,6 +230,7 @@ class UpstreamServer:
         w.write(head.encode())
         await w.drain()
         sent = 0
+        index = 0
         async for event in _clock(s, plan):
             piece = event.body.replace(b"\n", ending) if ending != b"\n" else event.body
             if s.cut_at >= 0 and sent >= s.cut_at:
@@ -238,14 +240,16 @@ class UpstreamServer:
                 piece = compressor.compress(piece)
                 if s.gzip_flush:
                     piece += compressor.flush(zlib.Z_SYNC_FLUSH)
-            for part in _split(piece) if s.split_writes else [piece]:
-                if part:
-                    w.write(b"%x\r\n%s\r\n" % (len(part), part))
-                    await w.drain()
-                    if s.split_writes:
-                        await asyncio.sleep(0.005)
+            parts = _split(piece, s.split_cuts, f"{s.seed}:{index}") if s.split_writes else [piece]
+            index += 1
+            for i, part in enumerate(parts):
+                if i:
+                    await asyncio.sleep(0.005)  # apart, so they arrive as separate reads
+                w.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await w.drain()
             sent += event.tokens
             log.tokens += event.tokens
+            # stamped when the event's last byte was written: what a hop downstream can see
             log.events.append((time.time(), event.tokens, len(piece)))
             if event.error:
                 break
@@ -305,13 +309,18 @@ def _plan(
     return plan, ctype
 
 
-def _split(piece: bytes) -> list[bytes]:
-    """Cut an event in two, inside a multi-byte character when it has one."""
+def _split(piece: bytes, cuts: int, seed: str) -> list[bytes]:
+    """Cut an event in pieces: at `cuts` random offsets, else once inside a character if any."""
+    if cuts > 0 and len(piece) > 1:
+        rng = random.Random(seed)  # repeatable per event
+        offsets = sorted(rng.sample(range(1, len(piece)), min(cuts, len(piece) - 1)))
+        bounds = [0, *offsets, len(piece)]
+        return [piece[a:b] for a, b in itertools.pairwise(bounds)]
     for i, b in enumerate(piece):
         if b >= 0xC0 and i + 1 < len(piece):
             return [piece[: i + 1], piece[i + 1 :]]
     mid = len(piece) // 2
-    return [piece[:mid], piece[mid:]]
+    return [p for p in (piece[:mid], piece[mid:]) if p]
 
 
 def _api_for(path: str) -> str | None:
