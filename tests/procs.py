@@ -120,3 +120,53 @@ def read_records(path: Path, count: int, timeout_s: float = 15.0) -> list[dict[s
         return [orjson.loads(ln) for ln in lines] if len(lines) >= count else None
 
     return wait_for(enough, timeout_s, f"{count} records in {path}")
+
+
+class DemoPath:
+    """The demo upstream and a `hopmeter run` in front of it, as two real processes."""
+
+    def __init__(self, tmp: Path, upstream_port: int, port: int, proxy: Proc) -> None:
+        self.tmp = tmp
+        self.upstream_port = upstream_port
+        self.port = port
+        self.proxy = proxy
+        self.records = tmp / "records.jsonl"
+        self.url = f"http://127.0.0.1:{port}"
+        self.upstream_url = f"http://127.0.0.1:{upstream_port}"
+
+
+@contextlib.contextmanager
+def demo_path(
+    tmp: Path, *run_args: str, upstream_args: tuple[str, ...] = (), ports: tuple[int, ...] = ()
+) -> Iterator[DemoPath]:
+    """`hopmeter upstream` and `hopmeter run` in front of it, records to tmp/records.jsonl.
+
+    `run_args` are added to `hopmeter run` (metrics are off unless they say otherwise); `ports`
+    are further ports to wait for (e.g. a metrics endpoint).
+    """
+    up, port = free_port(), free_port()
+    metrics = () if "--metrics" in run_args else ("--metrics", "off")
+    with (
+        hopmeter(
+            tmp,
+            "upstream",
+            "--listen",
+            f"127.0.0.1:{up}",
+            *upstream_args,
+            name="upstream",
+            ports=(up,),
+        ),
+        hopmeter(
+            tmp,
+            "run",
+            f"http://127.0.0.1:{up}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(tmp / "records.jsonl"),
+            *metrics,
+            *run_args,
+            ports=(port, *ports),
+        ) as proxy,
+    ):
+        yield DemoPath(tmp, up, port, proxy)

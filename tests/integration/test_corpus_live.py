@@ -9,7 +9,7 @@ import pytest
 
 from tests.core.test_providers import CASES
 from tests.corpus import CORPUS
-from tests.procs import free_port, hopmeter, read_records
+from tests.procs import demo_path, read_records
 
 pytestmark = pytest.mark.integration
 
@@ -17,36 +17,13 @@ pytestmark = pytest.mark.integration
 def test_corpus_replayed_through_proxy(tmp_path: Path) -> None:
     """Each transcript gets the right api and model; with usage, counted tokens match it exactly."""
     files = sorted(CASES)
-    up_port, port = free_port(), free_port()
-    records = tmp_path / "records.jsonl"
     replay = [a for f in files for a in ("--replay", str(CORPUS / f))]
+    upstream = ("--scenario", "rate=500;ttft_s=0", *replay)
     with (
-        hopmeter(
-            tmp_path,
-            "upstream",
-            "--listen",
-            f"127.0.0.1:{up_port}",
-            "--scenario",
-            "rate=500;ttft_s=0",
-            *replay,
-            name="upstream",
-            ports=(up_port,),
-        ),
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up_port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            "--quiet",
-            ports=(port,),
-        ),
-        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client,
+        demo_path(tmp_path, "--quiet", upstream_args=upstream) as path,
+        httpx.Client(base_url=path.url, timeout=30) as client,
     ):
+        records = path.records
         recs = []
         for i, name in enumerate(files):
             case = CASES[name]

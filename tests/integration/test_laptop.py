@@ -11,7 +11,7 @@ import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario
-from tests.procs import free_port, hopmeter, read_records, wait_for
+from tests.procs import demo_path, free_port, hopmeter, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -79,27 +79,8 @@ def test_openai_sdk_over_https_through_regular_mode(tmp_path: Path) -> None:
 
 def test_chaos_recuts_for_the_client_and_measures_the_original(tmp_path: Path) -> None:
     """--chaos crlf,rechunk changes what the client gets (same events) but not what is measured."""
-    up, port = free_port(), free_port()
-    records = tmp_path / "records.jsonl"
-    with (
-        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,)),
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--chaos",
-            "crlf,rechunk,split_utf8",
-            "--chaos-seed",
-            "7",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ) as proxy,
-    ):
+    with demo_path(tmp_path, "--chaos", "crlf,rechunk,split_utf8", "--chaos-seed", "7") as path:
+        proxy, records, port = path.proxy, path.records, path.port
         body = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json={"stream": True},

@@ -9,31 +9,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import free_port, hopmeter, read_records, wait_for
+from tests.procs import demo_path, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def test_sigterm_writes_finished_and_in_flight_flows(tmp_path: Path) -> None:
     """After SIGTERM the records hold the finished flow and the in-flight one as ended shutdown."""
-    up, port = free_port(), free_port()
-    records = tmp_path / "records.jsonl"
-    with (
-        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,)),
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ) as proxy,
-    ):
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with demo_path(tmp_path) as path:
+        proxy, records = path.proxy, path.records
+        url = f"{path.url}/v1/chat/completions"
         httpx.post(url, json={"stream": True}, headers={"x-hopmeter-scenario": "tokens=5"})
         read_records(records, 1)
         got: list[bytes] = []

@@ -12,7 +12,7 @@ import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario, apply, parse_pairs
-from tests.procs import free_port, hopmeter, read_records
+from tests.procs import demo_path, read_records
 
 pytestmark = pytest.mark.integration
 SECRET = "sk-hopmeter-test-0123456789abcdef"
@@ -22,25 +22,8 @@ SECRET = "sk-hopmeter-test-0123456789abcdef"
 def path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The demo upstream and hopmeter in front of it, as two real processes."""
     tmp = tmp_path_factory.mktemp("sdk")
-    up_port, port = free_port(), free_port()
-    records = tmp / "records.jsonl"
-    with (
-        hopmeter(
-            tmp, "upstream", "--listen", f"127.0.0.1:{up_port}", name="upstream", ports=(up_port,)
-        ),
-        hopmeter(
-            tmp,
-            "run",
-            f"http://127.0.0.1:{up_port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ),
-    ):
+    with demo_path(tmp) as p:
+        up_port, port, records = p.upstream_port, p.port, p.records
         yield {
             "proxy": f"http://127.0.0.1:{port}",
             "upstream": f"http://127.0.0.1:{up_port}",

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import free_port, hopmeter, read_records, wait_for
+from tests.procs import demo_path, free_port, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 FLOWS = 24
@@ -25,26 +25,17 @@ def _flows(metrics_port: int) -> float:
 
 def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Path) -> None:
     """Connections spread over both workers; each scrape target counts its own, records all."""
-    up, port, metrics = free_port(), free_port(), free_port()
-    records = tmp_path / "records.jsonl"
-    with (
-        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,)),
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "2",
-            "--metrics",
-            f"127.0.0.1:{metrics}",
-            "--records",
-            str(records),
-            "--quiet",
-            ports=(port, metrics, metrics + 1),
-        ) as proxy,
-    ):
+    metrics = free_port()
+    with demo_path(
+        tmp_path,
+        "--workers",
+        "2",
+        "--metrics",
+        f"127.0.0.1:{metrics}",
+        "--quiet",
+        ports=(metrics, metrics + 1),
+    ) as path:
+        proxy, records, port = path.proxy, path.records, path.port
         for _ in range(FLOWS):
             r = httpx.post(
                 f"http://127.0.0.1:{port}/v1/chat/completions",
