@@ -242,7 +242,8 @@ class UpstreamServer:
                     piece += compressor.flush(zlib.Z_SYNC_FLUSH)
             parts = _split(piece, s.split_cuts, f"{s.seed}:{index}") if s.split_writes else [piece]
             index += 1
-            for i, part in enumerate(parts):
+            # an empty chunk would end the body: a compressor holding everything writes nothing
+            for i, part in enumerate(p for p in parts if p):
                 if i:
                     await asyncio.sleep(0.005)  # apart, so they arrive as separate reads
                 w.write(b"%x\r\n%s\r\n" % (len(part), part))
