@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hopmeter.core.detectors import StreamView, diagnose
+from hopmeter.core.detectors import StreamView, detect_burst_gaps, diagnose
 
 GOOD = {
     "content-type": "text/event-stream",
@@ -165,3 +165,102 @@ def test_slow_first_token_reports_reasoning() -> None:
     f = diagnose(view(clock(20, 50, start=1.3), ttfb_s=0.1, ttft_s=1.3, ttft_content_s=2.0))
     assert [x.kind for x in f] == ["slow_first_token"]
     assert f[0].evidence["lag_s"] == 1.2
+
+
+def test_collapsed_gaps_in_a_steady_stream_are_not_bursts() -> None:
+    """A steady coalesced stream whose reads now and then carry two events is not bursty."""
+    times = clock(75, 25)
+    for i in (10, 30, 50, 60):  # the next event shared this one's read
+        times[i + 1] = times[i]
+    assert kinds(view(times, [4] * 75)) == []
+
+
+def test_stalls_shorter_than_a_frame_are_not_bursts() -> None:
+    """Windows released a few ms apart reach the screen together: not burst_gaps."""
+    times = [1.0 + 0.004 * (i // 20) for i in range(100)]
+    assert detect_burst_gaps(view(times, ttfb_s=1.0)) is None
+    slower = [1.0 + 0.4 * (i // 20) for i in range(100)]
+    assert detect_burst_gaps(view(slower, ttfb_s=1.0)) is not None
+
+
+def test_bursts_explain_their_stalls() -> None:
+    """Windows a second apart are burst_gaps; the stalls between them are not reported twice."""
+    times = [0.1 + 1.0 * (i // 30) + 0.0001 * (i % 30) for i in range(120)]
+    found = diagnose(view(times, stalls=3, max_gap_s=1.0))
+    assert [f.kind for f in found] == ["burst_gaps"]
+    assert found[0].evidence["events_per_burst"] == 30
+
+
+def test_body_released_in_reads_a_few_ms_apart_is_one_hold() -> None:
+    """A held body that arrives in four reads up to 8 ms apart is still a whole-body hold."""
+    times = [3.1] * 100 + [3.1002] * 100 + [3.1082] * 100 + [3.1102] * 4
+    sizes = [3] * 304
+    f = diagnose(view(times, sizes=sizes, ttfb_s=3.1))
+    assert [x.kind for x in f] == ["whole_body_hold"]
+    assert f[0].evidence["final_burst_share"] == 1.0
+    assert f[0].evidence["wait_before_burst_s"] == 3.1
+
+
+def test_hold_after_an_early_prelude_is_found() -> None:
+    """A role prelude flushed at once and the rest held to the end is a whole-body hold."""
+    times = [0.05] + [3.0] * 60
+    sizes = [40] + [150] * 60
+    f = diagnose(view(times, [0] + [1] * 60, sizes=sizes, ttfb_s=0.05, ttft_s=3.0))
+    assert [x.kind for x in f] == ["whole_body_hold"]
+    assert f[0].evidence["wait_before_burst_s"] == 2.95
+
+
+def test_steady_reply_after_a_long_first_token_is_not_a_hold() -> None:
+    """A short reply on a 100 tokens/s clock after 15 s of hidden reasoning is not held."""
+    times = clock(40, 100, start=15.0)
+    found = kinds(view(times, ttfb_s=0.05, ttft_s=15.0))
+    assert "whole_body_hold" not in found
+    assert "slow_first_token" in found
+
+
+def test_fast_stream_after_a_slow_prefill_is_not_a_hold() -> None:
+    """300 tokens at 200 tokens/s after a 0.8 s first byte arrive too slowly to be one burst."""
+    assert kinds(view(clock(300, 200, start=0.8))) == []
+
+
+def test_streaming_signals_behind_a_proxy_that_strips_one() -> None:
+    """Either X-Accel-Buffering: no or a no-cache/no-transform Cache-Control is enough."""
+    behind_nginx = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+    assert kinds(view(clock(20, 50), headers=behind_nginx)) == []
+    accel_only = {"content-type": "text/event-stream", "x-accel-buffering": "no"}
+    assert kinds(view(clock(20, 50), headers=accel_only)) == []
+    bare = {"content-type": "text/event-stream"}
+    f = diagnose(view(clock(20, 50), headers=bare))
+    assert [x.kind for x in f] == ["buffering_headers"]
+    assert f[0].severity == "info"
+
+
+def test_content_length_is_flagged_even_with_streaming_signals() -> None:
+    """Content-Length and ETag on a stream are a warning whatever else the headers say."""
+    f = diagnose(view(clock(20, 50), headers={**GOOD, "content-length": "10", "etag": '"x"'}))
+    assert f[0].kind == "buffering_headers"
+    assert f[0].severity == "warning"
+    assert f[0].evidence["problems"] == ["Content-Length on a stream", "ETag on a stream"]
+
+
+def test_byte_window_survives_two_windows_in_one_read() -> None:
+    """4 KiB windows stay a byte window when two of them land in one read."""
+    counts = [22, 20, 24, 21, 23, 44, 22, 20, 23, 21, 24, 22, 9]  # the 6th read is two windows
+    windows = [4096] * 12 + [1500]
+    windows[5] = 8192
+    chunk_times = [0.25 * (i + 1) for i in range(len(counts))]
+    times = [t for t, n in zip(chunk_times, counts, strict=True) for _ in range(n)]
+    f = diagnose(view(times, chunk_times_s=chunk_times, chunk_bytes=windows, ttfb_s=chunk_times[0]))
+    assert [x.kind for x in f] == ["burst_gaps"]
+    assert f[0].evidence["pattern"] == "byte_window"
+    assert f[0].evidence["bytes_per_burst"] == 4096
+
+
+def test_equal_token_batches_are_a_token_count_pattern() -> None:
+    """Releases of exactly six events whose bytes vary with the words are a token count."""
+    chunk_times = [0.3 * (i + 1) for i in range(10)]
+    sizes = [900, 1040, 860, 1120, 980, 1010, 870, 1090, 940, 1000]
+    times = [t for t in chunk_times for _ in range(6)]
+    f = diagnose(view(times, chunk_times_s=chunk_times, chunk_bytes=sizes, ttfb_s=0.3))
+    assert [x.kind for x in f] == ["burst_gaps"]
+    assert f[0].evidence["pattern"] == "token_count"
