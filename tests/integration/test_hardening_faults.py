@@ -279,7 +279,9 @@ def test_client_disconnect_closes_the_upstream(proxy: Proxy) -> None:
         client.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}".encode())
         got = b""
         while got.count(b"\n\n") < 5:
-            got += client.recv(65536)
+            piece = client.recv(65536)
+            assert piece, "the proxy closed the stream early"
+            got += piece
         left_at = time.monotonic()
     assert write_failed.wait(10), "the upstream could still write after the client left"
     rec = records_for(proxy.records, path)[0]
@@ -625,11 +627,14 @@ def test_websocket_messages_pass_through(proxy: Proxy) -> None:
             sock.sendall(client.send(frame or ws.TextMessage(data=str(message))))
             parts: list[Any] = []
             done = False
-            while not done:
+            for _ in range(1000):  # reads of up to 64 KiB: far more than a 300 KB message needs
                 for ev in events():
                     if isinstance(ev, ws.BytesMessage | ws.TextMessage):
                         parts.append(ev.data)
                         done = ev.message_finished
+                    assert not isinstance(ev, ws.CloseConnection), "closed mid-message"
+                if done:
+                    break
             echoed.append(b"".join(parts) if isinstance(message, bytes) else "".join(parts))
         sock.sendall(client.send(ws.CloseConnection(code=1000)))
     assert echoed == messages
