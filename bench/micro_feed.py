@@ -1,0 +1,477 @@
+"""Micro-benchmark of hopmeter's per-event path: FlowMeter.feed and its parts, called directly.
+
+    python bench/micro_feed.py            # table on stdout
+    python bench/micro_feed.py --json     # the same numbers as JSON
+
+Input: the bench upstream's OpenAI chat chunk (one SSE event of ~210 bytes per chunk, as mitmproxy
+hands an HTTP/1 chunk to the stream callable), 400 events per flow, a fresh FlowMeter per flow.
+Each figure is the best of several rounds of the mean µs per call (one process, one core).
+
+The `proto:` rows are experiments, not product code: each times a cheaper way to do one step so
+the saving of a proposed change to addon.py / core is measured before anyone makes it. They only
+have to be equivalent for this input; a real change must keep every test passing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import gc
+import json
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
+
+from hopmeter.core.decoding import Utf8Decoder, decode_payload
+from hopmeter.core.frames import Frame
+from hopmeter.core.meter import FlowMeter
+from hopmeter.core.providers import Delta, OpenAIChatParser
+from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.sse import SseDecoder
+from hopmeter.tokenizers import load_counter
+
+EVENTS_PER_FLOW = 400
+FLOWS = 10  # 4,000 events per round: short rounds, so best-of filters out other work
+ROUNDS = 25
+CHUNK = (
+    b'data: {"t":1764530000000000000,"l":12,"id":"chatcmpl-bench","object":"chat.completion.chunk",'
+    b'"created":1700000000,"model":"bench","choices":[{"index":0,"delta":{"content":" tok"},'
+    b'"finish_reason":null}]}\n\n'
+)
+PAYLOAD = CHUNK[6:-2]
+TEXT = PAYLOAD.decode()
+
+
+def new_meter() -> FlowMeter:
+    return FlowMeter(
+        api="openai.chat", content_type="text/event-stream", content_encoding=None, headers={}
+    )
+
+
+def bench(setup: Callable[[], Callable[[int], object]]) -> float:
+    """Best-of-ROUNDS mean µs per call of the callable `setup()` returns (one per flow)."""
+    best = float("inf")
+    for _ in range(ROUNDS):
+        calls = [setup() for _ in range(FLOWS)]
+        gc.collect()
+        t0 = time.perf_counter_ns()
+        for fn in calls:
+            for i in range(EVENTS_PER_FLOW):
+                fn(i)
+        best = min(best, (time.perf_counter_ns() - t0) / (FLOWS * EVENTS_PER_FLOW) / 1000)
+    return best
+
+
+# -- the product's code --------------------------------------------------------------------------
+
+
+def feed() -> Callable[[int], object]:
+    m = new_meter()
+    return lambda i: m.feed(CHUNK, i * 0.02)
+
+
+def tap() -> Callable[[int], object]:
+    """ResponseTap.__call__ as mitmproxy calls it: clock, offset, copy, guarded feed."""
+    from hopmeter.addon import FlowState, ResponseTap  # noqa: PLC0415 - mitmproxy is heavy
+
+    fields = FlowState.__dataclass_fields__
+    kwargs: dict[str, Any] = {"mono0": time.monotonic(), "skew_s": 0.0, "listener": "proxy"}
+    kwargs.update({"hop": "proxy", "trace": None})
+    if "span_id" in fields:
+        kwargs["span_id"] = "0" * 16
+    t = ResponseTap(None, FlowState(**kwargs))  # type: ignore[arg-type]
+    t.meter = new_meter()
+    return lambda i: t(CHUNK)
+
+
+def sse() -> Callable[[int], object]:
+    d = SseDecoder()
+    return lambda i: d.feed(CHUNK, i * 0.02)
+
+
+def utf8_stream() -> Callable[[int], object]:
+    d = Utf8Decoder()
+    return lambda i: d.decode(CHUNK)
+
+
+def payload() -> Callable[[int], object]:
+    return lambda i: decode_payload(PAYLOAD)
+
+
+def frame() -> Callable[[int], object]:
+    return lambda i: Frame(
+        t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD)
+    )
+
+
+def parse() -> Callable[[int], object]:
+    p = OpenAIChatParser()
+    f = Frame(t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD))
+    return lambda i: p.parse(f)
+
+
+def loads() -> Callable[[int], object]:
+    return lambda i: orjson.loads(TEXT)
+
+
+def delta() -> Callable[[int], object]:
+    return lambda i: Delta(
+        content=" tok",
+        reasoning="",
+        tool_args="",
+        stream_tokens=None,
+        token_ids=None,
+        output_tokens_total=None,
+        input_tokens_total=None,
+        reasoning_tokens_total=None,
+        model="bench",
+        terminal=False,
+        error=None,
+    )
+
+
+def on_delta() -> Callable[[int], object]:
+    m = new_meter()
+    f = Frame(t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD))
+    d = Delta(content=" tok", model="bench")
+    return lambda i: m._on_delta(f, d)
+
+
+# -- prototypes of cheaper steps -----------------------------------------------------------------
+
+
+class _NoUtf8:
+    """Stands in for the whole-stream Utf8Decoder (SSE already decodes every payload)."""
+
+    chars = replacement_chars = literal_replacement_chars = split_sequences = 0
+
+    def decode(self, data: bytes) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
+def proto_feed_no_utf8() -> Callable[[int], object]:
+    m = new_meter()
+    m._utf8 = _NoUtf8()  # type: ignore[assignment]
+    return lambda i: m.feed(CHUNK, i * 0.02)
+
+
+def proto_utf8_ascii_check() -> Callable[[int], object]:
+    """Whole-stream UTF-8 accounting that skips decoding when the chunk is ASCII."""
+    d = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    state = {"chars": 0}
+
+    def step(i: int) -> object:
+        if CHUNK.isascii() and not d.getstate()[0]:
+            state["chars"] += len(CHUNK)
+            return None
+        return d.decode(CHUNK)
+
+    return step
+
+
+@dataclass(slots=True, kw_only=True)
+class _MutableFrame:
+    t_s: float
+    kind: str
+    data: str
+    wire_bytes: int
+    data_bytes: int
+    last_event_id: str = ""
+    retry_ms: int | None = None
+    incomplete_utf8: bool = False
+    replacement_chars: int = 0
+
+
+def proto_frame_not_frozen() -> Callable[[int], object]:
+    return lambda i: _MutableFrame(
+        t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD)
+    )
+
+
+class _TupleDelta(NamedTuple):
+    """Delta's fields as an immutable NamedTuple (construction is one tuple allocation)."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_args: str = ""
+    stream_tokens: int | None = None
+    token_ids: tuple[int, ...] | None = None
+    output_tokens_total: int | None = None
+    input_tokens_total: int | None = None
+    reasoning_tokens_total: int | None = None
+    model: str | None = None
+    terminal: bool = False
+    error: str | None = None
+    ids_visible: bool = False
+
+    @property
+    def visible(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_args)
+
+
+class _TupleFrame(NamedTuple):
+    t_s: float
+    kind: str
+    data: str
+    wire_bytes: int
+    data_bytes: int
+    last_event_id: str = ""
+    retry_ms: int | None = None
+    incomplete_utf8: bool = False
+    replacement_chars: int = 0
+
+
+def proto_delta_tuple() -> Callable[[int], object]:
+    return lambda i: _TupleDelta(
+        content=" tok",
+        reasoning="",
+        tool_args="",
+        stream_tokens=None,
+        token_ids=None,
+        output_tokens_total=None,
+        input_tokens_total=None,
+        reasoning_tokens_total=None,
+        model="bench",
+        terminal=False,
+        error=None,
+    )
+
+
+def proto_frame_tuple() -> Callable[[int], object]:
+    return lambda i: _TupleFrame(
+        t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD)
+    )
+
+
+_COMMON_CHOICE = frozenset({"index", "delta", "finish_reason", "logprobs"})
+
+
+def fast_openai(data: str, delta_cls: Any = Delta) -> Any:
+    """The common chat chunk: one choice, a string `delta.content`, no usage, logprobs or ids.
+    None means "not the common shape": fall back to the full parser."""
+    doc = orjson.loads(data)
+    if type(doc) is not dict or "usage" in doc or "error" in doc or "x_groq" in doc:
+        return None
+    choices = doc.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or not choice.keys() <= _COMMON_CHOICE or choice.get("logprobs"):
+        return None
+    part = choice.get("delta")
+    if type(part) is not dict or len(part) != 1 or type(part.get("content")) is not str:
+        return None
+    model = doc.get("model")
+    return delta_cls(
+        content=part["content"],
+        model=model if type(model) is str and model else None,
+        terminal=bool(choice.get("finish_reason")) or doc.get("object") == "chat.completion",
+    )
+
+
+def proto_parse_fast() -> Callable[[int], object]:
+    return lambda i: fast_openai(TEXT)
+
+
+class _FastSse(SseDecoder):
+    """A chunk that is exactly one LF-terminated `data:` event, with nothing pending, skips the
+    general line loop; anything else takes the spec parser."""
+
+    frame_cls: Any = Frame
+
+    def feed(self, data: bytes, now: float) -> list[Frame]:
+        if (
+            self._started
+            and not self._partial
+            and not self._data
+            and not self._cr_pending
+            and data.startswith(b"data: ")
+            and data.endswith(b"\n\n")
+            and data.count(b"\n") == 2
+            and b"\r" not in data
+        ):
+            self._fed += len(data)
+            self.line_endings["lf"] += 2
+            end = self._fed
+            self._event_start = end
+            raw = data[6:-2]
+            text, produced, incomplete = decode_payload(raw)
+            wire, self._frame_start = end - self._frame_start, end
+            return [
+                self.frame_cls(
+                    t_s=now,
+                    kind="message",
+                    data=text,
+                    wire_bytes=wire,
+                    data_bytes=len(raw),
+                    last_event_id=self.last_event_id,
+                    retry_ms=self.retry_ms,
+                    incomplete_utf8=incomplete,
+                    replacement_chars=produced,
+                )
+            ]
+        return super().feed(data, now)
+
+
+def proto_sse_fast() -> Callable[[int], object]:
+    d = _FastSse()
+    d.feed(b": warm\n\n", 0.0)  # past the BOM check
+    return lambda i: d.feed(CHUNK, i * 0.02)
+
+
+def _feed_all(tuples: bool) -> Callable[[int], object]:
+    m = new_meter()
+    m._utf8 = _NoUtf8()  # type: ignore[assignment]
+    framer = _FastSse()
+    if tuples:
+        framer.frame_cls = _TupleFrame
+    framer.feed(b": warm\n\n", 0.0)
+    m._framer = framer
+    parser = m._parser
+    full = parser.parse
+    cls = _TupleDelta if tuples else Delta
+
+    def parse(f: Frame) -> Delta:
+        return fast_openai(f.data, cls) or full(f)  # type: ignore[no-any-return]
+
+    parser.parse = parse  # type: ignore[method-assign]
+    return lambda i: m.feed(CHUNK, i * 0.02)
+
+
+def proto_feed_all() -> Callable[[int], object]:
+    """FlowMeter.feed with the three prototypes together: no whole-stream UTF-8 pass for SSE,
+    the one-event SSE fast path and the common-chunk OpenAI parser."""
+    return _feed_all(tuples=False)
+
+
+def proto_feed_all_tuples() -> Callable[[int], object]:
+    """The same, with Frame and Delta as immutable NamedTuples."""
+    return _feed_all(tuples=True)
+
+
+# -- per flow: the record, off the chunk path but on the same event loop ----------------------
+
+
+def finish_cost(events: int) -> float:
+    """µs for finish_flow on a FlowMeter fed `events` events (tokenizer, figures, detectors)."""
+    counters = load_counter(None)
+    counters.preload()
+    best = float("inf")
+    for _ in range(ROUNDS):
+        m = new_meter()
+        for i in range(events):
+            m.feed(CHUNK, 0.1 + i * 0.02)
+        m.feed(b"data: [DONE]\n\n", 0.1 + events * 0.02)
+        m.close(0.2 + events * 0.02)
+        t0 = time.perf_counter_ns()
+        finish_flow(
+            flow_id="f",
+            trace_id="t",
+            hop="proxy",
+            listener="proxy",
+            request=RequestInfo(
+                method="POST",
+                scheme="http",
+                host="h",
+                path="/v1/chat/completions",
+                t_start=1.7e9,
+                t_end=1.7e9,
+                bytes=80,
+            ),
+            response=ResponseInfo(
+                status=200,
+                http_version="HTTP/1.1",
+                headers={"content-type": "text/event-stream", "cache-control": "no-cache"},
+                t_headers_s=0.05,
+            ),
+            meter=m,
+            ended="complete",
+            bytes_out=m.bytes_wire,
+            counters=counters,
+            stall_threshold_s=0.5,
+        )
+        best = min(best, (time.perf_counter_ns() - t0) / 1000)
+    return best
+
+
+# -- memory per event ----------------------------------------------------------------------------
+
+
+def bytes_per_event(keep_text: bool = True) -> float:
+    """Bytes a FlowMeter keeps per event after a 400-event stream (tracemalloc)."""
+    tracemalloc.start()
+    m = FlowMeter(
+        api="openai.chat",
+        content_type="text/event-stream",
+        content_encoding=None,
+        headers={},
+        keep_text=keep_text,
+    )
+    m.feed(CHUNK, 0.0)
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(EVENTS_PER_FLOW):
+        m.feed(CHUNK, i * 0.02)
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return used / EVENTS_PER_FLOW
+
+
+CASES: list[tuple[str, Callable[[], Callable[[int], object]]]] = [
+    ("ResponseTap.__call__ (tap + FlowMeter.feed)", tap),
+    ("FlowMeter.feed", feed),
+    ("  SseDecoder.feed", sse),
+    ("    decode_payload", payload),
+    ("    Frame() (frozen dataclass)", frame),
+    ("  Utf8Decoder.decode (whole stream)", utf8_stream),
+    ("  OpenAIChatParser.parse", parse),
+    ("    orjson.loads", loads),
+    ("    Delta() (frozen dataclass, 11 fields)", delta),
+    ("  FlowMeter._on_delta", on_delta),
+    ("proto: FlowMeter.feed without whole-stream UTF-8", proto_feed_no_utf8),
+    ("proto: whole-stream UTF-8 with an ASCII shortcut", proto_utf8_ascii_check),
+    ("proto: Frame() not frozen", proto_frame_not_frozen),
+    ("proto: Delta() as an immutable NamedTuple", proto_delta_tuple),
+    ("proto: Frame() as an immutable NamedTuple", proto_frame_tuple),
+    ("proto: OpenAI common-chunk parser", proto_parse_fast),
+    ("proto: SseDecoder one-event fast path", proto_sse_fast),
+    ("proto: FlowMeter.feed with all three", proto_feed_all),
+    ("proto: ... and Frame/Delta as NamedTuples", proto_feed_all_tuples),
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = [{"what": name, "us_per_call": round(bench(setup), 2)} for name, setup in CASES]
+    flows = {f"finish_flow_us_{n}_events": round(finish_cost(n), 1) for n in (5, EVENTS_PER_FLOW)}
+    memory = {
+        "bytes_per_event_kept": round(bytes_per_event(True), 1),
+        "bytes_per_event_no_text": round(bytes_per_event(False), 1),
+    }
+    if args.json:
+        doc = {"events_per_flow": EVENTS_PER_FLOW, "rows": rows, **flows, **memory}
+        print(json.dumps(doc, indent=1))
+        return
+    for r in rows:
+        print(f"{r['us_per_call']:8.2f} µs  {r['what']}")
+    for key, us in flows.items():
+        n = int(key.split("_")[3])
+        print(f"{us:8.1f} µs  finish_flow of a {n}-event flow ({us / n:.2f} µs per event)")
+    print(f"memory: {memory['bytes_per_event_kept']} B/event kept per flow "
+          f"({memory['bytes_per_event_no_text']} B without reply text)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

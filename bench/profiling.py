@@ -1,0 +1,237 @@
+"""The soak (RSS over many short flows) and the py-spy profile of the proxy's per-event path."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import Load, client, log, warm
+
+import procs
+from procs import BENCH, GEN_PIN, PY, Topology
+
+# -- soak ----------------------------------------------------------------------------------------
+
+SOAK_CONCURRENCY = 64
+SOAK_EVENTS = 5  # token events per flow: a tiny stream, so the run is all per-flow cost
+SOAK_PER_CONNECTION = 50  # flows per client connection, then a new one (connection churn too)
+SOAK_EVERY = 10_000
+FLAT_TOLERANCE = 0.10  # the target: RSS within ±10%
+
+
+def soak(cls: type[Topology], up: procs.Upstream, flows: int, logdir: Path) -> dict[str, Any]:
+    """`flows` short streams through a fresh proxy, RSS read at start, every 10k flows, end."""
+    log(f"soak: {flows} flows via {cls.name}")
+    with cls(up.port, logdir) as topo:
+        warm(topo)
+        pids = topo.pids()
+        t0 = time.monotonic()
+        samples = [{"flows": 0, "t_s": 0.0, "rss_kib": procs.rss_kib(pids)}]
+        cpu0 = procs.cpu_s(pids)
+
+        def progress(msg: dict[str, Any]) -> None:
+            if "flows" in msg:
+                rss = procs.rss_kib(pids)
+                samples.append(
+                    {"flows": msg["flows"], "t_s": time.monotonic() - t0, "rss_kib": rss}
+                )
+                log(f"  {msg['flows']} flows, RSS {rss} KiB")
+
+        every = min(SOAK_EVERY, max(1, flows // 10))
+        result = client(
+            [
+                "soak",
+                "--target",
+                f"127.0.0.1:{topo.port}",
+                "--flows",
+                str(flows),
+                "--concurrency",
+                str(SOAK_CONCURRENCY),
+                "--events",
+                str(SOAK_EVENTS),
+                "--per-connection",
+                str(SOAK_PER_CONNECTION),
+                "--report-every",
+                str(every),
+            ],
+            progress,
+        )
+        time.sleep(1.0)  # the last records are built just after their flows end
+        cpu = procs.cpu_s(pids) - cpu0
+        end = {
+            "flows": result["done"],
+            "t_s": time.monotonic() - t0,
+            "rss_kib": procs.rss_kib(pids),
+        }
+        samples.append({**end, "end": True})
+    ref = next((x["rss_kib"] for x in samples if x["flows"] >= every), samples[0]["rss_kib"])
+    later = [x["rss_kib"] for x in samples if x["flows"] >= every]
+    spread = max(abs(r - ref) / ref for r in later) if later else 0.0
+    return {
+        "topology": cls.name,
+        "flows": flows,
+        "concurrency": SOAK_CONCURRENCY,
+        "events_per_flow": SOAK_EVENTS,
+        "flows_per_connection": SOAK_PER_CONNECTION,
+        "client": result,
+        "samples": samples,
+        "cpu_us_per_flow": round(cpu / max(1, result["done"]) * 1e6),
+        "rss_growth_from_start": round(samples[-1]["rss_kib"] / samples[0]["rss_kib"] - 1, 3),
+        "rss_max_deviation_from_first_mark": round(spread, 3),
+        "flat": spread <= FLAT_TOLERANCE,
+    }
+
+
+# -- profile -------------------------------------------------------------------------------------
+
+PROFILE_STREAMS = 100
+PROFILE_RATE = 50.0
+SAMPLE_HZ = 250
+
+# Inclusive categories: a sample counts in a category when its stack holds the frame (or, for
+# "a > b", frame b called directly from frame a). Function names with a file-path fragment.
+CATEGORIES: list[tuple[str, str]] = [
+    ("tap: ResponseTap.__call__ (all of it)", "ResponseTap.__call__@hopmeter/addon.py"),
+    ("  FlowMeter.feed", "FlowMeter.feed@core/meter.py"),
+    ("    SseDecoder.feed (framing)", "SseDecoder.feed@core/sse.py"),
+    ("      decode_payload (event UTF-8)", "decode_payload@core/decoding.py"),
+    ("      Frame() construction", "SseDecoder._dispatch@core/sse.py > __init__@<string>"),
+    ("    Utf8Decoder.decode (whole-stream UTF-8)", "Utf8Decoder.decode@core/decoding.py"),
+    ("    ApiParser.parse (openai.chat)", "ApiParser.parse@core/providers.py"),
+    ("      OpenAIChatParser.parse_json", "OpenAIChatParser.parse_json@core/providers.py"),
+    (
+        "      Delta() construction",
+        "OpenAIChatParser.parse_json@core/providers.py > __init__@<string>",
+    ),
+    ("    FlowMeter._on_delta", "FlowMeter._on_delta@core/meter.py"),
+    ("per flow: requestheaders", "HopMeter.requestheaders@hopmeter/addon.py"),
+    ("per flow: responseheaders", "HopMeter.responseheaders@hopmeter/addon.py"),
+    ("per flow: record, figures, detectors (_complete)", "HopMeter._complete@hopmeter/addon.py"),
+    ("  finish_flow (tokens, figures, detectors)", "finish_flow@core/record.py"),
+    ("  metrics observe", "MetricsAddon.observe@hopmeter/metrics_addon.py"),
+    ("  record write and console line", "HopMeter._emit@hopmeter/addon.py"),
+    ("bare addon: responseheaders", "StreamAll.responseheaders@bench/bare_addon.py"),
+    (
+        "mitmproxy: HTTP/1 parsing and layers",
+        "Http1Connection@mitmproxy/proxy/layers/http/_http1.py",
+    ),
+    ("asyncio: socket reads and writes", "_SelectorSocketTransport@asyncio/selector_events.py"),
+]
+FRAME = re.compile(r"^(?P<fn>.+?) \((?P<file>[^:()]*)(?::\d+)?\)$")
+
+
+def _frame_matches(frame: str, pattern: str) -> bool:
+    """`Class.method@path-end` matches py-spy's "Class.method (path:line)"; a pattern without a
+    method (`Class@path`) matches every method of the class."""
+    fn, _, path = pattern.partition("@")
+    m = FRAME.match(frame)
+    if m is None or not m["file"].endswith(path):
+        return False
+    name = m["fn"]
+    return name == fn or name.endswith("." + fn) or name.startswith(fn + ".")
+
+
+def _stack_matches(frames: list[str], pattern: str) -> bool:
+    parts = [p.strip() for p in pattern.split(" > ")]
+    if len(parts) == 1:
+        return any(_frame_matches(f, parts[0]) for f in frames)
+    return any(
+        _frame_matches(a, parts[0]) and _frame_matches(b, parts[1])
+        for a, b in itertools.pairwise(frames)
+    )
+
+
+def breakdown(raw: Path, cpu_us_per_event: float) -> dict[str, Any]:
+    """Share of samples per category, and that share of the measured CPU per event."""
+    stacks: list[tuple[list[str], int]] = []
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            stacks.append((stack.split(";"), int(count)))
+    total = sum(c for _, c in stacks)
+    rows = []
+    for label, pattern in CATEGORIES:
+        n = sum(c for frames, c in stacks if _stack_matches(frames, pattern))
+        if n:
+            share = n / total
+            rows.append(
+                {
+                    "what": label,
+                    "share": round(share, 4),
+                    "us_per_event": round(share * cpu_us_per_event, 1),
+                }
+            )
+    return {"samples": total, "categories": rows}
+
+
+def profile(
+    up: procs.Upstream, results: Path, stamp: str, seconds: float, logdir: Path
+) -> list[dict[str, Any]]:
+    """py-spy on bare mitmproxy and on hopmeter while each carries 100 streams at 50 tokens/s."""
+    spy = shutil.which("py-spy") or str(procs.BIN / "py-spy")
+    out = []
+    for cls in (procs.Mitmdump, procs.Hopmeter):
+        log(f"profile via {cls.name}")
+        with cls(up.port, logdir) as topo:
+            warm(topo)
+            pid = topo.pids()[0]
+            args = Load(PROFILE_STREAMS, PROFILE_RATE, "paced", 2.0, seconds + 1, 3.0).args(
+                topo.port
+            )
+            cpu0 = procs.cpu_s([pid])
+            load = subprocess.Popen(
+                [*GEN_PIN, PY, str(BENCH / "client.py"), *args], stdout=subprocess.PIPE
+            )
+            time.sleep(2.5)
+            files = {
+                fmt: results / f"profile-{cls.name}.{ext}"
+                for fmt, ext in (("raw", "txt"), ("flamegraph", "svg"))
+            }
+            spies = [
+                subprocess.Popen(
+                    [
+                        *GEN_PIN,
+                        spy,
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--duration",
+                        str(int(seconds)),
+                        "--rate",
+                        str(SAMPLE_HZ),
+                        "--nonblocking",
+                        "--function",
+                        "--format",
+                        fmt,
+                        "-o",
+                        str(path),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for fmt, path in files.items()
+            ]
+            for s in spies:
+                s.wait()
+            stdout, _ = load.communicate()
+            cpu = procs.cpu_s([pid]) - cpu0
+        result = json.loads(stdout.splitlines()[-1])["result"]
+        per_event = cpu / max(1, result["events_received"]) * 1e6
+        out.append(
+            {
+                "topology": cls.name,
+                "streams": PROFILE_STREAMS,
+                "rate": PROFILE_RATE,
+                "cpu_us_per_event": round(per_event, 1),
+                "delay_ms": result["delay_ms"],
+                "files": {k: str(v.relative_to(BENCH)) for k, v in files.items()},
+                **breakdown(files["raw"], per_event),
+            }
+        )
+    return out
