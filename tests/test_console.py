@@ -47,7 +47,7 @@ def test_json_line_has_figures_and_no_content(capsysbinary: pytest.CaptureFixtur
 
 def test_window_summary_per_hop() -> None:
     """The summary counts flows and gives TTFT percentiles per hop, then starts a new window."""
-    c = Console("off", 60)
+    c = Console("text", 60)
     for i in range(10):
         c.observe(flow("edge", 0.1 * (i + 1), 0.02, ("stall",) if i == 0 else ()))
     c.observe(flow("origin", 0.05, 0.02))
@@ -55,4 +55,12 @@ def test_window_summary_per_hop() -> None:
     assert line.startswith("hopmeter: last 60s: 11 flows")
     assert "[edge] n=10 ttft p50=500ms p99=1000ms itl p50=20ms" in line
     assert "[origin] n=1" in line and "findings stall=1" in line
+    assert c.summary() == ""
+
+
+def test_quiet_console_keeps_nothing() -> None:
+    """With the console off, no window grows (nothing would ever empty it)."""
+    c = Console("off", 60)
+    for _ in range(100):
+        c.observe(flow("edge", 0.1, 0.02))
     assert c.summary() == ""

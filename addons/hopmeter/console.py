@@ -66,6 +66,8 @@ class Console:
         elif self.mode == "json":
             sys.stdout.buffer.write(orjson.dumps(flow_json(rec)) + b"\n")
             sys.stdout.flush()
+        if self.mode == "off" or self.interval_s <= 0:
+            return  # no summary will ever empty the window: keep nothing
         fig = rec.get("figures") or {}
         if len(self._window) < MAX_WINDOW_FLOWS:
             self._window.append((str(rec.get("hop")), fig.get("ttft_s"), fig.get("itl_p50_s")))
