@@ -246,3 +246,16 @@ def test_decode_payload():
     assert decode_payload(b"a\xf0\x9f\x98") == ("a\ufffd", 1, True)
     assert decode_payload(b"\xe2\x82") == ("\ufffd", 1, True)
     assert decode_payload(b"\x80\xff") == ("\ufffd\ufffd", 2, False)
+
+
+def test_steps_hand_out_a_bomb_one_bounded_piece_at_a_time() -> None:
+    """steps() yields at most one 64 KiB step per item and joins to what decode() gives."""
+    import gzip as gz
+
+    from hopmeter.core.decoding import make_decoder
+
+    body = gz.compress(b"\0" * (1024 * 1024))
+    pieces = list(make_decoder("gzip").steps(body))
+    assert len(pieces) >= 16
+    assert max(map(len, pieces)) <= 64 * 1024
+    assert b"".join(pieces) == make_decoder("gzip").decode(body) == b"\0" * (1024 * 1024)
