@@ -330,12 +330,18 @@ class Utf8Decoder:
         self.replacement_chars = 0
         self.literal_replacement_chars = 0
         self.split_sequences = 0
+        self._carrying = False  # bytes of an unfinished character held from the last chunk
 
     def decode(self, data: bytes) -> str:
+        if not self._carrying and data.isascii():
+            # the common case on the per-chunk path: nothing to decode, count or carry
+            self.chars += len(data)
+            return data.decode("ascii")
         carried: bytes = self._decoder.getstate()[0]
         text = self._decoder.decode(data)
         self._count(text, carried + data)
-        if self._decoder.getstate()[0]:
+        self._carrying = bool(self._decoder.getstate()[0])
+        if self._carrying:
             self.split_sequences += 1
         return text
 

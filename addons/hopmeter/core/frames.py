@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Frame:
+class Frame(NamedTuple):
     """One dispatched unit of a stream.
 
     `t_s` is the `now` passed with the bytes that completed the frame; `wire_bytes` are the bytes of
     the stream it consumed since the previous frame (fields, comments, line endings, blank lines),
-    so
-    the sum over frames plus any unterminated tail is the stream's length.
+    so the sum over frames plus any unterminated tail is the stream's length.
+
+    An immutable NamedTuple rather than a frozen dataclass: one is built per event on the proxy's
+    event loop, and a frozen dataclass costs 1.6 µs to build against 0.6 µs (bench/micro_feed.py).
+    Build it with keywords.
     """
 
     t_s: float

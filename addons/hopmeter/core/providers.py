@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -127,9 +126,12 @@ _HEURISTIC_DEPTH: Final = 4  # choices[0].delta.content is three levels down
 MAX_ERROR_CHARS: Final = 500  # an error message is evidence, not a payload store
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Delta:
-    """What one event adds to the reply, and what it says about the stream."""
+class Delta(NamedTuple):
+    """What one event adds to the reply, and what it says about the stream.
+
+    An immutable NamedTuple, not a frozen dataclass: one is built per event on the proxy's event
+    loop, where a frozen dataclass costs 2.2 µs and this 0.8 µs (bench/micro_feed.py).
+    """
 
     content: str = ""  # visible answer text (refusal text included)
     reasoning: str = ""  # reasoning / thinking text
