@@ -18,6 +18,8 @@ import argparse
 import codecs
 import gc
 import json
+import math
+import statistics
 import sys
 import time
 import tracemalloc
@@ -30,7 +32,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
+from hopmeter.core import record
 from hopmeter.core.decoding import Utf8Decoder, decode_payload
+from hopmeter.core.detectors import diagnose
 from hopmeter.core.frames import Frame
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.providers import Delta, OpenAIChatParser
@@ -405,6 +409,55 @@ def finish_cost(events: int) -> float:
     return best
 
 
+def finish_parts(events: int) -> dict[str, float]:
+    """µs for each part of finish_flow on one `events`-event flow, and the float pstdev proto."""
+    counters = load_counter(None)
+    counter = counters.for_model(None)
+    m = new_meter()
+    for i in range(events):
+        m.feed(CHUNK, 0.1 + i * 0.02)
+    m.feed(b"data: [DONE]\n\n", 0.1 + events * 0.02)
+    m.close(0.2 + events * 0.02)
+    response = ResponseInfo(
+        status=200,
+        http_version="HTTP/1.1",
+        headers={"content-type": "text/event-stream", "cache-control": "no-cache"},
+        t_headers_s=0.05,
+    )
+    account = record._account(m, counter)
+    figures = record._figures(m, account, 0.5)
+    view = record.stream_view(
+        meter=m,
+        f=figures,
+        account=account,
+        response=response,
+        ended="complete",
+        stall_threshold_s=0.5,
+        stream_requested=True,
+    )
+    logs = [math.log(0.02 + (i % 7) * 1e-4) for i in range(events)]
+
+    def fpstdev(xs: list[float]) -> float:
+        mean = math.fsum(xs) / len(xs)
+        return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / len(xs))
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(ROUNDS):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append((time.perf_counter_ns() - t0) / 1000)
+        return round(min(times), 1)
+
+    return {
+        "account_tokens (tokenizer per event)": best(lambda: record._account(m, counter)),
+        "compute_figures": best(lambda: record._figures(m, account, 0.5)),
+        "diagnose (detectors)": best(lambda: diagnose(view)),
+        "  statistics.pstdev over the gaps": best(lambda: statistics.pstdev(logs)),
+        "  proto: float pstdev (math.fsum)": best(lambda: fpstdev(logs)),
+    }
+
+
 # -- memory per event ----------------------------------------------------------------------------
 
 
@@ -456,12 +509,14 @@ def main() -> None:
     args = p.parse_args()
     rows = [{"what": name, "us_per_call": round(bench(setup), 2)} for name, setup in CASES]
     flows = {f"finish_flow_us_{n}_events": round(finish_cost(n), 1) for n in (5, EVENTS_PER_FLOW)}
+    parts = finish_parts(EVENTS_PER_FLOW)
     memory = {
         "bytes_per_event_kept": round(bytes_per_event(True), 1),
         "bytes_per_event_no_text": round(bytes_per_event(False), 1),
     }
     if args.json:
-        doc = {"events_per_flow": EVENTS_PER_FLOW, "rows": rows, **flows, **memory}
+        doc = {"events_per_flow": EVENTS_PER_FLOW, "rows": rows, **flows, "finish_parts_us": parts}
+        doc.update(memory)
         print(json.dumps(doc, indent=1))
         return
     for r in rows:
@@ -469,6 +524,8 @@ def main() -> None:
     for key, us in flows.items():
         n = int(key.split("_")[3])
         print(f"{us:8.1f} µs  finish_flow of a {n}-event flow ({us / n:.2f} µs per event)")
+    for what, us in parts.items():
+        print(f"{us:8.1f} µs  {what}, {EVENTS_PER_FLOW} events")
     print(f"memory: {memory['bytes_per_event_kept']} B/event kept per flow "
           f"({memory['bytes_per_event_no_text']} B without reply text)")  # fmt: skip
 

@@ -1,7 +1,8 @@
 """Bench processes: the upstream, the four topologies, and what /proc says about them.
 
 Pinning (2 cores): the load generator and the upstream share CPU 0; every proxy (nginx's master and
-worker, mitmdump, hopmeter) is pinned to CPU 1, so a proxy never has more than one core's worth.
+worker, mitmdump, hopmeter) is pinned to CPU 1, so a proxy never has more than one core's worth;
+all of them run at nice -20 when allowed.
 """
 
 from __future__ import annotations

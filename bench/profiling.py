@@ -123,6 +123,9 @@ CATEGORIES: list[tuple[str, str]] = [
     ),
     ("asyncio: socket reads and writes", "_SelectorSocketTransport@asyncio/selector_events.py"),
 ]
+# py-spy counts a thread blocked in select() as active (the metrics server's thread, the event
+# loop between events): such samples cost no CPU and are left out of the shares.
+IDLE_LEAF = "select@selectors.py"
 FRAME = re.compile(r"^(?P<fn>.+?) \((?P<file>[^:()]*)(?::\d+)?\)$")
 
 
@@ -150,10 +153,15 @@ def _stack_matches(frames: list[str], pattern: str) -> bool:
 def breakdown(raw: Path, cpu_us_per_event: float) -> dict[str, Any]:
     """Share of samples per category, and that share of the measured CPU per event."""
     stacks: list[tuple[list[str], int]] = []
+    idle = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
-            stacks.append((stack.split(";"), int(count)))
+            frames = stack.split(";")
+            if _frame_matches(frames[-1], IDLE_LEAF):
+                idle += int(count)  # waiting in epoll/poll: no CPU spent
+            else:
+                stacks.append((frames, int(count)))
     total = sum(c for _, c in stacks)
     rows = []
     for label, pattern in CATEGORIES:
@@ -167,62 +175,57 @@ def breakdown(raw: Path, cpu_us_per_event: float) -> dict[str, Any]:
                     "us_per_event": round(share * cpu_us_per_event, 1),
                 }
             )
-    return {"samples": total, "categories": rows}
+    return {"samples": total, "idle_samples": idle, "categories": rows}
+
+
+def spied_load(topo: Topology, load: Load, spy: list[str]) -> tuple[dict[str, Any], float]:
+    """Run `load` through `topo` with py-spy (`spy`, a command) sampling the proxy throughout:
+    flows start, stream and end inside the recording. The client's result and the proxy's CPU
+    µs per event over the same run."""
+    pid = topo.pids()[0]
+    cpu0 = procs.cpu_s([pid])
+    client_cmd = [*GEN_PIN, PY, str(BENCH / "client.py"), *load.args(topo.port)]
+    proc = subprocess.Popen(client_cmd, stdout=subprocess.PIPE)
+    seconds = int(load.warmup_s + load.measure_s + 2)
+    recorder = subprocess.Popen(
+        [*GEN_PIN, *spy[:2], "--pid", str(pid), "--duration", str(seconds), *spy[2:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    stdout, _ = proc.communicate()
+    recorder.wait()
+    cpu = procs.cpu_s([pid]) - cpu0
+    result: dict[str, Any] = json.loads(stdout.splitlines()[-1])["result"]
+    return result, cpu / max(1, result["events_received"]) * 1e6
 
 
 def profile(
     up: procs.Upstream, results: Path, stamp: str, seconds: float, logdir: Path
 ) -> list[dict[str, Any]]:
-    """py-spy on bare mitmproxy and on hopmeter while each carries 100 streams at 50 tokens/s."""
-    spy = shutil.which("py-spy") or str(procs.BIN / "py-spy")
+    """py-spy on bare mitmproxy and on hopmeter while each carries 100 streams at 50 tokens/s.
+
+    py-spy samples in its default blocking mode (it stops the proxy for each sample): without it
+    the stacks it reads from a running interpreter are torn (callers paired with callees they
+    never call). One load for the raw stacks the breakdown is computed from, a second for the
+    flame graph, since one py-spy can attach at a time.
+    """
+    del stamp
+    py_spy = shutil.which("py-spy") or str(procs.BIN / "py-spy")
+    load = Load(PROFILE_STREAMS, PROFILE_RATE, "paced", 1.0, seconds, 3.0)
     out = []
     for cls in (procs.Mitmdump, procs.Hopmeter):
         log(f"profile via {cls.name}")
+        files = {
+            fmt: results / f"profile-{cls.name}.{ext}"
+            for fmt, ext in (("raw", "txt"), ("flamegraph", "svg"))
+        }
+        runs = {}
         with cls(up.port, logdir) as topo:
             warm(topo)
-            pid = topo.pids()[0]
-            args = Load(PROFILE_STREAMS, PROFILE_RATE, "paced", 2.0, seconds + 1, 3.0).args(
-                topo.port
-            )
-            cpu0 = procs.cpu_s([pid])
-            load = subprocess.Popen(
-                [*GEN_PIN, PY, str(BENCH / "client.py"), *args], stdout=subprocess.PIPE
-            )
-            time.sleep(2.5)
-            files = {
-                fmt: results / f"profile-{cls.name}.{ext}"
-                for fmt, ext in (("raw", "txt"), ("flamegraph", "svg"))
-            }
-            spies = [
-                subprocess.Popen(
-                    [
-                        *GEN_PIN,
-                        spy,
-                        "record",
-                        "--pid",
-                        str(pid),
-                        "--duration",
-                        str(int(seconds)),
-                        "--rate",
-                        str(SAMPLE_HZ),
-                        "--nonblocking",
-                        "--function",
-                        "--format",
-                        fmt,
-                        "-o",
-                        str(path),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for fmt, path in files.items()
-            ]
-            for s in spies:
-                s.wait()
-            stdout, _ = load.communicate()
-            cpu = procs.cpu_s([pid]) - cpu0
-        result = json.loads(stdout.splitlines()[-1])["result"]
-        per_event = cpu / max(1, result["events_received"]) * 1e6
+            for fmt, path in files.items():
+                spy = [py_spy, "record", "--rate", str(SAMPLE_HZ), "--function"]
+                runs[fmt] = spied_load(topo, load, [*spy, "--format", fmt, "-o", str(path)])
+        result, per_event = runs["raw"]
         out.append(
             {
                 "topology": cls.name,

@@ -207,8 +207,19 @@ def _memory_target(run: Row) -> tuple[str, str, str] | None:
     if not mem:
         return None
     text = ", ".join(f"{name}: {v:.1f} KiB" for v, name in mem)
+    # The idle process may hold freed heap that the first streams reuse, which makes the
+    # per-stream figure low; the step from 100 to 200 streams does not lean on that headroom.
+    marginal = []
+    for mode in run["settings"]["modes"]:
+        rows = {s: _row(run["loads"], "hopmeter", mode, s) for s in (100, 200)}
+        if rows[100] and rows[200]:
+            kib = (rows[200]["rss_load_kib"] - rows[100]["rss_load_kib"]) / 100
+            marginal.append((kib, mode))
+    if marginal:
+        text += "; marginal 100→200 streams: " + ", ".join(f"{m} {k:.1f} KiB" for k, m in marginal)
+    worst = max([v for v, _ in mem] + [k for k, _ in marginal])
     what = f"memory ≤ {RSS_PER_STREAM_MAX_KIB:.0f} KiB per open stream"
-    return what, text, _met(max(mem)[0] <= RSS_PER_STREAM_MAX_KIB)
+    return what, text, _met(worst <= RSS_PER_STREAM_MAX_KIB)
 
 
 def _soak_target(soak: Row | None) -> tuple[str, str, str] | None:

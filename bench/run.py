@@ -1,8 +1,8 @@
 """hopmeter bench: direct, nginx, bare mitmproxy and hopmeter under the same load, in one run.
 
-    python bench/run.py              # full run (~10 min): load matrix + saturation ramp
-    python bench/run.py --quick      # the same, shorter (~4 min)
-    python bench/run.py --soak       # 100,000 short flows through hopmeter, RSS every 10,000
+    python bench/run.py              # full run (~11 min quiet): load matrix + saturation ramp
+    python bench/run.py --quick      # the same, shorter (~7 min)
+    python bench/run.py --soak       # 100,000 short flows via hopmeter and bare mitmproxy; RSS
     python bench/run.py --profile    # py-spy on bare mitmproxy and on hopmeter at 100 streams
 
 Every mode writes bench/results/<timestamp>[-mode].json and regenerates its tables in
