@@ -15,7 +15,6 @@ have to be equivalent for this input; a real change must keep every test passing
 from __future__ import annotations
 
 import argparse
-import codecs
 import gc
 import json
 import math
@@ -26,7 +25,7 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
@@ -170,98 +169,10 @@ def proto_feed_no_utf8() -> Callable[[int], object]:
     return lambda i: m.feed(CHUNK, i * 0.02)
 
 
-def proto_utf8_ascii_check() -> Callable[[int], object]:
-    """Whole-stream UTF-8 accounting that skips decoding when the chunk is ASCII."""
-    d = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    state = {"chars": 0}
-
-    def step(i: int) -> object:
-        if CHUNK.isascii() and not d.getstate()[0]:
-            state["chars"] += len(CHUNK)
-            return None
-        return d.decode(CHUNK)
-
-    return step
-
-
-@dataclass(slots=True, kw_only=True)
-class _MutableFrame:
-    t_s: float
-    kind: str
-    data: str
-    wire_bytes: int
-    data_bytes: int
-    last_event_id: str = ""
-    retry_ms: int | None = None
-    incomplete_utf8: bool = False
-    replacement_chars: int = 0
-
-
-def proto_frame_not_frozen() -> Callable[[int], object]:
-    return lambda i: _MutableFrame(
-        t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD)
-    )
-
-
-class _TupleDelta(NamedTuple):
-    """Delta's fields as an immutable NamedTuple (construction is one tuple allocation)."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_args: str = ""
-    stream_tokens: int | None = None
-    token_ids: tuple[int, ...] | None = None
-    output_tokens_total: int | None = None
-    input_tokens_total: int | None = None
-    reasoning_tokens_total: int | None = None
-    model: str | None = None
-    terminal: bool = False
-    error: str | None = None
-    ids_visible: bool = False
-
-    @property
-    def visible(self) -> bool:
-        return bool(self.content or self.reasoning or self.tool_args)
-
-
-class _TupleFrame(NamedTuple):
-    t_s: float
-    kind: str
-    data: str
-    wire_bytes: int
-    data_bytes: int
-    last_event_id: str = ""
-    retry_ms: int | None = None
-    incomplete_utf8: bool = False
-    replacement_chars: int = 0
-
-
-def proto_delta_tuple() -> Callable[[int], object]:
-    return lambda i: _TupleDelta(
-        content=" tok",
-        reasoning="",
-        tool_args="",
-        stream_tokens=None,
-        token_ids=None,
-        output_tokens_total=None,
-        input_tokens_total=None,
-        reasoning_tokens_total=None,
-        model="bench",
-        terminal=False,
-        error=None,
-    )
-
-
-def proto_frame_tuple() -> Callable[[int], object]:
-    return lambda i: _TupleFrame(
-        t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD)
-    )
-
-
 _COMMON_CHOICE = frozenset({"index", "delta", "finish_reason", "logprobs"})
 
 
-def fast_openai(data: str, delta_cls: Any = Delta) -> Any:
+def fast_openai(data: str) -> Delta | None:
     """The common chat chunk: one choice, a string `delta.content`, no usage, logprobs or ids.
     None means "not the common shape": fall back to the full parser."""
     doc = orjson.loads(data)
@@ -277,7 +188,7 @@ def fast_openai(data: str, delta_cls: Any = Delta) -> Any:
     if type(part) is not dict or len(part) != 1 or type(part.get("content")) is not str:
         return None
     model = doc.get("model")
-    return delta_cls(
+    return Delta(
         content=part["content"],
         model=model if type(model) is str and model else None,
         terminal=bool(choice.get("finish_reason")) or doc.get("object") == "chat.completion",
@@ -291,8 +202,6 @@ def proto_parse_fast() -> Callable[[int], object]:
 class _FastSse(SseDecoder):
     """A chunk that is exactly one LF-terminated `data:` event, with nothing pending, skips the
     general line loop; anything else takes the spec parser."""
-
-    frame_cls: Any = Frame
 
     def feed(self, data: bytes, now: float) -> list[Frame]:
         if (
@@ -313,7 +222,7 @@ class _FastSse(SseDecoder):
             text, produced, incomplete = decode_payload(raw)
             wire, self._frame_start = end - self._frame_start, end
             return [
-                self.frame_cls(
+                Frame(
                     t_s=now,
                     kind="message",
                     data=text,
@@ -334,34 +243,43 @@ def proto_sse_fast() -> Callable[[int], object]:
     return lambda i: d.feed(CHUNK, i * 0.02)
 
 
-def _feed_all(tuples: bool) -> Callable[[int], object]:
+def proto_feed_all() -> Callable[[int], object]:
+    """FlowMeter.feed with the three prototypes together: no whole-stream UTF-8 pass for SSE,
+    the one-event SSE fast path and the common-chunk OpenAI parser."""
     m = new_meter()
     m._utf8 = _NoUtf8()  # type: ignore[assignment]
     framer = _FastSse()
-    if tuples:
-        framer.frame_cls = _TupleFrame
     framer.feed(b": warm\n\n", 0.0)
     m._framer = framer
     parser = m._parser
     full = parser.parse
-    cls = _TupleDelta if tuples else Delta
 
     def parse(f: Frame) -> Delta:
-        return fast_openai(f.data, cls) or full(f)  # type: ignore[no-any-return]
+        return fast_openai(f.data) or full(f)
 
     parser.parse = parse  # type: ignore[method-assign]
     return lambda i: m.feed(CHUNK, i * 0.02)
 
 
-def proto_feed_all() -> Callable[[int], object]:
-    """FlowMeter.feed with the three prototypes together: no whole-stream UTF-8 pass for SSE,
-    the one-event SSE fast path and the common-chunk OpenAI parser."""
-    return _feed_all(tuples=False)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FrozenFrame:
+    """Frame as it was before commit 1094770 (a frozen dataclass), for the record."""
+
+    t_s: float
+    kind: str
+    data: str
+    wire_bytes: int
+    data_bytes: int
+    last_event_id: str = ""
+    retry_ms: int | None = None
+    incomplete_utf8: bool = False
+    replacement_chars: int = 0
 
 
-def proto_feed_all_tuples() -> Callable[[int], object]:
-    """The same, with Frame and Delta as immutable NamedTuples."""
-    return _feed_all(tuples=True)
+def frozen_frame() -> Callable[[int], object]:
+    return lambda i: _FrozenFrame(
+        t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD)
+    )
 
 
 # -- per flow: the record, off the chunk path but on the same event loop ----------------------
@@ -485,21 +403,17 @@ CASES: list[tuple[str, Callable[[], Callable[[int], object]]]] = [
     ("FlowMeter.feed", feed),
     ("  SseDecoder.feed", sse),
     ("    decode_payload", payload),
-    ("    Frame() (frozen dataclass)", frame),
+    ("    Frame()", frame),
+    ("    (Frame as a frozen dataclass, as before 1094770)", frozen_frame),
     ("  Utf8Decoder.decode (whole stream)", utf8_stream),
     ("  OpenAIChatParser.parse", parse),
     ("    orjson.loads", loads),
-    ("    Delta() (frozen dataclass, 11 fields)", delta),
+    ("    Delta() (11 fields)", delta),
     ("  FlowMeter._on_delta", on_delta),
     ("proto: FlowMeter.feed without whole-stream UTF-8", proto_feed_no_utf8),
-    ("proto: whole-stream UTF-8 with an ASCII shortcut", proto_utf8_ascii_check),
-    ("proto: Frame() not frozen", proto_frame_not_frozen),
-    ("proto: Delta() as an immutable NamedTuple", proto_delta_tuple),
-    ("proto: Frame() as an immutable NamedTuple", proto_frame_tuple),
     ("proto: OpenAI common-chunk parser", proto_parse_fast),
     ("proto: SseDecoder one-event fast path", proto_sse_fast),
     ("proto: FlowMeter.feed with all three", proto_feed_all),
-    ("proto: ... and Frame/Delta as NamedTuples", proto_feed_all_tuples),
 ]
 
 
