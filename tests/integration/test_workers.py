@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import httpx
@@ -23,9 +24,25 @@ def _flows(metrics_port: int) -> float:
     )
 
 
+def _two_free_ports() -> int:
+    """A port p with p and p + 1 both free a moment ago (worker i serves metrics on p + i)."""
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", p + 1)) != 0:
+                try:
+                    s2 = socket.socket()
+                    s2.bind(("127.0.0.1", p + 1))
+                    s2.close()
+                    return p
+                except OSError:
+                    continue
+    raise AssertionError("no two adjacent free ports")
+
+
 def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Path) -> None:
     """Connections spread over both workers; each scrape target counts its own, records all."""
-    metrics = free_port()
+    metrics = _two_free_ports()
     with demo_path(
         tmp_path,
         "--workers",
