@@ -82,15 +82,16 @@ def feed() -> Callable[[int], object]:
 
 
 def tap() -> Callable[[int], object]:
-    """ResponseTap.__call__ as mitmproxy calls it: clock, offset, copy, guarded feed."""
-    from hopmeter.addon import FlowState, ResponseTap  # noqa: PLC0415 - mitmproxy is heavy
+    """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
+    (with no event loop running, HopMeter.defer measures at once: both parts are timed)."""
+    from hopmeter.addon import FlowState, HopMeter, ResponseTap  # noqa: PLC0415 - heavy
 
     fields = FlowState.__dataclass_fields__
     kwargs: dict[str, Any] = {"mono0": time.monotonic(), "skew_s": 0.0, "listener": "proxy"}
     kwargs.update({"hop": "proxy", "trace": None})
     if "span_id" in fields:
         kwargs["span_id"] = "0" * 16
-    t = ResponseTap(None, FlowState(**kwargs))  # type: ignore[arg-type]
+    t = ResponseTap(HopMeter(), FlowState(**kwargs))
     t.meter = new_meter()
     return lambda i: t(CHUNK)
 
@@ -102,7 +103,7 @@ def sse() -> Callable[[int], object]:
 
 def utf8_stream() -> Callable[[int], object]:
     d = Utf8Decoder()
-    return lambda i: d.decode(CHUNK)
+    return lambda i: d.count(CHUNK)
 
 
 def payload() -> Callable[[int], object]:
@@ -149,116 +150,6 @@ def on_delta() -> Callable[[int], object]:
 
 
 # -- prototypes of cheaper steps -----------------------------------------------------------------
-
-
-class _NoUtf8:
-    """Stands in for the whole-stream Utf8Decoder (SSE already decodes every payload)."""
-
-    chars = replacement_chars = literal_replacement_chars = split_sequences = 0
-
-    def decode(self, data: bytes) -> str:
-        return ""
-
-    def flush(self) -> str:
-        return ""
-
-
-def proto_feed_no_utf8() -> Callable[[int], object]:
-    m = new_meter()
-    m._utf8 = _NoUtf8()  # type: ignore[assignment]
-    return lambda i: m.feed(CHUNK, i * 0.02)
-
-
-_COMMON_CHOICE = frozenset({"index", "delta", "finish_reason", "logprobs"})
-
-
-def fast_openai(data: str) -> Delta | None:
-    """The common chat chunk: one choice, a string `delta.content`, no usage, logprobs or ids.
-    None means "not the common shape": fall back to the full parser."""
-    doc = orjson.loads(data)
-    if type(doc) is not dict or "usage" in doc or "error" in doc or "x_groq" in doc:
-        return None
-    choices = doc.get("choices")
-    if type(choices) is not list or len(choices) != 1:
-        return None
-    choice = choices[0]
-    if type(choice) is not dict or not choice.keys() <= _COMMON_CHOICE or choice.get("logprobs"):
-        return None
-    part = choice.get("delta")
-    if type(part) is not dict or len(part) != 1 or type(part.get("content")) is not str:
-        return None
-    model = doc.get("model")
-    return Delta(
-        content=part["content"],
-        model=model if type(model) is str and model else None,
-        terminal=bool(choice.get("finish_reason")) or doc.get("object") == "chat.completion",
-    )
-
-
-def proto_parse_fast() -> Callable[[int], object]:
-    return lambda i: fast_openai(TEXT)
-
-
-class _FastSse(SseDecoder):
-    """A chunk that is exactly one LF-terminated `data:` event, with nothing pending, skips the
-    general line loop; anything else takes the spec parser."""
-
-    def feed(self, data: bytes, now: float) -> list[Frame]:
-        if (
-            self._started
-            and not self._partial
-            and not self._data
-            and not self._cr_pending
-            and data.startswith(b"data: ")
-            and data.endswith(b"\n\n")
-            and data.count(b"\n") == 2
-            and b"\r" not in data
-        ):
-            self._fed += len(data)
-            self.line_endings["lf"] += 2
-            end = self._fed
-            self._event_start = end
-            raw = data[6:-2]
-            text, produced, incomplete = decode_payload(raw)
-            wire, self._frame_start = end - self._frame_start, end
-            return [
-                Frame(
-                    t_s=now,
-                    kind="message",
-                    data=text,
-                    wire_bytes=wire,
-                    data_bytes=len(raw),
-                    last_event_id=self.last_event_id,
-                    retry_ms=self.retry_ms,
-                    incomplete_utf8=incomplete,
-                    replacement_chars=produced,
-                )
-            ]
-        return super().feed(data, now)
-
-
-def proto_sse_fast() -> Callable[[int], object]:
-    d = _FastSse()
-    d.feed(b": warm\n\n", 0.0)  # past the BOM check
-    return lambda i: d.feed(CHUNK, i * 0.02)
-
-
-def proto_feed_all() -> Callable[[int], object]:
-    """FlowMeter.feed with the three prototypes together: no whole-stream UTF-8 pass for SSE,
-    the one-event SSE fast path and the common-chunk OpenAI parser."""
-    m = new_meter()
-    m._utf8 = _NoUtf8()  # type: ignore[assignment]
-    framer = _FastSse()
-    framer.feed(b": warm\n\n", 0.0)
-    m._framer = framer
-    parser = m._parser
-    full = parser.parse
-
-    def parse(f: Frame) -> Delta:
-        return fast_openai(f.data) or full(f)
-
-    parser.parse = parse  # type: ignore[method-assign]
-    return lambda i: m.feed(CHUNK, i * 0.02)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -405,15 +296,11 @@ CASES: list[tuple[str, Callable[[], Callable[[int], object]]]] = [
     ("    decode_payload", payload),
     ("    Frame()", frame),
     ("    (Frame as a frozen dataclass, as before 1094770)", frozen_frame),
-    ("  Utf8Decoder.decode (whole stream)", utf8_stream),
+    ("  Utf8Decoder.count (whole stream)", utf8_stream),
     ("  OpenAIChatParser.parse", parse),
     ("    orjson.loads", loads),
     ("    Delta() (11 fields)", delta),
     ("  FlowMeter._on_delta", on_delta),
-    ("proto: FlowMeter.feed without whole-stream UTF-8", proto_feed_no_utf8),
-    ("proto: OpenAI common-chunk parser", proto_parse_fast),
-    ("proto: SseDecoder one-event fast path", proto_sse_fast),
-    ("proto: FlowMeter.feed with all three", proto_feed_all),
 ]
 
 

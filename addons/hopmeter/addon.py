@@ -105,14 +105,9 @@ class ResponseTap:
         self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
 
     def __call__(self, data: bytes) -> bytes | list[bytes]:
-        now = time.monotonic()
-        if data:
-            meter = self.meter
-            if meter is not None and self.state is not None:
-                try:
-                    meter.feed(data, self.state.offset(now))
-                except Exception as exc:
-                    self.fail(exc)
+        if data and self.meter is not None:
+            # Stamp now; measure after the chunk has been written (HopMeter.defer).
+            self.addon.defer(self, data, time.monotonic())
         if self.chaos is not None:
             return self._chaos(data)
         self.bytes_out += len(data)
@@ -130,6 +125,16 @@ class ResponseTap:
         self.bytes_out += sum(map(len, pieces))
         # the final call must return b"" (bytes), and no data piece may be empty
         return pieces if data or pieces else b""
+
+    def measure(self, data: bytes, now: float) -> None:
+        """Feed one stamped chunk to the meter; a failure stops measuring this flow only."""
+        meter = self.meter
+        if meter is None or self.state is None:
+            return
+        try:
+            meter.feed(data, self.state.offset(now))
+        except Exception as exc:
+            self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:
         """Stop measuring this flow, say so once, and count it."""
@@ -155,6 +160,9 @@ class HopMeter:
         self.records_lost = 0
         self.console: Console | None = None
         self.chaos_actions: tuple[str, ...] = ()
+        # Chunks stamped by the stream callables and not yet measured (see defer()).
+        self._pending: list[tuple[ResponseTap, bytes, float]] = []
+        self._measure_scheduled = False
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -397,6 +405,34 @@ class HopMeter:
         self._finish(flow, classify_error(msg))
 
     # -- internals -----------------------------------------------------------------------------
+    def defer(self, tap: ResponseTap, data: bytes, now: float) -> None:
+        """Queue one stamped chunk; measure it once the event loop has written it out.
+
+        mitmproxy writes a chunk to the client right after the stream callable returns, so
+        whatever the callable does delays that write, and with many streams emitting together
+        (batched decoding) it delays every stream behind it. The callable therefore only stamps
+        the chunk and queues it; the queue is measured by one callback on the next turn of the
+        loop, after the writes of this turn, all chunks in a row (cheaper than interleaved with
+        mitmproxy's work). The queue holds at most one loop turn of chunks, which mitmproxy has
+        already handed to the sockets; measuring reads the stamps, so nothing measured moves.
+        """
+        self._pending.append((tap, data, now))
+        if self._measure_scheduled:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self.measure_pending)
+        except RuntimeError:  # no running loop (offline tools, tests): measure now
+            self.measure_pending()
+            return
+        self._measure_scheduled = True
+
+    def measure_pending(self) -> None:
+        """Measure every queued chunk, in arrival order. Never raises."""
+        self._measure_scheduled = False
+        pending, self._pending = self._pending, []
+        for tap, data, now in pending:
+            tap.measure(data, now)
+
     def _notify(self, hook: str, *args: Any) -> None:
         for obs in self.observers:
             fn = getattr(obs, hook, None)
@@ -486,6 +522,7 @@ class HopMeter:
     def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str, now: float) -> FlowResult:
         req = flow.request
         tap = state.tap
+        self.measure_pending()  # this flow's last chunks may still be queued
         meter = tap.meter if tap is not None else None
         if meter is not None:
             try:

@@ -14,6 +14,9 @@ from hopmeter.core.ndjson import NdjsonDecoder
 from hopmeter.core.providers import (
     API_NAMES,
     Delta,
+    OpenAIChatParser,
+    _plain_chat_chunk,
+    content_delta,
     detect_api,
     make_parser,
     model_from_path,
@@ -752,3 +755,79 @@ def test_token_id_events(data, ids, terminal):
     assert d.stream_tokens == (len(ids) if ids else None)
     assert d.terminal == terminal
     assert d.visible == bool(ids)
+
+
+def _chat_recordings() -> list[str]:
+    return sorted(
+        str(p.relative_to(CORPUS))
+        for p in CORPUS.rglob("*.sse")
+        if refined("sse", corpus_frames(str(p.relative_to(CORPUS)))) == "openai.chat"
+    )
+
+
+@needs_corpus
+def test_plain_chunk_shortcut_gives_what_the_full_reader_gives():
+    """The common-chunk shortcut of the chat parser agrees with the full reader on every chat
+    event of the corpus it accepts, and takes the token events of a plain OpenAI stream (else it
+    saves nothing; the corpus is mostly the unusual shapes, which it declines)."""
+    parser = OpenAIChatParser()
+    plain_stream = corpus_frames("openai/chat-long-json-format.sse")[:-1]  # [DONE] is not JSON
+    shortcut = [_plain_chat_chunk(json.loads(f.data)) is not None for f in plain_stream]
+    # all but the role chunk (it carries "refusal": null), the finish chunk and the usage chunk
+    assert shortcut == [False] + [True] * (len(plain_stream) - 3) + [False, False]
+    taken = declined = 0
+    for name in _chat_recordings():
+        for frame in corpus_frames(name):
+            try:
+                doc = json.loads(frame.data)
+            except json.JSONDecodeError:
+                continue  # [DONE]
+            if not isinstance(doc, dict):
+                continue
+            plain = _plain_chat_chunk(doc)
+            if plain is None:
+                declined += 1
+                continue
+            taken += 1
+            assert plain == parser.read_chunk(doc, frame), (name, frame.data)
+    assert taken > 500, (taken, declined)
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+        {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "content_filter"}]},
+        {"choices": [{"delta": {"content": "hi"}, "logprobs": {"content": [{}, {}]}}]},
+        {"choices": [{"delta": {"content": "hi", "reasoning_content": "r"}}]},
+        {"choices": [{"delta": {"content": "hi", "token_id": 7}}]},
+        {"choices": [{"delta": {"content": "hi"}, "token_ids": [1, 2]}]},
+        {"choices": [{"delta": {"content": "hi"}, "content_filter_results": {"hate": {}}}]},
+        {"choices": [{"delta": {"content": "hi"}}], "usage": {"completion_tokens": 3}},
+        {"choices": [{"delta": {"content": "hi"}}], "usage": None, "model": "m"},
+        {"choices": [{"delta": {"content": "hi"}}], "x_groq": {"usage": {}}},
+        {"choices": [{"delta": {"content": "hi"}}], "error": {"message": "boom"}},
+        {"choices": [{"delta": {"content": "a"}}, {"delta": {"content": "b"}}]},
+        {"choices": [{"delta": {"content": ["x"]}}]},
+        {"choices": [{"text": "legacy"}]},
+        {"object": "chat.completion", "choices": [{"delta": {"content": "x"}}]},
+    ],
+)
+def test_plain_chunk_shortcut_on_edge_shapes(chunk: dict[str, object]):
+    """Every shape near the common one either is declined or reads exactly as the full reader."""
+    frame = Frame(t_s=0.0, kind="message", data=json.dumps(chunk), wire_bytes=0, data_bytes=0)
+    parser = OpenAIChatParser()
+    full = parser.read_chunk(chunk, frame)
+    assert parser.parse(frame) == full
+    plain = _plain_chat_chunk(chunk)
+    assert plain is None or plain == full
+
+
+def test_content_delta_is_the_keyword_delta():
+    """The positional builder of the per-event path fills the fields the keywords name."""
+    assert content_delta("hi", "m", True) == Delta(content="hi", model="m", terminal=True)
+    assert content_delta("", None, False) == Delta()
+    assert type(content_delta("x", None, False)) is Delta
+    assert len(Delta._fields) == 12  # content_delta lists every field: update it with Delta

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hopmeter.core.frames import Frame, HopmeterError
+from hopmeter.core.frames import Frame, HopmeterError, new_frame
 from hopmeter.core.sse import MAX_EVENT_BYTES, MAX_LINE_BYTES, SseDecoder
 from hopmeter.testing import feed_all, split_at, split_every_way
 from tests.corpus import CORPUS
@@ -391,7 +391,12 @@ def test_split_invariance_and_spec_oracle(stream: bytes, data: st.DataObject):
     """Random streams give the oracle's events whole, byte by byte and in random chunkings."""
     expected = reference_events(stream)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=8))
-    chunkings = [[stream], [stream[i : i + 1] for i in range(len(stream))], split_at(stream, cuts)]
+    chunkings = [
+        [stream],
+        [stream[i : i + 1] for i in range(len(stream))],
+        split_at(stream, cuts),
+        split_after_events(stream),
+    ]
     for chunks in chunkings:
         decoder = SseDecoder()
         frames = feed_all(decoder, chunks)
@@ -400,6 +405,37 @@ def test_split_invariance_and_spec_oracle(stream: bytes, data: st.DataObject):
         assert sum(f.wire_bytes for f in frames) + decoder.trailing_bytes == len(stream)
         for f in frames:
             assert 0 <= f.replacement_chars <= f.data.count("\ufffd")
+
+
+def split_after_events(stream: bytes) -> list[bytes]:
+    """One chunk per event, as servers write them: cut after every LF LF."""
+    return split_at(stream, [m.end() for m in re.finditer(rb"\n\n", stream)])
+
+
+def test_event_per_chunk_matches_byte_by_byte():
+    """A chunk holding exactly one event takes the decoder's shorter path; it gives the same
+    frames, wire bytes and statistics as the general one (fed byte by byte)."""
+    stream = (
+        b": hi\n\nevent: a\nid: 7\ndata: x\ndata: y\n\nretry: 5\ndata: \xe2\x82\n\n"
+        b"data: z\n\nevent: only\n\ndata: \xe2\x82\xac\n\nfoo\ndata\n\n"
+    )
+    chunks = split_after_events(stream)
+    assert len(chunks) == 7
+    fast, slow = SseDecoder(), SseDecoder()
+    got = [fast.feed(c, 1.0) for c in chunks]
+    want: list[list[Frame]] = [[] for _ in chunks]
+    at = 0
+    for index, chunk in enumerate(chunks):
+        for i in range(len(chunk)):
+            want[index] += slow.feed(stream[at + i : at + i + 1], 1.0)
+        at += len(chunk)
+    assert got == want
+    assert [len(g) for g in got] == [0, 1, 1, 1, 0, 1, 1]
+    for name in ("line_endings", "comments", "overflows", "last_event_id", "retry_ms"):
+        assert getattr(fast, name) == getattr(slow, name), name
+    fast.close(2.0), slow.close(2.0)
+    assert (fast.unterminated_bytes, fast.trailing_bytes) == (0, 0)
+    assert (slow.unterminated_bytes, slow.trailing_bytes) == (0, 0)
 
 
 @functools.cache
@@ -433,9 +469,18 @@ def test_corpus_event_counts(path: Path):
     whole, reference = parse(stream)
     assert len(whole) == expected
     assert reference.overflows == 0
-    for chunks in split_every_way(stream, max_splits=8):
+    for chunks in [*split_every_way(stream, max_splits=8), split_after_events(stream)]:
         decoder = SseDecoder()
         frames = feed_all(decoder, chunks)
         assert comparable(frames) == comparable(whole)
+        assert decoder.line_endings == reference.line_endings
         assert sum(f.wire_bytes for f in frames) + decoder.trailing_bytes == len(stream)
         assert decoder.unterminated_bytes == reference.unterminated_bytes
+
+
+def test_new_frame_is_the_keyword_frame():
+    """The positional builder of the per-event path gives the Frame the keywords give."""
+    values = (1.5, "message", "x", 9, 1, "7", 30, True, 2)
+    assert new_frame(*values) == Frame(*values)
+    assert type(new_frame(*values)) is Frame
+    assert len(Frame._fields) == len(values)  # new_frame lists every field: update it with Frame

@@ -345,6 +345,13 @@ class Utf8Decoder:
             self.split_sequences += 1
         return text
 
+    def count(self, data: bytes) -> None:
+        """decode() for its counts alone: an ASCII chunk with nothing carried is not decoded."""
+        if not self._carrying and data.isascii():
+            self.chars += len(data)
+        else:
+            self.decode(data)
+
     def flush(self) -> str:
         text = self._decoder.decode(b"", final=True)
         self._count(text, b"")

@@ -223,7 +223,7 @@ class FlowMeter:
         self.bytes_decoded += len(decoded)
         if not self._text:
             return
-        self._utf8.decode(decoded)
+        self._utf8.count(decoded)
         if self._framer is not None:
             if self._head is not None:
                 # kept until the first event: the body may be one JSON document in disguise
@@ -292,9 +292,11 @@ class FlowMeter:
                 facts.first_content_s = t
             # a token-ID stream has no text: its offset advances one per id
             self._visible_chars += len(text) or len(delta.token_ids or ())
-            if "\ufffd" in text:
+            if text.isascii():
+                facts.payload_bytes += len(text)
+            else:
                 facts.replacement_chars += text.count("\ufffd")
-            facts.payload_bytes += len(text.encode("utf-8"))
+                facts.payload_bytes += len(text.encode("utf-8"))
             if self._keep_text and self.text_chars + len(text) <= MAX_TEXT_CHARS:
                 self.text_parts.append(text)
                 self.text_chars += len(text)

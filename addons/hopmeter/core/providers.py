@@ -164,6 +164,17 @@ class Delta(NamedTuple):
         )
 
 
+_tuple_new = tuple.__new__
+
+
+def content_delta(content: str, model: str | None, terminal: bool) -> Delta:
+    """`Delta(content=..., model=..., terminal=...)` for the per-event paths: built directly,
+    without the NamedTuple constructor's keyword and default handling (a third of the cost)."""
+    return _tuple_new(  # type: ignore[no-any-return]
+        Delta, (content, "", "", None, None, None, None, None, model, terminal, None, False)
+    )
+
+
 EMPTY: Final = Delta()
 DONE: Final = Delta(terminal=True)
 
@@ -355,10 +366,11 @@ class ApiParser:
     def parse(self, frame: Frame) -> Delta:
         """The Delta of one frame (an empty one when the frame says nothing this parser reads)."""
         data = frame.data
-        if not data.strip():
-            return EMPTY
-        if _is_done(data):
-            return DONE
+        if data[:1] != "{":  # not the usual JSON object: blank, [DONE], or something else
+            if not data.strip():
+                return EMPTY
+            if _is_done(data):
+                return DONE
         try:
             doc = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -380,6 +392,44 @@ class ApiParser:
         raise NotImplementedError
 
 
+_PLAIN_CHOICE = frozenset({"index", "delta", "finish_reason", "logprobs"})
+_PLAIN_DELTA = frozenset({"content", "role"})
+
+
+def _plain_chat_chunk(doc: dict[str, object]) -> Delta | None:
+    """The Delta of the chunk nearly every token arrives in, or None for any other shape.
+
+    One choice whose delta holds only `content` (and perhaps `role`), with no finish reason,
+    logprobs, usage, error or vendor fields: the full reader below gives the same Delta for it
+    (a test holds the two to that over the corpus), at a third of the cost per event.
+    """
+    choices = doc.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if (
+        type(choice) is not dict
+        or choice.get("finish_reason") is not None
+        or choice.get("logprobs") is not None
+        or not choice.keys() <= _PLAIN_CHOICE
+    ):
+        return None
+    part = choice.get("delta")
+    if type(part) is not dict or not part.keys() <= _PLAIN_DELTA:
+        return None
+    content = part.get("content")
+    if content is not None and type(content) is not str:
+        return None
+    if doc.get("usage") is not None or "error" in doc or "x_groq" in doc:
+        return None
+    model = doc.get("model")
+    return content_delta(
+        content or "",
+        model if type(model) is str and model else None,
+        doc.get("object") == "chat.completion",
+    )
+
+
 class OpenAIChatParser(ApiParser):
     """Chat Completions chunks, their OpenAI-compatible variants, and whole chat.completion replies.
 
@@ -398,6 +448,14 @@ class OpenAIChatParser(ApiParser):
         if not isinstance(doc, dict):
             self.malformed += 1
             return EMPTY
+        if frame.kind == "message":
+            plain = _plain_chat_chunk(doc)
+            if plain is not None:
+                return plain
+        return self.read_chunk(doc, frame)
+
+    def read_chunk(self, doc: dict[str, object], frame: Frame) -> Delta:
+        """The full reader, for every shape of chunk and whole reply listed above."""
         content: list[str] = []
         reasoning: list[str] = []
         tools: list[str] = []

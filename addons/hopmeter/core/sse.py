@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from hopmeter.core.decoding import decode_payload
-from hopmeter.core.frames import Frame, HopmeterError
+from hopmeter.core.frames import Frame, HopmeterError, new_frame
 
 # A line longer than this is dropped (not buffered) up to its end and counted in `overflows`.
 # The longest line in the recorded corpus is ~35 KB (an Anthropic web-search result); 1 MiB is
@@ -24,6 +24,8 @@ MAX_LINE_BYTES = 1024 * 1024
 # and the event counts once in `overflows`. Four maximal lines, far above any token event.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 
+# A chunk up to this size that holds exactly one whole event takes a shorter path (`_whole_event`).
+_WHOLE_EVENT_MAX = 64 * 1024
 _BOM = b"\xef\xbb\xbf"  # U+FEFF encoded as UTF-8; the spec ignores one at the stream's start
 _EOL = re.compile(rb"(\r\n|\r|\n)")  # "CRLF, a single LF, or a single CR" (spec, line parsing)
 _ENDING_NAMES = {b"\n": "lf", b"\r\n": "crlf", b"\r": "cr"}
@@ -81,6 +83,16 @@ class SseDecoder:
                 self.line_endings["cr"] += 1
         if not data:
             return []
+        if (
+            data[-2:] == b"\n\n"
+            and data.find(b"\n\n") == len(data) - 2
+            and data[0] != 0x0A
+            and not self._partial
+            and not self._discarding
+            and len(data) <= _WHOLE_EVENT_MAX
+            and b"\r" not in data
+        ):
+            return self._whole_event(data, now)
         if b"\n" not in data and b"\r" not in data:
             self._extend_partial(data)
             return []
@@ -115,6 +127,40 @@ class SseDecoder:
             self._event_start = len(_BOM)
             return data[len(_BOM) :]
         return data
+
+    def _whole_event(self, data: bytes, now: float) -> list[Frame]:
+        """A chunk that is exactly one event's lines and its blank line, LF only, after a line
+        end: how nearly every LLM server writes its events. The same steps as `_lines`, without
+        its general bookkeeping: each line is a field (none is empty or overlong), then dispatch.
+        """
+        if data[:6] == b"data: " and not self._data and data.count(b"\n") == 2:
+            # the commonest of all: one data line; _field and _dispatch inlined
+            self.line_endings["lf"] += 2
+            end = self._event_start = self._fed
+            raw = data[6:-2]
+            text, produced, incomplete = decode_payload(raw)
+            wire_bytes, self._frame_start = end - self._frame_start, end
+            kind = self._event_type.decode("utf-8", "replace") if self._event_type else "message"
+            self._event_type = b""
+            return [
+                new_frame(
+                    now,
+                    kind,
+                    text,
+                    wire_bytes,
+                    len(raw),
+                    self.last_event_id,
+                    self.retry_ms,
+                    incomplete,
+                    produced,
+                )
+            ]
+        lines = data[:-2].split(b"\n")
+        self.line_endings["lf"] += len(lines) + 1
+        for line in lines:
+            self._field(line)
+        frame = self._dispatch(self._fed, now)
+        return [] if frame is None else [frame]
 
     def _extend_partial(self, data: bytes) -> None:
         if self._discarding:
