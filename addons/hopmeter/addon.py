@@ -54,6 +54,7 @@ class FlowState:
     request_model: str | None = None
     stream_requested: bool | None = None
     tap: ResponseTap | None = None
+    response_headers: dict[str, str] | None = None  # lower-cased, first value wins
     streaming: bool = False  # counted in streams_active
     finished: bool = False
 
@@ -372,18 +373,16 @@ class HopMeter:
             state.tap = tap
             resp = flow.response
             req = flow.request
+            state.response_headers = headers = _lower(resp.headers)
+            content_type = headers.get("content-type", "")
             api = detect_api(
-                req.method,
-                req.path.split("?", 1)[0],
-                _lower(req.headers),
-                _lower(resp.headers),
-                resp.headers.get("content-type", ""),
+                req.method, req.path.split("?", 1)[0], _lower(req.headers), headers, content_type
             )
             tap.meter = FlowMeter(
                 api=api,
-                content_type=resp.headers.get("content-type", ""),
-                content_encoding=resp.headers.get("content-encoding"),
-                headers=_lower(resp.headers),
+                content_type=content_type,
+                content_encoding=headers.get("content-encoding"),
+                headers=headers,
             )
             state.streaming = True
             self._notify("stream_started")
@@ -391,8 +390,8 @@ class HopMeter:
                 tap.chaos = Chaos(
                     self.chaos_actions,
                     ctx.options.hopmeter_chaos_seed or secrets.randbits(32),
-                    rewrite_ok="content-length" not in resp.headers
-                    and "content-encoding" not in resp.headers,
+                    rewrite_ok="content-length" not in headers
+                    and "content-encoding" not in headers,
                 )
         except Exception as exc:
             tap.fail(exc)
@@ -547,7 +546,7 @@ class HopMeter:
             response = ResponseInfo(
                 status=resp.status_code,
                 http_version=resp.http_version,
-                headers=_lower(resp.headers),
+                headers=state.response_headers or _lower(resp.headers),
                 t_headers_s=(resp.timestamp_start - req.timestamp_start),
             )
         result = finish_flow(

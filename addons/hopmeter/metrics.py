@@ -118,6 +118,8 @@ DEFAULT_ROUTES: Sequence[tuple[str, str]] = (
 # fmt: on
 
 FLOW_LABELS = ("hop", "api", "model", "route")
+# Labelled children kept by Metrics._child; more than the capped label sets make in practice.
+MAX_CACHED_CHILDREN = 20_000
 
 
 class MetricsPortError(Exception):
@@ -229,6 +231,9 @@ class Metrics:
         self._names: dict[str, set[str]] = {"hop": set(), "segment": set(), "where": set()}
         self._lock = threading.Lock()
         self._initialised: set[str] = set()
+        # Labelled children by (metric, label values): prometheus_client's labels() validates and
+        # locks on every call, ~4 µs each, 16 per flow. Bounded like the label sets themselves.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
         def hist(name: str, doc: str, buckets: Sequence[float], labels: Sequence[str]) -> Histogram:
             return Histogram(f"hopmeter_{name}", doc, labels, registry=registry, buckets=buckets)
@@ -326,12 +331,10 @@ class Metrics:
         response = record.get("response") or {}
         figures = record.get("figures") or {}
         api: str = record["api"] if record.get("api") in APIS else OTHER
-        labels: dict[str, str] = {
-            "hop": _name(record.get("hop"), self._names["hop"], self._lock),
-            "api": api,
-            "model": self.models.label(record.get("model")),
-            "route": self.routes.label(request.get("path")),
-        }
+        hop = _name(record.get("hop"), self._names["hop"], self._lock)
+        model = self.models.label(record.get("model"))
+        labels = (hop, api, model, self.routes.label(request.get("path")))  # FLOW_LABELS
+        child = self._child
         exemplar = _exemplar(record.get("trace_id"))
         for hist, key in (
             (self.ttfb, "ttfb_s"),
@@ -342,37 +345,43 @@ class Metrics:
         ):
             value = _num(figures.get(key))
             if value is not None:
-                hist.labels(**labels).observe(value, exemplar)
+                child(hist, labels).observe(value, exemplar)
         self._observe_events(record.get("events") or (), labels, exemplar)
 
         ended = response.get("ended", record.get("ended"))
-        self.flows.labels(
-            **labels,
-            status_class=_status_class(response.get("status")),
-            ended=ended if ended in ENDINGS else OTHER,
-        ).inc(1, exemplar)
-        short = {"hop": labels["hop"], "api": api, "model": labels["model"]}
+        status_class = _status_class(response.get("status"))
+        ended = ended if ended in ENDINGS else OTHER
+        child(self.flows, (*labels, status_class, ended)).inc(1, exemplar)
+        short = (hop, api, model)
         tokens = _num(figures.get("tokens"))
         if tokens:
             source = figures.get("tokens_source")
-            self.tokens.labels(**short, source=source if source in TOKEN_SOURCES else OTHER).inc(
-                tokens
-            )
+            source = source if source in TOKEN_SOURCES else OTHER
+            child(self.tokens, (*short, source)).inc(tokens)
         events = _num(figures.get("events"))
         events = float(len(record.get("events") or ())) if events is None else events
         if events:
-            self.events.labels(**short).inc(events)
+            child(self.events, short).inc(events)
         stalls = _num(figures.get("stalls"))
-        stalls_child = self.stalls.labels(**short)  # created at 0: see _initialise
+        stalls_child = child(self.stalls, short)  # created at 0: see _initialise
         if stalls:
             stalls_child.inc(stalls, exemplar)
-        self._initialise(labels["hop"], api)
-        self._observe_bytes(labels["hop"], api, response, figures)
+        self._initialise(hop, api)
+        self._observe_bytes(hop, api, response, figures)
         for finding in record.get("findings") or ():
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
-            self.findings.labels(
-                hop=labels["hop"], api=api, kind=kind if kind in FINDING_KINDS else OTHER
-            ).inc(1, exemplar)
+            kind = kind if kind in FINDING_KINDS else OTHER
+            child(self.findings, (hop, api, kind)).inc(1, exemplar)
+
+    def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
+        """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) >= MAX_CACHED_CHILDREN:
+                self._children.clear()
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def _initialise(self, hop: str, api: str) -> None:
         """Create every finding kind's series at 0 the first time a hop/api pair is seen.
@@ -392,11 +401,11 @@ class Metrics:
     def _observe_events(
         self,
         events: Iterable[Sequence[Any]],
-        labels: Mapping[str, str],
+        labels: tuple[str, ...],
         exemplar: dict[str, str] | None,
     ) -> None:
-        itl = self.itl.labels(**labels)
-        per_event = self.event_tokens.labels(**labels)
+        itl = self._child(self.itl, labels)
+        per_event = self._child(self.event_tokens, labels)
         gaps: list[tuple[float, int]] = []
         token_counts: list[tuple[float, int]] = []
         previous: float | None = None
@@ -424,13 +433,9 @@ class Metrics:
             # fields, compression effects); payload is capped at the wire count.
             part_payload = min(payload, wire)
             if part_payload:
-                self.bytes.labels(hop=hop, api=api, direction=direction, part="payload").inc(
-                    part_payload
-                )
+                self._child(self.bytes, (hop, api, direction, "payload")).inc(part_payload)
             if wire > part_payload:
-                self.bytes.labels(hop=hop, api=api, direction=direction, part="framing").inc(
-                    wire - part_payload
-                )
+                self._child(self.bytes, (hop, api, direction, "framing")).inc(wire - part_payload)
 
     def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""

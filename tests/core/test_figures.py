@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopmeter.core.figures import (
     compute_figures,
     min_window_rate,
     token_gaps,
     weighted_quantile,
+    weighted_quantiles,
 )
 
 
@@ -63,6 +68,20 @@ def test_weighted_quantile_nearest_rank() -> None:
     assert weighted_quantile([0.01, 1.0], [99, 1], 0.99) == 0.01
     assert weighted_quantile([0.01, 1.0], [98, 2], 0.99) == 1.0
     assert weighted_quantile([], [], 0.5) is None
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 10), st.integers(0, 5)), max_size=30),
+    st.lists(st.floats(0, 1), min_size=1, max_size=4).map(sorted),
+)
+def test_weighted_quantiles_sort_once_and_agree(pairs: list[tuple[float, int]], qs: list[float]):
+    """Several quantiles at once are each the nearest-rank quantile of the values repeated by
+    their weights."""
+    values, weights = [v for v, _ in pairs], [w for _, w in pairs]
+    repeated = sorted(v for v, w in pairs for _ in range(w))
+    want = [repeated[max(1, math.ceil(q * len(repeated))) - 1] if repeated else None for q in qs]
+    assert weighted_quantiles(values, weights, qs) == want
+    assert [weighted_quantile(values, weights, q) for q in qs] == want
 
 
 def test_window_rate_finds_the_slow_second() -> None:

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from hopmeter.core.frames import HopmeterError
 from hopmeter.core.tokens import (
+    MEMO_ENTRIES,
+    MEMO_MAX_CHARS,
     SHIPPED,
     ShippedVocabulary,
     TokenizerError,
@@ -251,3 +253,26 @@ def test_reconcile_properties(counts: list[int], total: int):
             assert all(final[i] >= 1 for i in live)
     if sum(counts) == total:
         assert final == counts
+
+
+def test_memo_of_short_texts_is_exact_and_bounded():
+    """Counts of short texts are remembered: the same answer as the tokenizer, a bounded memo."""
+    counter = make_counter("gpt-4o")
+    calls: list[str] = []
+    tokenizer = counter._count
+
+    def counting(text: str) -> int:
+        calls.append(text)
+        return tokenizer(text)
+
+    counter._count = counting
+    texts = [" the", " hello", "你好", "🙂", ",", "", "x" * (MEMO_MAX_CHARS + 1)]
+    first = [counter.count(t) for t in texts]
+    again = [counter.count(t) for t in texts]
+    expected = [0 if not t else 1 if t in {",", "x"} else tokenizer(t) for t in texts]
+    assert first == again == expected
+    # each short text went to the tokenizer once; the long one each time
+    assert calls.count(" the") == 1 and calls.count("x" * (MEMO_MAX_CHARS + 1)) == 2
+    for i in range(MEMO_ENTRIES * 2):
+        counter.count(f"w{i}")
+    assert len(counter._memo) <= MEMO_ENTRIES

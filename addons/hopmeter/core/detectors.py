@@ -12,7 +12,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from statistics import fmean, median, pstdev
+from statistics import fmean, median
 from typing import Any
 
 # -- thresholds, in one table, each with where the number comes from --------------------------
@@ -224,6 +224,13 @@ def _two_means_log(gaps: Sequence[float]) -> tuple[list[float], list[float]] | N
     return xs[:best_i], xs[best_i:]
 
 
+def _variance(xs: Sequence[float]) -> float:
+    """Population variance in floats (statistics.pvariance works in exact fractions: 7x slower,
+    and the same to the last digits for gaps)."""
+    mean = math.fsum(xs) / len(xs)
+    return math.fsum((x - mean) ** 2 for x in xs) / len(xs)
+
+
 def detect_burst_gaps(v: StreamView) -> Finding | None:
     """Inter-arrival gaps are bimodal: stalls separated by bursts.
 
@@ -257,7 +264,7 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     if split is None:
         return None
     lo, hi = split
-    sd = math.sqrt(pstdev(lo) ** 2 + pstdev(hi) ** 2)
+    sd = math.sqrt(_variance(lo) + _variance(hi))
     d = math.inf if sd == 0 else math.sqrt(2) * abs(fmean(hi) - fmean(lo)) / sd
     ratio = math.exp(fmean(hi) - fmean(lo))
     if d < THRESHOLDS["burst_ashman_d"] or ratio < THRESHOLDS["burst_gap_ratio"]:

@@ -52,16 +52,26 @@ def token_gaps(times_s: Sequence[float], tokens: Sequence[int]) -> Gaps:
 
 def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float | None:
     """The smallest value whose cumulative weight reaches `q` of the total (nearest rank)."""
+    return weighted_quantiles(values, weights, (q,))[0]
+
+
+def weighted_quantiles(
+    values: Sequence[float], weights: Sequence[int], qs: Sequence[float]
+) -> list[float | None]:
+    """`weighted_quantile` for each of `qs` (ascending), sorting once."""
     total = sum(weights)
     if total <= 0:
-        return None
-    rank = max(1, math.ceil(q * total))
+        return [None] * len(qs)
+    ranks = [max(1, math.ceil(q * total)) for q in qs]
+    out: list[float | None] = []
     acc = 0
     for value, weight in sorted(zip(values, weights, strict=True)):
         acc += weight
-        if acc >= rank:
-            return value
-    return max(values)
+        while len(out) < len(ranks) and acc >= ranks[len(out)]:
+            out.append(value)
+        if len(out) == len(ranks):
+            return out
+    return out + [max(values)] * (len(ranks) - len(out))
 
 
 def min_window_rate(
@@ -121,6 +131,7 @@ def compute_figures(
     gaps = token_gaps(times_s, tokens)
     total = sum(k for k in tokens if k > 0)
     token_times = [t for t, k in zip(times_s, tokens, strict=True) if k > 0]
+    itl_p50, itl_p99 = weighted_quantiles(gaps.values_s, gaps.weights, (0.50, 0.99))
     rate = None
     if len(token_times) >= 2 and token_times[-1] > token_times[0]:
         after_first = total - next(k for k in tokens if k > 0)
@@ -132,8 +143,8 @@ def compute_figures(
         ttft_content_s=first_content_s,
         duration_s=last_byte_s,
         tokens=total,
-        itl_p50_s=weighted_quantile(gaps.values_s, gaps.weights, 0.50),
-        itl_p99_s=weighted_quantile(gaps.values_s, gaps.weights, 0.99),
+        itl_p50_s=itl_p50,
+        itl_p99_s=itl_p99,
         max_gap_s=max(gaps.event_gaps_s) if gaps.event_gaps_s else None,
         stalls=sum(1 for g in gaps.event_gaps_s if g >= stall_threshold_s),
         tokens_per_s=rate,

@@ -156,11 +156,11 @@ def finish_flow(
             account = _account(meter, counters.for_model(model))
             figures = _figures(meter, account, stall_threshold_s)
             rec["chunks"] = [
-                [_r(t), n] for t, n in zip(meter.chunk_t, meter.chunk_bytes, strict=True)
+                [round(t, 6), n] for t, n in zip(meter.chunk_t, meter.chunk_bytes, strict=True)
             ]
             rec["chunks_dropped"] = meter.chunks_seen - len(meter.chunk_t)
             rec["events"] = [
-                [_r(t), k, off]
+                [round(t, 6), k, off]
                 for t, k, off in zip(
                     meter.events.t_s, account.per_event, meter.events.content_offset, strict=False
                 )

@@ -123,10 +123,15 @@ def estimate_tokens(text: str) -> int:
     return max(1, n)
 
 
+# TokenCounter remembers the counts of texts up to this long, at most this many of them.
+MEMO_MAX_CHARS = 24
+MEMO_ENTRIES = 4096
+
+
 class TokenCounter:
     """Counts tokens in one event's text with one tokenizer (or the estimate)."""
 
-    __slots__ = ("_count", "exact", "fallback_reason", "name", "source")
+    __slots__ = ("_count", "_memo", "exact", "fallback_reason", "name", "source")
 
     def __init__(
         self,
@@ -142,14 +147,25 @@ class TokenCounter:
         self.exact = exact  # the model's own tokenizer; False for a proxy tokenizer or estimate
         self.fallback_reason = fallback_reason  # why a tokenizer was not used
         self._count = count
+        # Counts of short texts already seen. Most events carry one token and the same few
+        # thousand tokens recur (" the", ","): a dict lookup is a tenth of a tokenizer call.
+        # Bounded: cleared when full; in memory only, like the reply text a flow keeps anyway.
+        self._memo: dict[str, int] = {}
 
     def count(self, text: str) -> int:
         """Tokens in `text`."""
-        if not text:
-            return 0
-        if len(text) == 1 and text.isascii():
-            return 1  # every byte is a token in a byte-level BPE
-        return self._count(text)
+        if len(text) > MEMO_MAX_CHARS:
+            return self._count(text)
+        n = self._memo.get(text)
+        if n is None:
+            if not text:
+                return 0
+            # every byte is a token in a byte-level BPE
+            n = 1 if len(text) == 1 and text.isascii() else self._count(text)
+            if len(self._memo) >= MEMO_ENTRIES:
+                self._memo.clear()
+            self._memo[text] = n
+        return n
 
     def __repr__(self) -> str:
         return f"TokenCounter({self.name!r}, source={self.source!r}, exact={self.exact})"
