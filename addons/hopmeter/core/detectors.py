@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import fmean, median
@@ -171,20 +172,21 @@ def detect_whole_body_hold(v: StreamView) -> Finding | None:
     if total <= 0 or not times:
         return None
     # the longest silence: from the start (t = 0) or from an arrival to the next one
-    starts = [0.0, *times[:-1]]
-    i = max(range(len(times)), key=lambda j: times[j] - starts[j])
-    start, wait, size = times[i], times[i] - starts[i], sum(sizes[i:])
+    waits = list(map(operator.sub, times, [0.0, *times[:-1]]))
+    wait = max(waits)
+    i = waits.index(wait)  # the first of the longest
+    start, size = times[i], sum(sizes[i:])
     share = size / total
     span = times[-1] - start
+    if (
+        share < THRESHOLDS["hold_final_burst_share"]
+        or start < THRESHOLDS["hold_min_wait_s"]
+        or span * THRESHOLDS["hold_wait_to_span"] > wait
+    ):
+        return None
     inside = [t for t in v.event_times_s if t >= start]
     gaps = sorted(b - a for a, b in itertools.pairwise(inside))
-    wire_speed = not gaps or gaps[len(gaps) // 2] < THRESHOLDS["burst_join_s"]
-    if (
-        share >= THRESHOLDS["hold_final_burst_share"]
-        and start >= THRESHOLDS["hold_min_wait_s"]
-        and span * THRESHOLDS["hold_wait_to_span"] <= wait
-        and wire_speed
-    ):
+    if not gaps or gaps[len(gaps) // 2] < THRESHOLDS["burst_join_s"]:  # at wire speed
         return _finding(
             "whole_body_hold",
             "error",
@@ -198,6 +200,10 @@ def detect_whole_body_hold(v: StreamView) -> Finding | None:
     return None
 
 
+# Gaps are clamped to this before their logarithm (two events in one read have a gap of 0).
+_LOG_FLOOR_S = 1e-4
+
+
 def _two_means_log(gaps: Sequence[float]) -> tuple[list[float], list[float]] | None:
     """Split log-gaps into two clusters at the threshold that minimises within-cluster variance.
 
@@ -205,7 +211,7 @@ def _two_means_log(gaps: Sequence[float]) -> tuple[list[float], list[float]] | N
     """
     if len(gaps) < 4:
         return None
-    xs = sorted(math.log(max(g, 1e-4)) for g in gaps)
+    xs = sorted(math.log(max(g, _LOG_FLOOR_S)) for g in gaps)
     n = len(xs)
     prefix = [0.0]
     prefix_sq = [0.0]
@@ -260,6 +266,15 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     if len(pts) < THRESHOLDS["min_events"]:
         return None
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(pts)]
+    # Necessary for the tests below, and cheap: the stall cluster's mean is at most the largest
+    # gap and the burst cluster's at least the smallest, so a stream whose widest gap is under
+    # one frame, or under `burst_gap_ratio` times its narrowest, has no bursts to find. Most
+    # streams end here, before the two-means scan.
+    widest = max(gaps)
+    if widest < THRESHOLDS["burst_min_stall_s"] or widest < THRESHOLDS["burst_gap_ratio"] * max(
+        min(gaps), _LOG_FLOOR_S
+    ):
+        return None
     split = _two_means_log(gaps)
     if split is None:
         return None
