@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import procs
-from procs import BENCH, GEN_PIN, PY, Topology
+from procs import Topology
 
 
 def log(msg: str) -> None:
@@ -20,9 +20,7 @@ def log(msg: str) -> None:
 
 def client(args: list[str], on_line: Any = None) -> dict[str, Any]:
     """Run bench/client.py on the generator CPU; its final {"result": ...}."""
-    proc = subprocess.Popen(
-        [*GEN_PIN, PY, str(BENCH / "client.py"), *args], stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(procs.client_command(args), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     result: dict[str, Any] = {}
     for line in proc.stdout:
@@ -107,9 +105,7 @@ def measured_load(topo: Topology, load: Load, upstream_pid: int) -> dict[str, An
     self0 = sum(os.times()[:2])
     samples: list[tuple[float, int]] = []
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [*GEN_PIN, PY, str(BENCH / "client.py"), *load.args(topo.port)], stdout=subprocess.PIPE
-    )
+    proc = subprocess.Popen(procs.client_command(load.args(topo.port)), stdout=subprocess.PIPE)
     while True:  # wait4: the client's own CPU time comes with its exit status
         done, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if done:

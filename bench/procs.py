@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,7 +54,43 @@ def cpu_sets() -> tuple[list[str], list[str], str]:
     )
 
 
-GEN_PIN, PROXY_PIN, PINNING = cpu_sets()
+@dataclass(slots=True)
+class Layout:
+    """Where the bench's processes run, and which load generator it uses: bench/upstream.py +
+    bench/client.py, or the same in C (`loadgen`, bench/loadgen.c) where the Python one would
+    take the cores it measures."""
+
+    gen_pin: list[str]
+    proxy_pin: list[str]
+    pinning: str
+    loadgen: Path | None = None
+
+    def unpin(self) -> None:
+        """Scale mode: every process may run on every CPU (N workers need N cores)."""
+        nice = ["nice", "-n", str(NICE)] if os.geteuid() == 0 else []
+        self.gen_pin, self.proxy_pin = nice, nice
+        self.pinning = "not pinned: generator and proxy share every CPU" + (
+            f", nice {NICE}" if nice else ""
+        )
+
+    def use_c_generator(self, logdir: Path) -> None:
+        """Build bench/loadgen.c with the system C compiler; use it as upstream and client."""
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            raise SystemExit("bench: --scale needs a C compiler (cc) to build bench/loadgen.c")
+        out = logdir / "loadgen"
+        subprocess.run([cc, "-O2", "-o", str(out), str(BENCH / "loadgen.c"), "-lm"], check=True)
+        self.loadgen = out
+
+
+LAYOUT = Layout(*cpu_sets())
+
+
+def client_command(args: list[str]) -> list[str]:
+    """The load generator's client with `args` (bench/client.py's command line), pinned."""
+    if LAYOUT.loadgen is not None:
+        return [*LAYOUT.gen_pin, str(LAYOUT.loadgen), *args]
+    return [*LAYOUT.gen_pin, PY, str(BENCH / "client.py"), *args]
 
 
 def free_port(count: int = 1) -> int:
@@ -152,7 +189,7 @@ def rss_kib(pids: list[int]) -> int:
 
 
 class Upstream:
-    """bench/upstream.py in its own process on the generator's CPU."""
+    """bench/upstream.py (or loadgen's upstream) in its own process on the generator's CPU."""
 
     def __init__(self, logdir: Path) -> None:
         self.log = logdir / "upstream.log"
@@ -163,7 +200,15 @@ class Upstream:
     def __enter__(self) -> Upstream:
         with self.log.open("wb") as err:
             self.proc = subprocess.Popen(
-                [*GEN_PIN, PY, str(BENCH / "upstream.py"), "--listen", "127.0.0.1:0"],
+                [
+                    *LAYOUT.gen_pin,
+                    *(
+                        [str(LAYOUT.loadgen), "upstream"]
+                        if LAYOUT.loadgen
+                        else [PY, str(BENCH / "upstream.py")]
+                    ),
+                    *("--listen", "127.0.0.1:0"),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=err,
             )
@@ -251,9 +296,9 @@ class Nginx(Topology):
     def start(self) -> None:
         self.server = BenchNginx(self.upstream_port, "streaming", prefix=self.logdir).start()
         for pid in self.pids():
-            if PROXY_PIN[:1] == ["taskset"]:
-                os.sched_setaffinity(pid, {int(PROXY_PIN[2])})
-            if "nice" in PROXY_PIN:
+            if LAYOUT.proxy_pin[:1] == ["taskset"]:
+                os.sched_setaffinity(pid, {int(LAYOUT.proxy_pin[2])})
+            if "nice" in LAYOUT.proxy_pin:
                 os.setpriority(os.PRIO_PROCESS, pid, NICE)
         self.port = self.server.port
 
@@ -283,7 +328,7 @@ class Process(Topology):
         self.port = free_port()
         self._log_file = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [*PROXY_PIN, *self.command()],
+            [*LAYOUT.proxy_pin, *self.command()],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -343,7 +388,7 @@ class Hopmeter(Process):
 
 class HopmeterWorkers(Hopmeter):
     name, label = "hopmeter-w2", "hopmeter --workers 2"
-    note = "hook for a multi-process hopmeter; pinned to the same single proxy CPU"
+    note = "hopmeter run --workers 2: two processes on one listening port (SO_REUSEPORT)"
     extra = ("--workers", "2")
     metrics_ports = 2
 

@@ -14,7 +14,7 @@ from typing import Any
 from harness import Load, client, log, warm
 
 import procs
-from procs import BENCH, GEN_PIN, PY, Topology
+from procs import BENCH, LAYOUT, Topology
 
 # -- soak ----------------------------------------------------------------------------------------
 
@@ -184,11 +184,11 @@ def spied_load(topo: Topology, load: Load, spy: list[str]) -> tuple[dict[str, An
     µs per event over the same run."""
     pid = topo.pids()[0]
     cpu0 = procs.cpu_s([pid])
-    client_cmd = [*GEN_PIN, PY, str(BENCH / "client.py"), *load.args(topo.port)]
+    client_cmd = procs.client_command(load.args(topo.port))
     proc = subprocess.Popen(client_cmd, stdout=subprocess.PIPE)
     seconds = int(load.warmup_s + load.measure_s + 2)
     recorder = subprocess.Popen(
-        [*GEN_PIN, *spy[:2], "--pid", str(pid), "--duration", str(seconds), *spy[2:]],
+        [*LAYOUT.gen_pin, *spy[:2], "--pid", str(pid), "--duration", str(seconds), *spy[2:]],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -323,7 +323,53 @@ def profile_section(run: Row) -> list[str]:
     ]
 
 
-SECTIONS = {"full": "results", "quick": "results", "soak": "soak", "profile": "profile"}
+SECTIONS = {
+    "full": "results",
+    "quick": "results",
+    "soak": "soak",
+    "profile": "profile",
+    "scale": "scale",
+}
+WORKERS_RATIO_MIN = 1.6  # --workers 2 over one worker, on a 2-core machine
+
+
+def scale_section(run: Row) -> list[str]:
+    """--workers 2 against one worker, both on every CPU, with the C generator."""
+    ramps = {r["topology"]: r for r in run.get("scale") or []}
+    m = run["machine"]
+    lines = [
+        f"Run `{run['started_utc']}` (scale, {run['elapsed_s']:.0f} s): {m['cpus']} CPUs, "
+        f"{m['pinning']}; generator: bench/loadgen.c. Raw: "
+        f"`bench/results/{run['started_utc']}-scale.json`.",
+        "",
+    ]
+    one, two = ramps.get("hopmeter"), ramps.get("hopmeter-w2")
+    if one and two:
+        a, b = one["saturation_events_per_s"], two["saturation_events_per_s"]
+        ratio = _ratio(b, a)
+        ok = ratio is not None and ratio >= WORKERS_RATIO_MIN
+        lines += [
+            f"**--workers 2 vs one worker: {_f(b, 0)} vs {_f(a, 0)} events/s = {_f(ratio)}×** "
+            f"(target ≥ {WORKERS_RATIO_MIN}×: {_met(ok)}).",
+            "",
+        ]
+    rows = []
+    for r in ramps.values():
+        cores = [st.get("proxy_cores") for st in r["steps"] if st["passed"]]
+        gen = [st.get("generator_cores") for st in r["steps"] if st["passed"]]
+        rows.append(
+            [
+                r["topology"],
+                _f(r["saturation_events_per_s"], 0),
+                _f(r["first_failing_events_per_s"], 0),
+                _f(max((c for c in cores if c is not None), default=None)),
+                _f(max((g for g in gen if g is not None), default=None)),
+                _steps(r),
+            ]
+        )
+    header = ["topology", "highest rate with p99 ≤ 10 ms, events/s", "first failing"]
+    header += ["proxy cores at best", "generator cores at best", "steps (events/s: p99 ms)"]
+    return [*lines, *_table(header, "--- ---: ---: ---: ---: ---", rows)]
 
 
 def replace_section(text: str, name: str, lines: list[str]) -> str:
@@ -349,6 +395,8 @@ def update_readme(path: Path) -> None:
         lines = results_section(run, latest("soak"))
     elif section == "soak":
         lines = soak_section(run)
+    elif section == "scale":
+        lines = scale_section(run)
     else:
         lines = profile_section(run)
     text = README.read_text() if README.exists() else ""

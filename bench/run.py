@@ -4,6 +4,7 @@
     python bench/run.py --quick      # the same, shorter (~7 min)
     python bench/run.py --soak       # 100,000 short flows via hopmeter and bare mitmproxy; RSS
     python bench/run.py --profile    # py-spy on bare mitmproxy and on hopmeter at 100 streams
+    python bench/run.py --scale      # --workers 2 vs one worker on every CPU (C load generator)
 
 Every mode writes bench/results/<timestamp>[-mode].json and regenerates its tables in
 bench/README.md (bench/report.py). The method is described in bench/README.md.
@@ -32,11 +33,15 @@ from harness import QUIET_CORES, Load, log, measured_load, warm
 
 import procs
 import report
-from procs import BENCH, PINNING, Topology
+from procs import BENCH, LAYOUT, Topology
 
 RESULTS = BENCH / "results"
 RETRIES = 1  # a load disturbed by other work on the machine is run again, once
 DELAY_LIMIT_MS = 10.0  # the ramp's pass line for added delay p99
+# --scale: more streams than the matrix's ramp, so that SO_REUSEPORT's hash spreads them evenly
+# over the workers, and a higher cap, which two workers can pass
+SCALE_STREAMS = 200
+SCALE_CAP = 64000.0
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,7 @@ def machine(up: procs.Upstream) -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "uvloop_in_generator": up.uvloop,
-        "pinning": PINNING,
+        "pinning": LAYOUT.pinning,
         **versions,
     }
 
@@ -222,13 +227,18 @@ def _terminated(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds the with-blocks, which stop every process started
 
 
-def main() -> None:
-    signal.signal(signal.SIGTERM, _terminated)
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="hopmeter bench")
     p.add_argument("--quick", action="store_true", help="shorter loads and ramp")
     p.add_argument("--soak", action="store_true", help="many short flows; RSS over time")
     p.add_argument("--soak-flows", type=int, default=100_000)
     p.add_argument("--soak-topologies", default="hopmeter,mitmdump")
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help="saturation of --workers 2 against one worker, every CPU shared, C generator",
+    )
+    p.add_argument("--scale-topologies", default="hopmeter,hopmeter-w2")
     p.add_argument("--profile", action="store_true", help="py-spy at 100 streams")
     p.add_argument("--profile-s", type=float, default=12.0)
     p.add_argument("--topologies", default=",".join(procs.TOPOLOGIES))
@@ -237,12 +247,20 @@ def main() -> None:
     )
     p.add_argument("--no-ramp", action="store_true")
     p.add_argument("--no-readme", action="store_true", help="do not rewrite bench/README.md")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _terminated)
+    args = parse_args()
     RESULTS.mkdir(exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    kind = "soak" if args.soak else "profile" if args.profile else "quick" if args.quick else "full"
+    kind = next((k for k in ("soak", "profile", "scale", "quick") if getattr(args, k)), "full")
     logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
     logdir.mkdir(parents=True)
+    if args.scale:
+        LAYOUT.unpin()
+        LAYOUT.use_c_generator(logdir)
     s = QUICK if args.quick else Settings()
     if args.loads:
         s = replace(s, loads=tuple(int(n) for n in args.loads.split(",")))
@@ -263,6 +281,14 @@ def main() -> None:
             out["soak"] = [profiling.soak(cls, up, args.soak_flows, logdir) for cls in topos]
         elif args.profile:
             out["profile"] = profiling.profile(up, RESULTS, stamp, args.profile_s, logdir)
+        elif args.scale:
+            topos, out["skipped"] = select(args.scale_topologies)
+            s = replace(s, ramp_streams=SCALE_STREAMS, ramp_cap=SCALE_CAP)
+            out["settings"] = asdict(s)
+            out["scale"] = []
+            for cls in topos:
+                out["scale"].append(ramp(cls, up, s, logdir))
+                save()
         else:
             topos, out["skipped"] = select(args.topologies)
             out["settings"] = asdict(s)
