@@ -108,8 +108,11 @@ class ResponseTap:
 
     def __call__(self, data: bytes) -> bytes | list[bytes]:
         if data and self.meter is not None:
-            # Stamp now; measure after the chunk has been written (HopMeter.defer).
-            self.addon.defer(self, data, time.monotonic())
+            # Stamp now; measure after the chunk is written (HopMeter.schedule_measure).
+            addon = self.addon
+            addon.pending.append((self, data, time.monotonic()))
+            if not addon.measure_scheduled:
+                addon.schedule_measure()
         if self.chaos is not None:
             return self._chaos(data)
         self.bytes_out += len(data)
@@ -130,11 +133,11 @@ class ResponseTap:
 
     def measure(self, data: bytes, now: float) -> None:
         """Feed one stamped chunk to the meter; a failure stops measuring this flow only."""
-        meter = self.meter
-        if meter is None or self.state is None:
+        meter, st = self.meter, self.state
+        if meter is None or st is None:
             return
         try:
-            meter.feed(data, self.state.offset(now))
+            meter.feed(data, now - st.mono0 + st.skew_s)  # st.offset(now), inlined
         except Exception as exc:
             self.fail(exc)
 
@@ -162,9 +165,9 @@ class HopMeter:
         self.records_lost = 0
         self.console: Console | None = None
         self.chaos_actions: tuple[str, ...] = ()
-        # Chunks stamped by the stream callables and not yet measured (see defer()).
-        self._pending: list[tuple[ResponseTap, bytes, float]] = []
-        self._measure_scheduled = False
+        # Chunks stamped by the stream callables and not yet measured (see schedule_measure).
+        self.pending: list[tuple[ResponseTap, bytes, float]] = []
+        self.measure_scheduled = False
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -410,31 +413,29 @@ class HopMeter:
         self._finish(flow, classify_error(msg))
 
     # -- internals -----------------------------------------------------------------------------
-    def defer(self, tap: ResponseTap, data: bytes, now: float) -> None:
-        """Queue one stamped chunk; measure it once the event loop has written it out.
+    def schedule_measure(self) -> None:
+        """Measure the queue of stamped chunks on the next turn of the loop.
 
         mitmproxy writes a chunk to the client right after the stream callable returns, so
         whatever the callable does delays that write, and with many streams emitting together
         (batched decoding) it delays every stream behind it. The callable therefore only stamps
-        the chunk and queues it; the queue is measured by one callback on the next turn of the
-        loop, after the writes of this turn, all chunks in a row (cheaper than interleaved with
-        mitmproxy's work). The queue holds at most one loop turn of chunks, which mitmproxy has
-        already handed to the sockets; measuring reads the stamps, so nothing measured moves.
+        the chunk and appends it to `pending`; one callback on the next turn of the loop, after
+        the writes of this turn, measures the queue, all chunks in a row (cheaper than
+        interleaved with mitmproxy's work). The queue holds at most one loop turn of chunks,
+        which mitmproxy has already handed to the sockets; measuring reads the stamps, so
+        nothing measured moves. With no loop running (offline tools, tests) it measures now.
         """
-        self._pending.append((tap, data, now))
-        if self._measure_scheduled:
-            return
         try:
             asyncio.get_running_loop().call_soon(self.measure_pending)
         except RuntimeError:  # no running loop (offline tools, tests): measure now
             self.measure_pending()
             return
-        self._measure_scheduled = True
+        self.measure_scheduled = True
 
     def measure_pending(self) -> None:
         """Measure every queued chunk, in arrival order. Never raises."""
-        self._measure_scheduled = False
-        pending, self._pending = self._pending, []
+        self.measure_scheduled = False
+        pending, self.pending = self.pending, []
         for tap, data, now in pending:
             tap.measure(data, now)
 
