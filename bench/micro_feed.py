@@ -83,7 +83,7 @@ def feed() -> Callable[[int], object]:
 
 def tap() -> Callable[[int], object]:
     """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
-    (with no event loop running, HopMeter.defer measures at once: both parts are timed)."""
+    (with no event loop running, HopMeter.schedule_measure measures at once: both are timed)."""
     from hopmeter.addon import FlowState, HopMeter, ResponseTap  # noqa: PLC0415 - heavy
 
     fields = FlowState.__dataclass_fields__
