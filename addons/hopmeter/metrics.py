@@ -12,14 +12,18 @@ Trace ids travel as exemplars, never as labels.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import socket
 import socketserver
 import threading
 from bisect import bisect_left
+from collections import Counter as CountOf
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import pairwise
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -406,19 +410,16 @@ class Metrics:
     ) -> None:
         itl = self._child(self.itl, labels)
         per_event = self._child(self.event_tokens, labels)
-        gaps: list[tuple[float, int]] = []
-        token_counts: list[tuple[float, int]] = []
-        previous: float | None = None
-        for event in events:
-            t, k = _num(event[0]) if len(event) > 0 else None, event[1] if len(event) > 1 else 0
-            if t is None or not isinstance(k, int) or k <= 0:
-                continue  # events without tokens are transparent (DESIGN.md §6)
-            token_counts.append((float(k), 1))
-            if previous is not None:
-                gap = max(0.0, t - previous)
-                gaps.append((gap / k, k))
-            previous = t
-        _observe_weighted(per_event, token_counts, None)
+        # (time, tokens) of each event that carries tokens; the others are transparent
+        # (DESIGN.md §6). Records hopmeter writes take the comprehension; anything odd in a
+        # record read from elsewhere, the careful loop.
+        try:
+            pts = [(float(t), k) for t, k, *_ in events if type(k) is int and k > 0 and t >= 0]
+        except (TypeError, ValueError):
+            pts = _token_events(events)
+        per_k = CountOf(k for _, k in pts)  # events by the tokens they carry (most carry one)
+        gaps = [(max(0.0, b[0] - a[0]) / b[1], b[1]) for a, b in pairwise(pts)]
+        _observe_weighted(per_event, [(float(k), n) for k, n in per_k.items()], None)
         _observe_weighted(itl, gaps, exemplar)
 
     def _observe_bytes(
@@ -457,6 +458,18 @@ class Metrics:
         self.streams_active.dec()
 
 
+def _token_events(events: Iterable[Sequence[Any]]) -> list[tuple[float, int]]:
+    """(time, tokens) of each well-formed event with tokens, from a record of any origin."""
+    out = []
+    for event in events:
+        if len(event) < 2:
+            continue
+        t, k = _num(event[0]), event[1]
+        if t is not None and type(k) is int and k > 0:
+            out.append((t, k))
+    return out
+
+
 def _observe_weighted(
     child: Histogram, values: Sequence[tuple[float, int]], exemplar: dict[str, str] | None
 ) -> None:
@@ -469,8 +482,10 @@ def _observe_weighted(
     """
     if not values:
         return
-    widest = max(range(len(values)), key=lambda i: values[i][0])
-    child.observe(values[widest][0], exemplar)  # the trace worth opening: its widest gap
+    plain = [value for value, _ in values]
+    widest_value = max(plain)
+    widest = plain.index(widest_value)
+    child.observe(widest_value, exemplar)  # the trace worth opening: its widest gap
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
     total = getattr(child, "_sum", None)
@@ -480,11 +495,20 @@ def _observe_weighted(
                 child.observe(value)
         return
     counts = [0] * len(bounds)
-    summed = 0.0
-    for i, (value, weight) in enumerate(values):
-        n = weight - (i == widest)
-        counts[bisect_left(bounds, value)] += n  # the first bucket whose bound is >= value
-        summed += value * n
+    # the first bucket whose bound is >= each value, found in C (bisect over map)
+    slots = list(map(partial(bisect_left, bounds), plain))
+    weights = [weight for _, weight in values]
+    if len(weights) == sum(weights) and min(weights) == 1:  # one observation each, the usual
+        for slot, n in CountOf(slots).items():
+            counts[slot] += n
+        summed = math.fsum(plain) - widest_value
+    else:
+        summed = 0.0
+        for slot, value, weight in zip(slots, plain, weights, strict=True):
+            counts[slot] += weight
+            summed += value * weight
+        summed -= widest_value
+    counts[slots[widest]] -= 1  # observed above, with the exemplar
     for bucket, n in zip(buckets, counts, strict=True):
         if n:
             bucket.inc(n)

@@ -48,20 +48,23 @@ def account_tokens(
     visible events are reconciled to it, or they would be inflated many times over.
     """
     counts: list[int] = []
-    sources: set[str] = set()
+    append, count = counts.append, counter.count
+    from_stream = estimated = tokenized = False
     for given, text, lost in zip(stream_tokens, texts, overflow, strict=True):
         if given >= 0:
-            counts.append(given)
-            if given:
-                sources.add("stream")
+            append(given)
+            from_stream = from_stream or given > 0
         elif lost:
-            counts.append(1)
-            sources.add("estimate")
+            append(1)
+            estimated = True
         elif text:
-            counts.append(max(1, counter.count(text)))
-            sources.add(counter.source)
+            append(count(text) or 1)
+            tokenized = True
         else:
-            counts.append(0)
+            append(0)
+    sources = {
+        name for name, seen in (("stream", from_stream), ("estimate", estimated)) if seen
+    } | ({counter.source} if tokenized else set())
     counted = sum(counts)
     counted_source = _weakest(sources)
     hidden = min(hidden_reasoning or 0, usage or 0)

@@ -12,7 +12,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 # A window of one second is what "tokens per second" means to a reader; shorter windows are noise
 # at 20-100 tokens/s, longer ones hide a half-second stall.
@@ -34,20 +34,11 @@ def token_gaps(times_s: Sequence[float], tokens: Sequence[int]) -> Gaps:
     The first token-carrying event has no gap (its wait is the time to first token); events with
     no tokens are transparent: the next gap is measured from the last event that carried tokens.
     """
-    values: list[float] = []
-    weights: list[int] = []
-    raw: list[float] = []
-    prev: float | None = None
-    for t, k in zip(times_s, tokens, strict=True):
-        if k <= 0:
-            continue
-        if prev is not None:
-            gap = max(0.0, t - prev)
-            raw.append(gap)
-            values.append(gap / k)
-            weights.append(k)
-        prev = t
-    return Gaps(values_s=tuple(values), weights=tuple(weights), event_gaps_s=tuple(raw))
+    pts = [(t, k) for t, k in zip(times_s, tokens, strict=True) if k > 0]
+    raw = tuple(max(0.0, b[0] - a[0]) for a, b in pairwise(pts))
+    weights = tuple(k for _, k in pts[1:])
+    values = tuple(g / k for g, k in zip(raw, weights, strict=True))
+    return Gaps(values_s=values, weights=weights, event_gaps_s=raw)
 
 
 def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float | None:
@@ -63,6 +54,9 @@ def weighted_quantiles(
     if total <= 0:
         return [None] * len(qs)
     ranks = [max(1, math.ceil(q * total)) for q in qs]
+    if total == len(weights) and min(weights) == 1:  # all weights 1: a plain sort of floats
+        ordered = sorted(values)
+        return [ordered[rank - 1] for rank in ranks]
     out: list[float | None] = []
     acc = 0
     for value, weight in sorted(zip(values, weights, strict=True)):
