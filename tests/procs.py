@@ -135,17 +135,46 @@ class DemoPath:
         self.upstream_url = f"http://127.0.0.1:{upstream_port}"
 
 
+class Measuring:
+    """A running `hopmeter run`: its process, port, base URL and records file."""
+
+    def __init__(self, proc: Proc, port: int, records: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.records = records
+        self.url = f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def measuring(
+    tmp: Path, upstream: str, *run_args: str, ports: tuple[int, ...] = ()
+) -> Iterator[Measuring]:
+    """`hopmeter run UPSTREAM` on a free loopback port, records to tmp/records.jsonl.
+
+    `run_args` are added to the command line (metrics are off unless they say otherwise);
+    `ports` are further ports to wait for (e.g. a metrics endpoint).
+    """
+    port = free_port()
+    records = tmp / "records.jsonl"
+    metrics = () if "--metrics" in run_args else ("--metrics", "off")
+    with hopmeter(
+        tmp,
+        "run",
+        upstream,
+        *("--listen", f"127.0.0.1:{port}", "--records", str(records)),
+        *metrics,
+        *run_args,
+        ports=(port, *ports),
+    ) as proc:
+        yield Measuring(proc, port, records)
+
+
 @contextlib.contextmanager
 def demo_path(
     tmp: Path, *run_args: str, upstream_args: tuple[str, ...] = (), ports: tuple[int, ...] = ()
 ) -> Iterator[DemoPath]:
-    """`hopmeter upstream` and `hopmeter run` in front of it, records to tmp/records.jsonl.
-
-    `run_args` are added to `hopmeter run` (metrics are off unless they say otherwise); `ports`
-    are further ports to wait for (e.g. a metrics endpoint).
-    """
-    up, port = free_port(), free_port()
-    metrics = () if "--metrics" in run_args else ("--metrics", "off")
+    """`hopmeter upstream` and `hopmeter run` in front of it (`measuring`)."""
+    up = free_port()
     with (
         hopmeter(
             tmp,
@@ -156,17 +185,6 @@ def demo_path(
             name="upstream",
             ports=(up,),
         ),
-        hopmeter(
-            tmp,
-            "run",
-            f"http://127.0.0.1:{up}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(tmp / "records.jsonl"),
-            *metrics,
-            *run_args,
-            ports=(port, *ports),
-        ) as proxy,
+        measuring(tmp, f"http://127.0.0.1:{up}", *run_args, ports=ports) as proxy,
     ):
-        yield DemoPath(tmp, up, port, proxy)
+        yield DemoPath(tmp, up, proxy.port, proxy.proc)

@@ -23,7 +23,7 @@ import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto import events as ws
 
-from tests.procs import Proc, free_port, hopmeter, read_records, wait_for
+from tests.procs import Proc, free_port, hopmeter, measuring, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -174,27 +174,14 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """One `hopmeter run` in front of a RawUpstream whose routes each test adds."""
     tmp = tmp_path_factory.mktemp("faults")
     routes: dict[str, Handler] = {"/v1/chat/completions/ok": _ok}
-    port = free_port()
-    records = tmp / "records.jsonl"
     with (
         RawUpstream(routes) as up,
-        hopmeter(
-            tmp,
-            "run",
-            f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ) as proc,
+        measuring(tmp, f"http://127.0.0.1:{up.port}") as running,
     ):
-        p = Proxy(proc, records, port, routes)
+        p = Proxy(running.proc, running.records, running.port, routes)
         p.healthy()  # loads the tokenizer: memory measured after this is the steady state
         yield p
-        assert "Traceback" not in proc.output()
+        assert "Traceback" not in running.proc.output()
 
 
 # -- the upstream fails ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from hopmeter.core.decoding import MAX_DECODED_BYTES
 from hopmeter.core.sse import MAX_LINE_BYTES
-from tests.procs import Proc, free_port, hopmeter, wait_for
+from tests.procs import Proc, measuring, wait_for
 from tests.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -90,27 +90,14 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """One `hopmeter run` in front of a scripted upstream, warmed up (tokenizer loaded)."""
     tmp = tmp_path_factory.mktemp("input")
     upstream = Upstream()
-    port = free_port()
-    records = tmp / "records.jsonl"
     with (
         ScriptedUpstream(upstream) as up,
-        hopmeter(
-            tmp,
-            "run",
-            f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ) as proc,
+        measuring(tmp, f"http://127.0.0.1:{up.port}") as running,
     ):
-        p = Proxy(proc, records, port, upstream)
+        p = Proxy(running.proc, running.records, running.port, upstream)
         p.through("/v1/chat/completions/warm", SSE, [event("warm up"), DONE])
         yield p
-        assert "Traceback" not in proc.output()
+        assert "Traceback" not in running.proc.output()
 
 
 def kinds(rec: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from hopmeter.cli import build_parser
-from tests.procs import free_port, hopmeter, read_records, wait_for
+from tests.procs import free_port, hopmeter, measuring, read_records, wait_for
 from tests.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -66,25 +66,18 @@ def _send_secrets(port: int) -> None:
 
 def _run(tmp: Path, *extra: str) -> tuple[str, str, str]:
     """Proxy the planted requests; (records, the proxy's whole output, a /metrics scrape)."""
-    port, metrics = free_port(), free_port()
-    records = tmp / "records.jsonl"
+    metrics = free_port()
     with (
         ScriptedUpstream(_serve) as up,
-        hopmeter(
+        measuring(
             tmp,
-            "run",
             f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            f"127.0.0.1:{metrics}",
-            *extra,
-            ports=(port, metrics),
-        ) as proxy,
+            *("--metrics", f"127.0.0.1:{metrics}", *extra),
+            ports=(metrics,),
+        ) as running,
     ):
-        _send_secrets(port)
+        proxy, records = running.proc, running.records
+        _send_secrets(running.port)
         read_records(records, 2)
 
         def scraped() -> str | None:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.h2client import stream_post
-from tests.procs import free_port, hopmeter, read_records
+from tests.procs import free_port, hopmeter, measuring, read_records
 from tests.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -63,25 +63,12 @@ def _lockstep_through(url: str, lock: Lockstep) -> bytes:
 def test_lockstep_http1(tmp_path: Path) -> None:
     """Each event reaches an HTTP/1.1 client before upstream sends the next: nothing is held."""
     lock = Lockstep()
-    port = free_port()
-    records = tmp_path / "records.jsonl"
     with (
         ScriptedUpstream(lock) as up,
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ),
+        measuring(tmp_path, f"http://127.0.0.1:{up.port}") as proxy,
     ):
-        body = _lockstep_through(f"http://127.0.0.1:{port}/v1/chat/completions", lock)
-        rec = read_records(records, 1)[0]
+        body = _lockstep_through(f"{proxy.url}/v1/chat/completions", lock)
+        rec = read_records(proxy.records, 1)[0]
     assert lock.held_at is None
     assert body.count(b"\n\n") == EVENTS
     assert rec["response"]["ended"] == "complete"
@@ -92,25 +79,13 @@ def test_lockstep_http1(tmp_path: Path) -> None:
 def test_lockstep_http2_client(tmp_path: Path) -> None:
     """An HTTP/2 client over TLS gets each event before upstream sends the next."""
     lock = Lockstep()
-    port = free_port()
-    records = tmp_path / "records.jsonl"
     with (
         ScriptedUpstream(lock) as up,
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            "--set",
-            f"confdir={tmp_path / 'mitm'}",
-            ports=(port,),
-        ),
+        measuring(
+            tmp_path, f"http://127.0.0.1:{up.port}", "--set", f"confdir={tmp_path / 'mitm'}"
+        ) as proxy,
     ):
+        port, records = proxy.port, proxy.records
         got = b""
         for kind, payload in stream_post(
             "127.0.0.1", port, "/v1/chat/completions", b'{"model": "m", "stream": true}'
@@ -202,23 +177,12 @@ def identity_path(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     """One proxy in front of a replaying upstream, shared by the Hypothesis examples."""
     tmp = tmp_path_factory.mktemp("identity")
     replayer = Replayer()
-    port = free_port()
     with (
         ScriptedUpstream(replayer) as up,
-        hopmeter(
-            tmp,
-            "run",
-            f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics",
-            "off",
-            "--quiet",
-            ports=(port,),
-        ) as proc,
-        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as client,
+        measuring(tmp, f"http://127.0.0.1:{up.port}", "--quiet") as proxy,
+        httpx.Client(base_url=proxy.url, timeout=20) as client,
     ):
-        yield replayer, client, proc
+        yield replayer, client, proxy.proc
 
 
 @settings(
