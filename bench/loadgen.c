@@ -387,6 +387,12 @@ static int run_load(const char *target, int streams, double rate, long events, c
     int one = 1;
     for (int i = 0; i < streams; i++) {
         Cl *c = &cls[i];
+        if (i && i % 64 == 0) {
+            /* in waves, as clients arrive: a listener's accept queue (asyncio's default backlog
+               is 100) that overflows drops SYNs, which come back a whole second later */
+            struct timespec pause = {0, 50000000};
+            nanosleep(&pause, NULL);
+        }
         c->buf = malloc(BUF_CAP);
         c->fd = socket(AF_INET, SOCK_STREAM, 0);
         setsockopt(c->fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
