@@ -44,7 +44,7 @@ def new_frame(  # noqa: PLR0917 - positional on purpose: that is the saving
 ) -> Frame:
     """`Frame(...)` with every field given in order, for the per-event paths: it skips the
     NamedTuple constructor's keyword and default handling, a third of the cost."""
-    return _tuple_new(  # type: ignore[no-any-return]
+    return _tuple_new(
         Frame,
         (
             t_s,

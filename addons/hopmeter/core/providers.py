@@ -170,7 +170,7 @@ _tuple_new = tuple.__new__
 def content_delta(content: str, model: str | None, terminal: bool) -> Delta:
     """`Delta(content=..., model=..., terminal=...)` for the per-event paths: built directly,
     without the NamedTuple constructor's keyword and default handling (a third of the cost)."""
-    return _tuple_new(  # type: ignore[no-any-return]
+    return _tuple_new(
         Delta, (content, "", "", None, None, None, None, None, model, terminal, None, False)
     )
 
