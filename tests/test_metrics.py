@@ -506,3 +506,55 @@ def test_close_frees_the_port() -> None:
     server.close()
     again = serve(CollectorRegistry(), port=port)
     again.close()
+
+
+def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
+    """Passing the gaps and per-event tokens finish_flow computed gives the same histograms as
+    reading them again from the record's events (the addon passes them; replays do not)."""
+    from hopmeter.core.meter import FlowMeter
+    from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+    from hopmeter.core.tokens import estimate_counter
+
+    class Counters:
+        def for_model(self, model: str | None) -> Any:
+            return estimate_counter()
+
+    rng = random.Random(7)
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    t = 0.2
+    for _ in range(120):
+        text = " tok" * rng.choice([0, 1, 1, 1, 3])  # pings, single tokens, coalesced events
+        t += rng.choice([0.0, 0.0031, 0.0213, 0.0213, 0.307])  # no gap near a bucket bound
+        meter.feed(b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % text.encode(), t)
+    meter.feed(b"data: [DONE]\n\n", t + 0.01)
+    meter.close(t + 0.02)
+    result = finish_flow(
+        flow_id="f",
+        trace_id=TRACE,
+        hop="edge",
+        listener="edge",
+        request=RequestInfo(
+            method="POST", scheme="http", host="h", path="/v1/chat/completions",
+            t_start=1.7e9, t_end=1.7e9, bytes=10,
+        ),
+        response=ResponseInfo(
+            status=200, http_version="HTTP/1.1",
+            headers={"content-type": "text/event-stream"}, t_headers_s=0.1,
+        ),
+        meter=meter,
+        ended="complete",
+        bytes_out=meter.bytes_wire,
+        counters=Counters(),
+        stall_threshold_s=0.5,
+    )  # fmt: skip
+    assert result.figures is not None and result.tokens is not None
+    from_record, passed = CollectorRegistry(), CollectorRegistry()
+    Metrics(from_record).observe_flow(result.record)
+    Metrics(passed).observe_flow(
+        result.record, gaps=result.figures.gaps, event_tokens=result.tokens.per_event
+    )
+    a, b = samples(from_record), samples(passed)
+    assert a.keys() == b.keys()
+    for key, v in a.items():
+        assert b[key] == pytest.approx(v, rel=1e-9, abs=1e-9), key
+    assert value(passed, "hopmeter_inter_token_latency_seconds_count") > 100

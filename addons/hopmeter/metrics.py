@@ -37,6 +37,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hopmeter.core.detectors import FIXES
+from hopmeter.core.figures import Gaps
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -329,8 +330,18 @@ class Metrics:
         )
 
     # --- observing ------------------------------------------------------------------------------
-    def observe_flow(self, record: Mapping[str, Any]) -> None:
-        """Observe one finished flow record (DESIGN.md §4)."""
+    def observe_flow(
+        self,
+        record: Mapping[str, Any],
+        *,
+        gaps: Gaps | None = None,
+        event_tokens: Sequence[int] | None = None,
+    ) -> None:
+        """Observe one finished flow record (DESIGN.md §4).
+
+        `gaps` and `event_tokens` (the token-weighted gaps and the tokens of each event, as
+        finish_flow computed them) spare reading them again from the record's events.
+        """
         request = record.get("request") or {}
         response = record.get("response") or {}
         figures = record.get("figures") or {}
@@ -350,7 +361,10 @@ class Metrics:
             value = _num(figures.get(key))
             if value is not None:
                 child(hist, labels).observe(value, exemplar)
-        self._observe_events(record.get("events") or (), labels, exemplar)
+        if gaps is not None and event_tokens is not None:
+            self._observe_gaps(gaps, event_tokens, labels, exemplar)
+        else:
+            self._observe_events(record.get("events") or (), labels, exemplar)
 
         ended = response.get("ended", record.get("ended"))
         status_class = _status_class(response.get("status"))
@@ -421,6 +435,22 @@ class Metrics:
         gaps = [(max(0.0, b[0] - a[0]) / b[1], b[1]) for a, b in pairwise(pts)]
         _observe_weighted(per_event, [(float(k), n) for k, n in per_k.items()], None)
         _observe_weighted(itl, gaps, exemplar)
+
+    def _observe_gaps(
+        self,
+        gaps: Gaps,
+        event_tokens: Sequence[int],
+        labels: tuple[str, ...],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        per_k = CountOf(k for k in event_tokens if k > 0)
+        _observe_weighted(
+            self._child(self.event_tokens, labels),
+            [(float(k), n) for k, n in per_k.items()],
+            None,
+        )
+        itl = list(zip(gaps.values_s, gaps.weights, strict=True))
+        _observe_weighted(self._child(self.itl, labels), itl, exemplar)
 
     def _observe_bytes(
         self, hop: str, api: str, response: Mapping[str, Any], figures: Mapping[str, Any]

@@ -69,7 +69,11 @@ class MetricsAddon:
     def observe(self, result: FlowResult) -> None:
         """One finished flow, and the holds of each segment when it is a trace's outermost."""
         if self.metrics is not None:
-            self.metrics.observe_flow(result.record)
+            self.metrics.observe_flow(
+                result.record,
+                gaps=result.figures.gaps if result.figures is not None else None,
+                event_tokens=result.tokens.per_event if result.tokens is not None else None,
+            )
             for seg in result.segments:
                 self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
 

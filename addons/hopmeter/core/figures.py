@@ -108,6 +108,7 @@ class Figures:
     stalls: int
     tokens_per_s: float | None
     tokens_per_s_min_window: float | None
+    gaps: Gaps | None = None  # what the ITL figures come from (for metrics; not in the record)
 
 
 def compute_figures(
@@ -143,4 +144,5 @@ def compute_figures(
         stalls=sum(1 for g in gaps.event_gaps_s if g >= stall_threshold_s),
         tokens_per_s=rate,
         tokens_per_s_min_window=min_window_rate(times_s, tokens, RATE_WINDOW_S),
+        gaps=gaps,
     )
