@@ -7,9 +7,9 @@ Input: the bench upstream's OpenAI chat chunk (one SSE event of ~210 bytes per c
 hands an HTTP/1 chunk to the stream callable), 400 events per flow, a fresh FlowMeter per flow.
 Each figure is the best of several rounds of the mean µs per call (one process, one core).
 
-The `proto:` rows are experiments, not product code: each times a cheaper way to do one step so
-the saving of a proposed change to addon.py / core is measured before anyone makes it. They only
-have to be equivalent for this input; a real change must keep every test passing.
+Rows indented under FlowMeter.feed are its parts, timed alone. The rows "plain chat path off"
+time the general path (every event built as a Frame and a Delta) that chat chunks took before the
+plain path; "4 events per chunk" is what a busy proxy reads when several events coalesce.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from hopmeter.core.decoding import Utf8Decoder, decode_payload
 from hopmeter.core.detectors import _variance, diagnose
 from hopmeter.core.frames import Frame
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.providers import Delta, OpenAIChatParser
+from hopmeter.core.providers import Delta, OpenAIChatParser, plain_chat_payload
 from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.sse import SseDecoder
 from hopmeter.tokenizers import load_counter
@@ -81,6 +81,24 @@ def feed() -> Callable[[int], object]:
     return lambda i: m.feed(CHUNK, i * 0.02)
 
 
+def feed_general() -> Callable[[int], object]:
+    """FlowMeter.feed with the plain chat path off: every event built as a Frame and a Delta."""
+    m = new_meter()
+    m._pick_plain_path = lambda: None  # type: ignore[method-assign]
+    m._plain = None
+    return lambda i: m.feed(CHUNK, i * 0.02)
+
+
+def feed_coalesced(general: bool = False) -> Callable[[int], object]:
+    """Four events per chunk, as reads coalesce on a busy proxy; the cost per event."""
+    m = new_meter()
+    if general:
+        m._pick_plain_path = lambda: None  # type: ignore[method-assign]
+        m._plain = None
+    four = CHUNK * 4
+    return lambda i: None if i % 4 else m.feed(four, i * 0.02)
+
+
 def tap() -> Callable[[int], object]:
     """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
     (with no event loop running, HopMeter.schedule_measure measures at once: both are timed)."""
@@ -94,6 +112,16 @@ def tap() -> Callable[[int], object]:
     t = ResponseTap(HopMeter(), FlowState(**kwargs))
     t.meter = new_meter()
     return lambda i: t(CHUNK)
+
+
+def plain_events() -> Callable[[int], object]:
+    d = SseDecoder()
+    d.feed(CHUNK, 0.0)
+    return lambda i: d.plain_data_events(CHUNK)
+
+
+def plain_payload() -> Callable[[int], object]:
+    return lambda i: plain_chat_payload(PAYLOAD)
 
 
 def sse() -> Callable[[int], object]:
@@ -146,10 +174,10 @@ def on_delta() -> Callable[[int], object]:
     m = new_meter()
     f = Frame(t_s=0.02, kind="message", data=TEXT, wire_bytes=len(CHUNK), data_bytes=len(PAYLOAD))
     d = Delta(content=" tok", model="bench")
-    return lambda i: m._on_delta(f, d)
+    return lambda i: m._on_delta(f.t_s, f.incomplete_utf8, d)
 
 
-# -- prototypes of cheaper steps -----------------------------------------------------------------
+# -- what the steps cost before -----------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,6 +320,11 @@ def bytes_per_event(keep_text: bool = True) -> float:
 CASES: list[tuple[str, Callable[[], Callable[[int], object]]]] = [
     ("ResponseTap.__call__ (tap + FlowMeter.feed)", tap),
     ("FlowMeter.feed", feed),
+    ("  SseDecoder.plain_data_events (plain chat path)", plain_events),
+    ("  plain_chat_payload (plain chat path)", plain_payload),
+    ("FlowMeter.feed, plain chat path off (every event a Frame and a Delta)", feed_general),
+    ("FlowMeter.feed, 4 events per chunk (per event)", feed_coalesced),
+    ("FlowMeter.feed, 4 events per chunk, plain chat path off", lambda: feed_coalesced(True)),
     ("  SseDecoder.feed", sse),
     ("    decode_payload", payload),
     ("    Frame()", frame),

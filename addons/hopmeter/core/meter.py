@@ -18,7 +18,13 @@ import orjson
 from hopmeter.core.decoding import DecodingError, Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import NdjsonDecoder
-from hopmeter.core.providers import Delta, make_parser, refine_api
+from hopmeter.core.providers import (
+    Delta,
+    OpenAIChatParser,
+    make_parser,
+    plain_chat_payload,
+    refine_api,
+)
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.tokenids import PackedIdDecoder, width_bits
 
@@ -154,6 +160,21 @@ class FlowMeter:
         # an unknown SSE/NDJSON stream is sniffed frame by frame until a payload tells its API;
         # a bounded number of tries, so a plain-text stream does not pay for it forever
         self._sniffs_left = 8 if api in ("sse", "ndjson", "other") else 0
+        self._plain: SseDecoder | None = None
+        self._pick_plain_path()
+
+    def _pick_plain_path(self) -> None:
+        # A chat stream over SSE reads its common token event straight from the payload bytes
+        # (no Frame, no decoded copy; `_take`): a sixth less per event than the general path, a
+        # third less when reads coalesce several events (bench/micro_feed.py).
+        framer = self._framer
+        self._plain = (
+            framer
+            if isinstance(framer, SseDecoder)
+            and type(self._parser) is OpenAIChatParser
+            and not self._sniffs_left
+            else None
+        )
 
     @property
     def framer(self) -> Framer | None:
@@ -231,6 +252,15 @@ class FlowMeter:
                     self._head = None
                 else:
                     self._head += decoded
+            if self._plain is not None and self._head is None:
+                payloads = self._plain.plain_data_events(decoded)
+                if payloads is not None:
+                    deltas = [plain_chat_payload(raw) for raw in payloads]
+                    if None not in deltas:
+                        self._plain.took_plain_events(len(decoded), len(deltas))
+                        for delta in deltas:
+                            self._on_delta(now_s, False, delta)  # type: ignore[arg-type]
+                        return
             self._on_frames(self._framer.feed(decoded, now_s))
         elif not self._document_overflow:
             if len(self._document) + len(decoded) > MAX_DOCUMENT_BYTES:
@@ -260,15 +290,15 @@ class FlowMeter:
                     self.api = api
                     self._parser = make_parser(api)
                     self._sniffs_left = 0
-            self._on_delta(frame, self._parser.parse(frame))
+                    self._pick_plain_path()
+            self._on_delta(frame.t_s, frame.incomplete_utf8, self._parser.parse(frame))
 
-    def _on_delta(self, frame: Frame, delta: Delta) -> None:
+    def _on_delta(self, t: float, incomplete_utf8: bool, delta: Delta) -> None:
         facts = self.facts
-        t = frame.t_s
         self.events_seen += 1
         if facts.first_event_s is None:
             facts.first_event_s = t
-        if frame.incomplete_utf8:
+        if incomplete_utf8:
             facts.events_incomplete_utf8 += 1
         if delta.model and facts.model is None:
             facts.model = delta.model

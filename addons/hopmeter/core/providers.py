@@ -430,6 +430,22 @@ def _plain_chat_chunk(doc: dict[str, object]) -> Delta | None:
     )
 
 
+def plain_chat_payload(raw: bytes) -> Delta | None:
+    """The Delta of one event's payload bytes when they are the common chat chunk (see
+    `_plain_chat_chunk`), else None: then the frame goes through `OpenAIChatParser.parse`.
+
+    orjson reads the bytes and rejects invalid UTF-8, so a payload this accepts decodes without
+    a replacement character or an unfinished sequence, and needs no decoded copy.
+    """
+    if raw[:1] != b"{":
+        return None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return _plain_chat_chunk(doc) if type(doc) is dict else None
+
+
 class OpenAIChatParser(ApiParser):
     """Chat Completions chunks, their OpenAI-compatible variants, and whole chat.completion replies.
 

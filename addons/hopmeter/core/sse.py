@@ -102,6 +102,46 @@ class SseDecoder:
         self._partial.clear()
         return self._lines(buf, drop_first, now)
 
+    def plain_data_events(self, data: bytes) -> list[bytes] | None:
+        """The data values when `data` is exactly whole events of one `data: <value>` line each,
+        every one ended by a blank line (LF only), and nothing is pending; else None. Changes
+        nothing: a caller that reads the values itself then calls `took_plain_events` instead of
+        `feed(data)`.
+
+        The shape most LLM servers write nearly every token event in (one per chunk, several when
+        reads coalesce), read without building Frames (`FlowMeter` takes chat chunks this way).
+        """
+        if (
+            data[:6] != b"data: "
+            or data[-2:] != b"\n\n"
+            or not self._started
+            or self._partial
+            or self._data
+            or self._event_type
+            or self._cr_pending
+            or self._discarding
+            or self._closed
+            or len(data) > _WHOLE_EVENT_MAX
+            or b"\r" in data
+        ):
+            return None
+        if data.find(b"\n") == len(data) - 2:
+            return [data[6:-2]]
+        events = data[:-2].split(b"\n\n")
+        if data.count(b"\n") != 2 * len(events):
+            return None  # a line that is not an event's only line, or an empty event
+        for event in events:
+            if event[:6] != b"data: ":
+                return None
+        return [event[6:] for event in events]
+
+    def took_plain_events(self, size: int, events: int) -> None:
+        """Account for a chunk of `size` bytes whose `events` events `plain_data_events` read, as
+        `feed` would have: two LF line ends each, and the last ends where the stream now ends."""
+        self._fed += size
+        self.line_endings["lf"] += 2 * events
+        self._event_start = self._frame_start = self._fed
+
     def close(self, now: float) -> list[Frame]:
         """End of the body: a pending CR ends its line; an unfinished event is discarded (spec)."""
         if not self._closed:

@@ -1,0 +1,174 @@
+"""Tests for hopmeter.core.meter: the plain chat path measures what the general path does."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+
+from hopmeter.core.meter import FlowMeter
+from hopmeter.core.sse import SseDecoder
+from hopmeter.testing import split_at
+from tests.corpus import CORPUS
+
+needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"no corpus at {CORPUS}")
+
+
+def chunk(text: str, **extra: object) -> bytes:
+    choices = [{"index": 0, "delta": {"content": text}}]
+    doc: dict[str, object] = {"id": "c", "model": "m", "choices": choices, **extra}
+    return b"data: " + json.dumps(doc, ensure_ascii=False).encode() + b"\n\n"
+
+
+# A chat stream with everything near the common chunk: a role chunk, plain chunks (ASCII, emoji,
+# an escaped quote), a payload with invalid UTF-8, an event type, a comment, an id line, a chunk
+# with two data lines, a CRLF event, an empty event, a finish chunk, a usage chunk and [DONE].
+EDGES = b"".join(
+    [
+        b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
+        chunk("Hello"),
+        chunk(" w\u00f6rld \U0001f600"),
+        chunk(' "quoted"'),
+        b'data: {"choices":[{"delta":{"content":"bad \xff byte"}}]}\n\n',
+        chunk(" after"),
+        b": keep-alive\n\n",
+        chunk(" x"),
+        b"event: delta\n" + chunk(" typed"),
+        b"id: 7\n" + chunk(" with id"),
+        b'data: {"choices":[{"delta":\ndata: {"content":" two lines"}}]}\n\n',
+        chunk(" crlf")[:-2] + b"\r\n\r\n",
+        chunk(" y"),
+        b"data:\n\n",
+        chunk(" z"),
+        chunk("", choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+        b'data: {"choices":[],"usage":{"completion_tokens":12,"prompt_tokens":3}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+)
+
+
+def state(meter: FlowMeter) -> dict[str, Any]:
+    """Everything a FlowMeter has measured that the record, figures and detectors read."""
+    framer = meter.framer
+    assert isinstance(framer, SseDecoder)
+    return {
+        "events": (
+            list(meter.events.t_s),
+            list(meter.events.stream_tokens),
+            list(meter.events.content_offset),
+        ),
+        "text": meter.text_parts,
+        "facts": asdict(meter.facts),
+        "counts": (meter.events_seen, meter.bytes_wire, meter.bytes_decoded, meter.api),
+        "utf8": (meter.utf8.replacement_chars, meter.utf8.split_sequences),
+        "sse": (
+            framer.line_endings,
+            framer.comments,
+            framer.overflows,
+            framer.last_event_id,
+            framer.unterminated_bytes,
+            framer.trailing_bytes,
+        ),
+    }
+
+
+def measure(chunks: list[bytes], api: str, plain: bool) -> tuple[dict[str, Any], int]:
+    """Feed the chunks (chunk i at i ms) with the plain path on or off; the state and how many
+    chunks the plain path took."""
+    meter = FlowMeter(api=api, content_type="text/event-stream", content_encoding=None)
+    taken = 0
+    if plain:
+        sse = meter.framer
+        assert isinstance(sse, SseDecoder)
+        took = sse.took_plain_events
+
+        def counting(size: int, events: int) -> None:
+            nonlocal taken
+            taken += 1
+            took(size, events)
+
+        sse.took_plain_events = counting  # type: ignore[method-assign]
+    else:
+        meter._pick_plain_path = lambda: None  # type: ignore[method-assign]
+        meter._plain = None
+    for i, data in enumerate(chunks):
+        meter.feed(data, i / 1000)
+    meter.close(len(chunks) / 1000)
+    return state(meter), taken
+
+
+def chunkings(body: bytes, seed: int) -> list[list[bytes]]:
+    """The body cut after every event, after every other event, in threes, and at random."""
+    ends = [i + 2 for i in range(len(body)) if body.startswith(b"\n\n", i)]
+    rng = random.Random(seed)
+    return [
+        split_at(body, ends),
+        split_at(body, ends[1::2]),
+        split_at(body, ends[2::3]),
+        split_at(body, rng.sample(range(1, len(body)), min(40, len(body) - 1))),
+        split_at(body, sorted([*rng.sample(ends, len(ends) // 2), rng.randrange(len(body))])),
+    ]
+
+
+@pytest.mark.parametrize("api", ["openai.chat", "sse"])
+def test_plain_path_measures_what_the_general_path_does_on_edge_shapes(api: str) -> None:
+    """Every shape near the common chunk, however the body is cut, gives the same measurement
+    with the plain path as without it; and the plain path takes the common chunks (else this
+    test would compare the general path with itself)."""
+    for seed, chunks in enumerate(chunkings(EDGES, 1)):
+        general, _ = measure(chunks, api, plain=False)
+        plain, taken = measure(chunks, api, plain=True)
+        assert plain == general, seed
+        if seed == 0:
+            assert taken == 6, taken  # Hello, wörld, quoted, after, x, z
+            assert general["facts"]["replacement_chars"] == 1  # the \xff, either way
+            assert general["sse"][0]["crlf"] == 2
+
+
+def test_plain_path_takes_coalesced_events_and_declines_a_batch_with_another_shape() -> None:
+    sse = SseDecoder()
+    sse.feed(chunk("a"), 0.0)
+    assert sse.plain_data_events(chunk("b") + chunk("c")) == [chunk("b")[6:-2], chunk("c")[6:-2]]
+    for declined in (
+        chunk("b") + b": comment\n\n",
+        chunk("b") + b"event: x\n" + chunk("c"),
+        chunk("b")[:-1] + chunk("c"),  # one event with two data lines
+        chunk("b") + b"\n\n",  # an empty event after it
+        chunk("b")[:-2] + b"\r\n\r\n",
+        chunk("b")[:-1],  # not ended
+        b"data:" + chunk("b")[6:],  # no space after the colon: the general path reads it
+    ):
+        assert sse.plain_data_events(declined) is None, declined
+    sse.feed(b"data: unfinished", 1.0)
+    assert sse.plain_data_events(chunk("d")) is None  # a partial line is pending
+
+
+def test_plain_path_on_the_bench_chunk_builds_no_frame() -> None:
+    """The bench's chunk (one event per chunk, a plain OpenAI stream) goes the plain way."""
+    body = b"".join(chunk(" tok") for _ in range(50))
+    chunks = chunkings(body, 2)[0]
+    general, _ = measure(chunks, "openai.chat", plain=False)
+    plain, taken = measure(chunks, "openai.chat", plain=True)
+    assert plain == general
+    assert taken == 49  # all but the first: the meter keeps the head until the first event
+
+
+@needs_corpus
+def test_plain_path_measures_what_the_general_path_does_on_the_corpus() -> None:
+    """Every chat recording of the corpus (LF and CRLF, every vendor's variant), cut several
+    ways, measures the same with and without the plain path."""
+    taken_total = 0
+    recordings = sorted(CORPUS.rglob("*.sse"))
+    for path in recordings:
+        body = path.read_bytes()
+        for seed, chunks in enumerate(chunkings(body, 3)):
+            general, _ = measure(chunks, "sse", plain=False)
+            if general["counts"][3] != "openai.chat":
+                break
+            plain, taken = measure(chunks, "sse", plain=True)
+            assert plain == general, (path.name, seed)
+            taken_total += taken
+    assert taken_total > 300, taken_total
