@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hopmeter import __version__, join, probe, report
 from hopmeter.core.frames import HopmeterError
+from hopmeter.listen import tune_listeners
 from hopmeter.runner import (
     ProxyConfig,
     UsageError,
@@ -20,7 +21,7 @@ from hopmeter.runner import (
     quiet_mitmproxy_logs,
     run_proxy,
 )
-from hopmeter.workers import enable_reuse_port, run_workers
+from hopmeter.workers import run_workers
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -232,8 +233,8 @@ async def _run(args: argparse.Namespace) -> int:
         check_ports(cfg)
     else:
         # a worker shares the listen ports; its metrics port is its own
-        enable_reuse_port()
         cfg.metrics = _worker_metrics(cfg.metrics, args.worker_index)
+    tune_listeners(reuse_port=args.worker_index is not None)
     notice = None
     if args.upstream is None and not args.listener:
         demo = UpstreamServer()

@@ -10,30 +10,15 @@ in different workers, so live hop pairing can miss; `hopmeter join` on the recor
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 # How long workers get to write their in-flight records after SIGTERM before they are killed.
 STOP_TIMEOUT_S = 15.0
-
-
-def enable_reuse_port() -> None:
-    """Make every TCP server this process starts bind with SO_REUSEPORT (workers only)."""
-    original = asyncio.start_server
-
-    @functools.wraps(original)
-    async def start_server(*args: Any, **kwargs: Any) -> asyncio.Server:
-        kwargs.setdefault("reuse_port", True)
-        return await original(*args, **kwargs)
-
-    asyncio.start_server = start_server
 
 
 def run_workers(argv: Sequence[str], workers: int) -> int:

@@ -1,14 +1,20 @@
-"""--workers N: several processes serve the same port; metrics and records stay correct."""
+"""--workers N: several processes serve the same port; metrics and records stay correct.
+
+And every listener, a worker's or a single process's, queues a burst of connections.
+"""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
+from hopmeter.listen import LISTEN_BACKLOG
 from tests.procs import demo_path, free_port, read_records, wait_for
 
 pytestmark = pytest.mark.integration
@@ -22,6 +28,22 @@ def _flows(metrics_port: int) -> float:
         for line in text.splitlines()
         if line.startswith("hopmeter_flows_total{")
     )
+
+
+def listen_backlogs(port: int) -> list[int]:
+    """The accept-queue size of every socket listening on `port` (`ss`: Send-Q of a listener)."""
+    out = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout
+    return [int(line.split()[2]) for line in out.splitlines() if line.startswith("LISTEN")]
+
+
+def expected_backlog() -> int:
+    """What the kernel grants hopmeter's request: it caps a backlog at net.core.somaxconn."""
+    return min(LISTEN_BACKLOG, int(Path("/proc/sys/net/core/somaxconn").read_text()))
+
+
+needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 
 
 def _two_free_ports() -> int:
@@ -53,6 +75,8 @@ def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Pat
         ports=(metrics, metrics + 1),
     ) as path:
         proxy, records, port = path.proxy, path.records, path.port
+        if shutil.which("ss"):  # both workers listen, each with the deep accept queue
+            assert listen_backlogs(port) == [expected_backlog()] * 2
         for _ in range(FLOWS):
             r = httpx.post(
                 f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -70,3 +94,12 @@ def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Pat
         assert proxy.stop(signal.SIGTERM) == 0
     assert all(n > 0 for n in per_worker), per_worker  # both workers served connections
     assert len({r["flow_id"] for r in recs}) == FLOWS  # whole records, none interleaved
+
+
+@needs_ss
+def test_a_single_process_listens_with_a_deep_accept_queue(tmp_path: Path) -> None:
+    """asyncio's default backlog (100) overflows when a few hundred clients connect at once: the
+    kernel drops their SYNs and each waits a second to retry. hopmeter asks for more."""
+    with demo_path(tmp_path, "--quiet") as path:
+        assert listen_backlogs(path.port) == [expected_backlog()]
+        assert expected_backlog() > 100
