@@ -97,13 +97,22 @@ SAMPLE_HZ = 250
 # Inclusive categories: a sample counts in a category when its stack holds the frame (or, for
 # "a > b", frame b called directly from frame a). Function names with a file-path fragment.
 CATEGORIES: list[tuple[str, str]] = [
-    ("tap: ResponseTap.__call__ (all of it)", "ResponseTap.__call__@hopmeter/addon.py"),
+    ("tap: ResponseTap.__call__ (stamp and queue)", "ResponseTap.__call__@hopmeter/addon.py"),
+    (
+        "measuring, 1 ms later: HopMeter.measure_pending",
+        "HopMeter.measure_pending@hopmeter/addon.py",
+    ),
     ("  FlowMeter.feed", "FlowMeter.feed@core/meter.py"),
-    ("    SseDecoder.feed (framing)", "SseDecoder.feed@core/sse.py"),
+    (
+        "    plain chat path: SseDecoder.plain_data_events",
+        "SseDecoder.plain_data_events@core/sse.py",
+    ),
+    ("    plain chat path: plain_chat_payload", "plain_chat_payload@core/providers.py"),
+    ("    SseDecoder.feed (framing, other events)", "SseDecoder.feed@core/sse.py"),
     ("      decode_payload (event UTF-8)", "decode_payload@core/decoding.py"),
     ("      Frame() construction", "SseDecoder._dispatch@core/sse.py > __init__@<string>"),
-    ("    Utf8Decoder.decode (whole-stream UTF-8)", "Utf8Decoder.decode@core/decoding.py"),
-    ("    ApiParser.parse (openai.chat)", "ApiParser.parse@core/providers.py"),
+    ("    Utf8Decoder.count (whole-stream UTF-8)", "Utf8Decoder.count@core/decoding.py"),
+    ("    ApiParser.parse (openai.chat, other events)", "ApiParser.parse@core/providers.py"),
     ("      OpenAIChatParser.parse_json", "OpenAIChatParser.parse_json@core/providers.py"),
     (
         "      Delta() construction",

@@ -329,6 +329,7 @@ SECTIONS = {
     "soak": "soak",
     "profile": "profile",
     "scale": "scale",
+    "ramp": "ramp",
 }
 WORKERS_RATIO_MIN = 1.6  # --workers 2 over one worker, on a 2-core machine
 
@@ -351,6 +352,14 @@ def scale_section(run: Row) -> list[str]:
         lines += [
             f"**--workers 2 vs one worker: {_f(b, 0)} vs {_f(a, 0)} events/s = {_f(ratio)}×** "
             f"(target ≥ {WORKERS_RATIO_MIN}×: {_met(ok)}).",
+            "",
+        ]
+    bare = ramps.get("mitmdump")
+    if bare and two:
+        a, b = bare["saturation_events_per_s"], two["saturation_events_per_s"]
+        lines += [
+            f"Bare mitmproxy (one process: it has no workers mode) on the same setup: {_f(a, 0)} "
+            f"events/s; hopmeter --workers 2 carries {_f(_ratio(b, a))}× that.",
             "",
         ]
     rows = []
@@ -382,6 +391,18 @@ def replace_section(text: str, name: str, lines: list[str]) -> str:
     return head + begin + "\n" + "\n".join(lines) + "\n" + end + tail
 
 
+def ramp_section(run: Row) -> list[str]:
+    """A saturation ramp run alone (`--ramp-only`), e.g. with another number of streams."""
+    m = run["machine"]
+    s = run["settings"]
+    head = (
+        f"Run `{run['started_utc']}` (ramp only, {run['elapsed_s']:.0f} s): {m['pinning']}; "
+        f"{s['ramp_streams']} streams, {s['ramp_measure_s']:g} s per step. Raw: "
+        f"`bench/results/{run['started_utc']}-ramp.json`."
+    )
+    return [head, "", *ramp_table(run)]
+
+
 def latest(kind: str) -> Row | None:
     files = sorted((BENCH / "results").glob(f"*-{kind}.json"))
     return json.loads(files[-1].read_text()) if files else None
@@ -397,6 +418,8 @@ def update_readme(path: Path) -> None:
         lines = soak_section(run)
     elif section == "scale":
         lines = scale_section(run)
+    elif section == "ramp":
+        lines = ramp_section(run)
     else:
         lines = profile_section(run)
     text = README.read_text() if README.exists() else ""

