@@ -19,11 +19,20 @@ T = TypeVar("T")
 HOPMETER = [sys.executable, "-m", "hopmeter.cli"]
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, and never handed out before in this
+    test run: the kernel may pick a port it just released again, and two servers started
+    together (nginx and hopmeter of two scenario configs) must not both be told the same one."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def wait_for[T](condition: Callable[[], T | None], timeout_s: float = 15.0, what: str = "") -> T:

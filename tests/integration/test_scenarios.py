@@ -297,6 +297,11 @@ def _ready(proc: Proc, ports: Iterable[int]) -> bool:
         if proc.popen.poll() is not None and "already in use" in proc.output():
             return False
         raise
+    if "already in use" in proc.output():
+        # another process listens on the port this one could not bind: every port answers,
+        # but this process is on its way out
+        proc.stop()
+        return False
     return True
 
 
