@@ -5,7 +5,7 @@ connections. A burst of clients connecting at once (a batch job, every client re
 a deploy) can outrun it while the event loop is busy with streams already open; past the queue
 the kernel drops the SYNs, and each dropped client waits a full second, TCP's initial
 retransmission timeout, before it tries again. 200 streams opened together through hopmeter
-overflowed it (bench/README.md, "Saturation at 200 streams"). nginx listens with 511; hopmeter
+overflowed it (bench/README.md, "What the runs say"). nginx listens with 511; hopmeter
 asks for 4,096 and the kernel caps that at `net.core.somaxconn`.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 LISTEN_BACKLOG = 4096
 
-_start_server = asyncio.start_server  # asyncio's own, whatever was patched since
+_start_server = asyncio.start_server  # asyncio's own, taken before tune_listeners replaces it
 
 
 def tune_listeners(*, reuse_port: bool) -> None:
