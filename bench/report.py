@@ -254,6 +254,26 @@ def targets(run: Row, soak: Row | None) -> list[str]:
 # -- sections ------------------------------------------------------------------------------------
 
 
+def rounds_table(run: Row) -> list[str]:
+    """Every round of a repeated run (`--repeat`): CPU per event and delay p99 of each."""
+    rows = []
+    for r in run["loads"]:
+        if r.get("rounds"):
+            cpu = ", ".join(_f(x["cpu_us_per_event"], 0) for x in r["rounds"])
+            p99 = ", ".join(_f(x["p99_ms"]) for x in r["rounds"])
+            rows.append([r["mode"], str(r["streams"]), r["topology"], cpu, p99])
+    if not rows:
+        return []
+    header = ["mode", "streams", "topology", "CPU µs/event, each round", "delay p99 ms, each round"]
+    return [
+        "#### Every round (above: CPU, p50 and max of the median-CPU round; p99 the median of "
+        "the rounds' p99)",
+        "",
+        *_table(header, "--- ---: --- --- ---", rows),
+        "",
+    ]
+
+
 def results_section(run: Row, soak: Row | None) -> list[str]:
     m = run["machine"]
     head = [
@@ -265,7 +285,15 @@ def results_section(run: Row, soak: Row | None) -> list[str]:
     ]
     for skip in run.get("skipped") or []:
         head += [f"- `{skip['topology']}`: {skip['reason']}", ""]
-    return [*head, "#### Targets", "", *targets(run, soak), *load_tables(run), *ramp_table(run)]
+    return [
+        *head,
+        "#### Targets",
+        "",
+        *targets(run, soak),
+        *load_tables(run),
+        *rounds_table(run),
+        *ramp_table(run),
+    ]
 
 
 def soak_section(run: Row) -> list[str]:
@@ -330,6 +358,7 @@ SECTIONS = {
     "profile": "profile",
     "scale": "scale",
     "ramp": "ramp",
+    "repeat": "repeat",
 }
 WORKERS_RATIO_MIN = 1.6  # --workers 2 over one worker, on a 2-core machine
 
@@ -412,7 +441,7 @@ def update_readme(path: Path) -> None:
     """Redraw the README section that a results file of this kind owns."""
     run = json.loads(path.read_text())
     section = SECTIONS[run["kind"]]
-    if section == "results":
+    if section in ("results", "repeat"):
         lines = results_section(run, latest("soak"))
     elif section == "soak":
         lines = soak_section(run)
