@@ -362,7 +362,8 @@ class Metrics:
             if value is not None:
                 child(hist, labels).observe(value, exemplar)
         if gaps is not None and event_tokens is not None:
-            self._observe_gaps(gaps, event_tokens, labels, exemplar)
+            weighted = list(zip(gaps.values_s, gaps.weights, strict=True))
+            self._observe_tokens(event_tokens, weighted, labels, exemplar)
         else:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
@@ -422,8 +423,6 @@ class Metrics:
         labels: tuple[str, ...],
         exemplar: dict[str, str] | None,
     ) -> None:
-        itl = self._child(self.itl, labels)
-        per_event = self._child(self.event_tokens, labels)
         # (time, tokens) of each event that carries tokens; the others are transparent
         # (DESIGN.md §6). Records hopmeter writes take the comprehension; anything odd in a
         # record read from elsewhere, the careful loop.
@@ -431,26 +430,24 @@ class Metrics:
             pts = [(float(t), k) for t, k, *_ in events if type(k) is int and k > 0 and t >= 0]
         except (TypeError, ValueError):
             pts = _token_events(events)
-        per_k = CountOf(k for _, k in pts)  # events by the tokens they carry (most carry one)
         gaps = [(max(0.0, b[0] - a[0]) / b[1], b[1]) for a, b in pairwise(pts)]
-        _observe_weighted(per_event, [(float(k), n) for k, n in per_k.items()], None)
-        _observe_weighted(itl, gaps, exemplar)
+        self._observe_tokens([k for _, k in pts], gaps, labels, exemplar)
 
-    def _observe_gaps(
+    def _observe_tokens(
         self,
-        gaps: Gaps,
-        event_tokens: Sequence[int],
+        event_tokens: Iterable[int],
+        gaps: Sequence[tuple[float, int]],
         labels: tuple[str, ...],
         exemplar: dict[str, str] | None,
     ) -> None:
+        """Events by the tokens they carry (most carry one), and the token-weighted gaps."""
         per_k = CountOf(k for k in event_tokens if k > 0)
         _observe_weighted(
             self._child(self.event_tokens, labels),
             [(float(k), n) for k, n in per_k.items()],
             None,
         )
-        itl = list(zip(gaps.values_s, gaps.weights, strict=True))
-        _observe_weighted(self._child(self.itl, labels), itl, exemplar)
+        _observe_weighted(self._child(self.itl, labels), gaps, exemplar)
 
     def _observe_bytes(
         self, hop: str, api: str, response: Mapping[str, Any], figures: Mapping[str, Any]
