@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hopmeter.core.meter import FlowMeter
+from hopmeter.core.meter import PLAIN_MISSES_MAX, FlowMeter
 from hopmeter.core.sse import SseDecoder
 from hopmeter.testing import split_at
 from tests.corpus import CORPUS
@@ -172,3 +172,32 @@ def test_plain_path_measures_what_the_general_path_does_on_the_corpus() -> None:
             assert plain == general, (path.name, seed)
             taken_total += taken
     assert taken_total > 300, taken_total
+
+
+def test_a_stream_whose_every_chunk_declines_stops_trying_the_plain_path() -> None:
+    """Together-style chunks (a token id beside every piece of text) are data-only events the
+    plain path reads and declines: after PLAIN_MISSES_MAX in a row it is no longer tried, so
+    such a stream's JSON is not read twice per event, and it measures what the general path
+    does. A plain stream's isolated declines (role, finish, usage) do not turn it off."""
+    together = {"choices": [{"index": 0, "delta": {"content": " tok", "token_id": 7}}]}
+    body = b"".join(chunk("", **together) for _ in range(40))
+    chunks = chunkings(body, 4)[0]
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    sse = meter.framer
+    assert isinstance(sse, SseDecoder)
+    tried = 0
+    read = sse.plain_data_events
+
+    def counting(data: bytes) -> list[bytes] | None:
+        nonlocal tried
+        tried += 1
+        return read(data)
+
+    sse.plain_data_events = counting  # type: ignore[method-assign]
+    for i, data in enumerate(chunks):
+        meter.feed(data, i / 1000)
+    meter.close(len(chunks) / 1000)
+    assert tried == PLAIN_MISSES_MAX
+    assert meter.events_seen == 40 and meter.facts.payload_bytes == 160  # read, not malformed
+    assert state(meter) == measure(chunks, "openai.chat", plain=False)[0]
+    assert measure(chunkings(EDGES, 1)[0], "openai.chat", plain=True)[1] == 6  # still on

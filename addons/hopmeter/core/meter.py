@@ -38,6 +38,9 @@ MAX_EVENTS = 8192
 MAX_TEXT_CHARS = 256 * 1024
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
+# Chunks in a row the plain chat path may read and decline before a flow stops trying it (its
+# role, finish and usage chunks decline one at a time; some vendors' every chunk declines).
+PLAIN_MISSES_MAX = 8
 
 EVENT_STREAM = "text/event-stream"
 NDJSON_TYPES = frozenset(
@@ -161,6 +164,7 @@ class FlowMeter:
         # a bounded number of tries, so a plain-text stream does not pay for it forever
         self._sniffs_left = 8 if api in ("sse", "ndjson", "other") else 0
         self._plain: SseDecoder | None = None
+        self._plain_misses = 0  # chunks in a row the plain path declined after reading them
         self._pick_plain_path()
 
     def _pick_plain_path(self) -> None:
@@ -252,15 +256,8 @@ class FlowMeter:
                     self._head = None
                 else:
                     self._head += decoded
-            if self._plain is not None and self._head is None:
-                payloads = self._plain.plain_data_events(decoded)
-                if payloads is not None:
-                    deltas = [plain_chat_payload(raw) for raw in payloads]
-                    if None not in deltas:
-                        self._plain.took_plain_events(len(decoded), len(deltas))
-                        for delta in deltas:
-                            self._on_delta(now_s, False, delta)  # type: ignore[arg-type]
-                        return
+            if self._plain is not None and self._head is None and self._take_plain(decoded, now_s):
+                return
             self._on_frames(self._framer.feed(decoded, now_s))
         elif not self._document_overflow:
             if len(self._document) + len(decoded) > MAX_DOCUMENT_BYTES:
@@ -268,6 +265,30 @@ class FlowMeter:
                 self._document.clear()
             else:
                 self._document += decoded
+
+    def _take_plain(self, decoded: bytes, now_s: float) -> bool:
+        """Measure a chunk of plain chat events; False (nothing changed) for any other chunk.
+
+        A chunk of data-only events whose payload is not the plain chunk gets read twice (here,
+        then by the full reader). A stream whose every event is like that (Together's token ids,
+        DeepSeek's reasoning fields, logprobs) stops trying after PLAIN_MISSES_MAX in a row.
+        """
+        sse = self._plain
+        assert sse is not None
+        payloads = sse.plain_data_events(decoded)
+        if payloads is None:
+            return False
+        deltas = [plain_chat_payload(raw) for raw in payloads]
+        if None in deltas:
+            self._plain_misses += 1
+            if self._plain_misses >= PLAIN_MISSES_MAX:
+                self._plain = None
+            return False
+        self._plain_misses = 0
+        sse.took_plain_events(len(decoded), len(deltas))
+        for delta in deltas:
+            self._on_delta(now_s, False, delta)  # type: ignore[arg-type]
+        return True
 
     def _on_document(self, body: bytes, now_s: float) -> None:
         # A whole JSON reply: one event at the end, so that a non-streamed chat reply is measured
