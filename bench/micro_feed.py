@@ -81,20 +81,22 @@ def feed() -> Callable[[int], object]:
     return lambda i: m.feed(CHUNK, i * 0.02)
 
 
-def feed_general() -> Callable[[int], object]:
-    """FlowMeter.feed with the plain chat path off: every event built as a Frame and a Delta."""
+def general_meter() -> FlowMeter:
+    """A FlowMeter with the plain chat path off: every event built as a Frame and a Delta."""
     m = new_meter()
     m._pick_plain_path = lambda: None  # type: ignore[method-assign]
     m._plain = None
+    return m
+
+
+def feed_general() -> Callable[[int], object]:
+    m = general_meter()
     return lambda i: m.feed(CHUNK, i * 0.02)
 
 
 def feed_coalesced(general: bool = False) -> Callable[[int], object]:
     """Four events per chunk, as reads coalesce on a busy proxy; the cost per event."""
-    m = new_meter()
-    if general:
-        m._pick_plain_path = lambda: None  # type: ignore[method-assign]
-        m._plain = None
+    m = general_meter() if general else new_meter()
     four = CHUNK * 4
     return lambda i: None if i % 4 else m.feed(four, i * 0.02)
 
