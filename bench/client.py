@@ -30,7 +30,7 @@ from array import array
 try:
     import uvloop
 except ImportError:  # stdlib asyncio is fine, only slower
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux <asm-generic/socket.h>
 SCM_TIMESTAMPNS = SO_TIMESTAMPNS

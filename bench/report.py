@@ -122,7 +122,7 @@ def ramp_table(run: Row) -> list[str]:
     ramps = run.get("ramp") or []
     if not ramps:
         return []
-    bare = next((r for r in ramps if r["topology"] == "mitmdump"), {})
+    bare: Row = next((r for r in ramps if r["topology"] == "mitmdump"), {})
     rows = []
     for r in ramps:
         best = r["saturation_events_per_s"]
@@ -223,7 +223,9 @@ def _memory_target(run: Row) -> tuple[str, str, str] | None:
 
 
 def _soak_target(soak: Row | None) -> tuple[str, str, str] | None:
-    hop = next((s for s in (soak or {}).get("soak", []) if s["topology"] == "hopmeter"), None)
+    if soak is None:
+        return None
+    hop = next((s for s in soak.get("soak", []) if s["topology"] == "hopmeter"), None)
     if hop is None:
         return None
     samples = hop["samples"]

@@ -30,7 +30,7 @@ import time
 try:
     import uvloop
 except ImportError:  # stdlib asyncio is fine, only slower
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 HEAD = (
     b"HTTP/1.1 200 OK\r\n"

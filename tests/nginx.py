@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 NGINX = os.environ.get("HOPMETER_NGINX") or shutil.which("nginx") or "/usr/sbin/nginx"
 START_TIMEOUT_S = 10.0  # nginx listens in ~10 ms here; generous for a loaded CI box
@@ -277,7 +278,7 @@ class NginxServer:
             raise NginxError(f"nginx -t rejected {self.conf_path}:\n{out}")
         return out
 
-    def start(self) -> NginxServer:
+    def start(self) -> Self:
         """Start nginx and wait until it listens, retrying when its port was taken meanwhile."""
         for _ in range(PORT_ATTEMPTS):
             self.port = _free_port()
@@ -301,7 +302,7 @@ class NginxServer:
             shutil.rmtree(self.prefix, ignore_errors=True)
         return status
 
-    def __enter__(self) -> NginxServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

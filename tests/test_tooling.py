@@ -38,7 +38,7 @@ def test_ruff_lint_and_format_pass() -> None:
 
 
 def test_mypy_strict_passes() -> None:
-    """mypy --strict finds nothing in the package."""
+    """mypy --strict finds nothing in the package or the bench harness."""
     result = subprocess.run(
         [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, check=False
     )
