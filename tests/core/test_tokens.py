@@ -87,6 +87,29 @@ def test_cl100k_counts_differ_from_o200k():
     assert make_counter("gpt-4").count(text) > make_counter("gpt-4o").count(text)
 
 
+@pytest.mark.parametrize(
+    ("model", "encoding"), [("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")]
+)
+def test_counts_equal_tiktokens_own_encoding(model: str, encoding: str):
+    """hopmeter builds its own Encoding and drops the Python copy of the vocabulary: it counts
+    exactly what tiktoken's registry encoding counts."""
+    import tiktoken
+
+    texts = [
+        "Hello, world!",
+        "Привет, как дела? 猫がかわいい。 مرحبا بالعالم",
+        "def f(x):\n    return x ** 2  # squares\n\n\t\r\n",
+        "emoji 🙂👍🏽 and a ZWJ family 👨‍👩‍👧 and é vs e\u0301",
+        " ".join(f"word{i}" for i in range(500)),
+        "".join(chr(c) for c in range(0x20, 0x2FF)),
+    ]
+    counter = make_counter(model)
+    assert counter.name == encoding
+    reference = tiktoken.get_encoding(encoding)
+    for text in texts:
+        assert counter.count(text) == len(reference.encode_ordinary(text)), text[:40]
+
+
 def test_non_openai_model_uses_proxy_tokenizer():
     """A Llama model is counted by o200k_base, marked as not its own tokenizer."""
     counter = make_counter("llama-3.3-70b")

@@ -254,7 +254,16 @@ def _encoding(name: str) -> _Counting:
             "pass --tokenizer PATH to a .tiktoken or tokenizer.json file"
         )
     _prime_tiktoken_cache(vocab)
-    enc = tiktoken.get_encoding(name)
+    from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    # tiktoken.get_encoding would do the same, into an Encoding its registry shares; this one is
+    # hopmeter's own, so it may drop the Python copy of the vocabulary below.
+    args = openai_public.ENCODING_CONSTRUCTORS[name]()
+    enc = tiktoken.Encoding(**args)
+    # The encoder (Rust) copied the ranks when it was built and counts without them; the Python
+    # dict of 200,000 byte strings (~28 MiB of the process's RSS) serves only to pickle the
+    # Encoding, which hopmeter never does.
+    args["mergeable_ranks"].clear()
     return _Counting(enc.encode_ordinary)
 
 
@@ -312,7 +321,7 @@ def _load_tiktoken_file(path: Path) -> Callable[[str], int]:
     except ValueError as exc:
         raise TokenizerError(f"{path} is not a .tiktoken file (base64 token, rank)") from exc
     import tiktoken  # noqa: PLC0415
-    from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # noqa: PLC0415
+    from tiktoken_ext import openai_public  # noqa: PLC0415
 
     # The file says nothing of its pre-tokenizer: take the pattern of the OpenAI encoding of its
     # size (GPT-2's up to 60k tokens, cl100k's up to 150k, o200k's beyond).
@@ -321,7 +330,9 @@ def _load_tiktoken_file(path: Path) -> Callable[[str], int]:
     else:
         near = "cl100k_base" if len(ranks) <= 150_000 else "o200k_base"
         _prime_tiktoken_cache(SHIPPED[near])
-        pattern = tiktoken.get_encoding(near)._pat_str
+        # the constructor's arguments, not tiktoken.get_encoding: that would keep a second
+        # vocabulary (~75 MiB) in the registry for the sake of one string
+        pattern = openai_public.ENCODING_CONSTRUCTORS[near]()["pat_str"]
     enc = tiktoken.Encoding(
         name=path.name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
     )
