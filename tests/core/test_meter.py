@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from hopmeter.core.meter import PLAIN_MISSES_MAX, FlowMeter
+from hopmeter.core import meter as meter_module
+from hopmeter.core.meter import PLAIN_MISSES_MAX, TEXT_BLOCK_EVENTS, FlowMeter
 from hopmeter.core.sse import SseDecoder
 from hopmeter.testing import split_at
 from tests.corpus import CORPUS
@@ -60,7 +61,7 @@ def state(meter: FlowMeter) -> dict[str, Any]:
             list(meter.events.stream_tokens),
             list(meter.events.content_offset),
         ),
-        "text": meter.text_parts,
+        "text": meter.event_texts(),
         "facts": asdict(meter.facts),
         "counts": (meter.events_seen, meter.bytes_wire, meter.bytes_decoded, meter.api),
         "utf8": (meter.utf8.replacement_chars, meter.utf8.split_sequences),
@@ -201,3 +202,45 @@ def test_a_stream_whose_every_chunk_declines_stops_trying_the_plain_path() -> No
     assert meter.events_seen == 40 and meter.facts.payload_bytes == 160  # read, not malformed
     assert state(meter) == measure(chunks, "openai.chat", plain=False)[0]
     assert measure(chunkings(EDGES, 1)[0], "openai.chat", plain=True)[1] == 6  # still on
+
+
+def _long_reply(events: int) -> tuple[bytes, list[str]]:
+    """A chat stream of `events` events, every fifth one without text; and each event's text."""
+    body, texts = [], []
+    for i in range(events):
+        text = "" if i % 5 == 4 else f" w{i}\u00e9"
+        body.append(chunk(text))
+        texts.append(text)
+    return b"".join(body), texts
+
+
+def test_kept_text_joined_in_blocks_reads_back_per_event() -> None:
+    """The reply text is stored a block of events at a time; each event's text and the whole
+    reply read back exactly, across block boundaries and events without text."""
+    body, texts = _long_reply(TEXT_BLOCK_EVENTS * 2 + 37)
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    for i, piece in enumerate(split_at(body, list(range(0, len(body), 97)))):
+        meter.feed(piece, i * 0.001)
+    meter.close(1.0)
+    assert meter.event_texts() == texts
+    assert meter.text() == "".join(texts)
+    assert meter.text_chars == sum(map(len, texts))
+
+
+def test_text_past_the_bounds_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_TEXT_CHARS an event's text is counted, not kept; past MAX_EVENTS nothing is."""
+    monkeypatch.setattr(meter_module, "MAX_TEXT_CHARS", 60)
+    monkeypatch.setattr(meter_module, "MAX_EVENTS", 30)
+    body, texts = _long_reply(40)
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    meter.feed(body, 0.0)
+    kept, total = [], 0
+    for text in texts[:30]:
+        fits = total + len(text) <= 60
+        kept.append(text if fits else "")
+        total += len(text) if fits else 0
+    assert meter.event_texts() == kept
+    assert meter.text() == "".join(kept)
+    assert meter.text_overflow_chars == sum(map(len, texts)) - total
+    assert len(meter.events.t_s) == 30
+    assert meter.events_seen == 40

@@ -36,6 +36,9 @@ MAX_EVENTS = 8192
 # Visible text kept for tokenizing at the end of the flow. Past this, tokens are estimated from the
 # character count: 256 KiB is ~64,000 tokens of English, longer than any model's reply limit.
 MAX_TEXT_CHARS = 256 * 1024
+# The kept text is joined into one string every this many events: a str per event costs ~50 bytes
+# beyond its characters, ~200 KiB held until the end of a 4,000-token reply.
+TEXT_BLOCK_EVENTS = 256
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
 # Chunks in a row the plain chat path may read and decline before a flow stops trying it (its
@@ -143,9 +146,13 @@ class FlowMeter:
         self.events = EventMarks()
         self.events_seen = 0
         self.facts = StreamFacts()
-        self.text_parts: list[str] = []
-        self.text_chars = 0
-        self.text_overflow_chars = 0
+        self.text_chars = 0  # kept (see `event_texts`)
+        self.text_overflow_chars = 0  # not kept: past MAX_TEXT_CHARS or MAX_EVENTS, or not asked
+        # the kept text of each recorded event: the last few one string each, the ones before
+        # joined TEXT_BLOCK_EVENTS at a time, with each event's length
+        self._text_recent: list[str] = []
+        self._text_blocks: list[str] = []
+        self._text_lens = array("i")  # of the events in _text_blocks
         self._keep_text = keep_text
         self._visible_chars = 0
         self._document = bytearray()
@@ -237,6 +244,36 @@ class FlowMeter:
         elif self._document and not self._document_overflow:
             self._on_document(bytes(self._document), now_s)
 
+    def text(self) -> str:
+        """The reply text kept so far (answer, reasoning and tool arguments), in order."""
+        return "".join(self._text_blocks) + "".join(self._text_recent)
+
+    def event_texts(self) -> list[str]:
+        """The kept text of each recorded event: "" for one without text or past MAX_TEXT_CHARS."""
+        folded = "".join(self._text_blocks)
+        out = []
+        pos = 0
+        for n in self._text_lens:
+            out.append(folded[pos : pos + n])
+            pos += n
+        out += self._text_recent
+        return out
+
+    def _on_usage(self, delta: Delta) -> None:
+        facts = self.facts
+        if delta.output_tokens_total is not None:
+            facts.usage_output_tokens = delta.output_tokens_total
+        if delta.input_tokens_total is not None:
+            facts.usage_input_tokens = delta.input_tokens_total
+        if delta.reasoning_tokens_total is not None:
+            facts.usage_reasoning_tokens = delta.reasoning_tokens_total
+
+    def _fold_text(self) -> None:
+        recent = self._text_recent
+        self._text_lens.extend(map(len, recent))
+        self._text_blocks.append("".join(recent))
+        recent.clear()
+
     @property
     def document(self) -> bytes | None:
         """The body of a response that was not an event stream (bounded), for not_streamed."""
@@ -323,12 +360,12 @@ class FlowMeter:
             facts.events_incomplete_utf8 += 1
         if delta.model and facts.model is None:
             facts.model = delta.model
-        if delta.output_tokens_total is not None:
-            facts.usage_output_tokens = delta.output_tokens_total
-        if delta.input_tokens_total is not None:
-            facts.usage_input_tokens = delta.input_tokens_total
-        if delta.reasoning_tokens_total is not None:
-            facts.usage_reasoning_tokens = delta.reasoning_tokens_total
+        if (
+            delta.output_tokens_total is not None
+            or delta.input_tokens_total is not None
+            or delta.reasoning_tokens_total is not None
+        ):
+            self._on_usage(delta)
         if delta.reasoning:
             facts.reasoning_chars += len(delta.reasoning)
         if delta.terminal:
@@ -348,18 +385,20 @@ class FlowMeter:
             else:
                 facts.replacement_chars += text.count("\ufffd")
                 facts.payload_bytes += len(text.encode("utf-8"))
+        marks = self.events
+        if len(marks.t_s) >= MAX_EVENTS:
+            self.text_overflow_chars += len(text)
+            return
+        if text:
             if self._keep_text and self.text_chars + len(text) <= MAX_TEXT_CHARS:
-                self.text_parts.append(text)
                 self.text_chars += len(text)
             else:
-                self.text_parts.append("")
                 self.text_overflow_chars += len(text)
-        else:
-            self.text_parts.append("")
-        if len(self.events.t_s) >= MAX_EVENTS:
-            self.text_parts.pop()
-            return
-        marks = self.events
+                text = ""
+        recent = self._text_recent
+        recent.append(text)
+        if len(recent) >= TEXT_BLOCK_EVENTS:
+            self._fold_text()
         marks.t_s.append(t)
         ids = delta.stream_tokens
         if ids is None and delta.token_ids is not None:

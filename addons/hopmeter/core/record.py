@@ -169,7 +169,7 @@ def finish_flow(
             rec["figures"] = _figures_dict(meter, figures, account)
             rec["stream"] = _stream_facts(meter)
             if log_content:
-                rec["content"] = "".join(meter.text_parts)
+                rec["content"] = meter.text()
     rec["api"] = api
     rec["model"] = model
     findings = []
@@ -196,7 +196,7 @@ def _abs(t0: float, offset: float | None) -> float | None:
 
 def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
     n = len(meter.events.t_s)
-    texts = meter.text_parts[:n]
+    texts = meter.event_texts()
     # an event whose text was not kept (past the bound) has "" here but visible chars in offsets
     offsets = meter.events.content_offset
     overflow = [not texts[i] and offsets[i] > (offsets[i - 1] if i else 0) for i in range(n)]
