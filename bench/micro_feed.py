@@ -9,7 +9,8 @@ Each figure is the best of several rounds of the mean µs per call (one process,
 
 Rows indented under FlowMeter.feed are its parts, timed alone. The rows "plain chat path off"
 time the general path (every event built as a Frame and a Delta) that chat chunks took before the
-plain path; "4 events per chunk" is what a busy proxy reads when several events coalesce.
+plain path; "4 events per chunk" is what a busy proxy reads when several events coalesce. The
+Anthropic rows feed Anthropic's token event (`event: content_block_delta` and its data line).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ CHUNK = (
     b'"finish_reason":null}]}\n\n'
 )
 PAYLOAD = CHUNK[6:-2]
+ANTHROPIC_START = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"model":"claude-bench",'
+    b'"usage":{"input_tokens":9,"output_tokens":1}}}\n\n'
+)
+ANTHROPIC_CHUNK = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":" tok"}}\n\n'
+)
 TEXT = PAYLOAD.decode()
 
 
@@ -92,6 +101,15 @@ def general_meter() -> FlowMeter:
 def feed_general() -> Callable[[int], object]:
     m = general_meter()
     return lambda i: m.feed(CHUNK, i * 0.02)
+
+
+def feed_anthropic(general: bool = False) -> Callable[[int], object]:
+    m = FlowMeter(api="anthropic.messages", content_type="text/event-stream", content_encoding=None)
+    if general:
+        m._pick_plain_path = lambda: None  # type: ignore[method-assign]
+        m._plain = None
+    m.feed(ANTHROPIC_START, 0.0)
+    return lambda i: m.feed(ANTHROPIC_CHUNK, i * 0.02)
 
 
 def feed_coalesced(general: bool = False) -> Callable[[int], object]:
@@ -327,6 +345,8 @@ CASES: list[tuple[str, Callable[[], Callable[[int], object]]]] = [
     ("FlowMeter.feed, plain chat path off (every event a Frame and a Delta)", feed_general),
     ("FlowMeter.feed, 4 events per chunk (per event)", feed_coalesced),
     ("FlowMeter.feed, 4 events per chunk, plain chat path off", lambda: feed_coalesced(True)),
+    ("FlowMeter.feed, Anthropic content_block_delta", feed_anthropic),
+    ("FlowMeter.feed, Anthropic, plain path off", lambda: feed_anthropic(True)),
     ("  SseDecoder.feed", sse),
     ("    decode_payload", payload),
     ("    Frame()", frame),

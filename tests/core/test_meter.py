@@ -86,10 +86,10 @@ def measure(chunks: list[bytes], api: str, plain: bool) -> tuple[dict[str, Any],
         assert isinstance(sse, SseDecoder)
         took = sse.took_plain_events
 
-        def counting(size: int, events: int) -> None:
+        def counting(size: int, lines: int) -> None:
             nonlocal taken
             taken += 1
-            took(size, events)
+            took(size, lines)
 
         sse.took_plain_events = counting  # type: ignore[method-assign]
     else:
@@ -147,6 +147,94 @@ def test_plain_path_takes_coalesced_events_and_declines_a_batch_with_another_sha
     assert sse.plain_data_events(chunk("d")) is None  # a partial line is pending
 
 
+def anthropic(kind: str, doc: dict[str, object]) -> bytes:
+    return (
+        f"event: {kind}\ndata: ".encode() + json.dumps(doc, ensure_ascii=False).encode() + b"\n\n"
+    )
+
+
+def text_delta(text: str, block: str = "text_delta", field: str = "text") -> bytes:
+    doc = {"type": "content_block_delta", "index": 0, "delta": {"type": block, field: text}}
+    return anthropic("content_block_delta", doc)
+
+
+# An Anthropic stream with every shape near its token event: text, thinking and tool-input
+# deltas, a ping, a delta whose payload names another type, one without a type, a payload with
+# invalid UTF-8, an event without its event line, a CRLF one, two data lines, and the usage events.
+ANTHROPIC_EDGES = b"".join(
+    [
+        anthropic(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {"model": "claude-x", "usage": {"input_tokens": 9}},
+            },
+        ),
+        anthropic("content_block_start", {"type": "content_block_start", "index": 0}),
+        text_delta("think", "thinking_delta", "thinking"),
+        text_delta("Hello"),
+        text_delta(" w\u00f6rld \U0001f600"),
+        anthropic("ping", {"type": "ping"}),
+        text_delta(' "quoted"'),
+        anthropic("content_block_delta", {"type": "message_delta", "usage": {"output_tokens": 1}}),
+        anthropic(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": " t"}}
+        ),
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+        b'{"type":"text_delta","text":"bad \xff"}}\n\n',
+        text_delta(" after"),
+        text_delta(" untyped")[len(b"event: content_block_delta\n") :],
+        text_delta(" crlf")[:-2] + b"\r\n\r\n",
+        b'event: content_block_delta\ndata: {"type":"content_block_delta",\n'
+        b'data: "delta":{"type":"text_delta","text":" two"}}\n\n',
+        text_delta('{"a":', "input_json_delta", "partial_json"),
+        text_delta(" z"),
+        anthropic("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        anthropic("message_delta", {"type": "message_delta", "usage": {"output_tokens": 14}}),
+        anthropic("message_stop", {"type": "message_stop"}),
+    ]
+)
+
+
+@pytest.mark.parametrize("api", ["anthropic.messages", "sse"])
+def test_anthropic_plain_path_measures_what_the_general_path_does(api: str) -> None:
+    """Anthropic's content_block_delta events take the plain path (its `event:` line checked),
+    and every shape near them measures the same with the plain path as without it."""
+    for seed, chunks in enumerate(chunkings(ANTHROPIC_EDGES, 5)):
+        general, _ = measure(chunks, api, plain=False)
+        plain, taken = measure(chunks, api, plain=True)
+        assert plain == general, seed
+        if seed == 0:
+            assert general["counts"][3] == "anthropic.messages"
+            # think, Hello, wörld, quoted, the payload without a type, after, {"a":, z (the one
+            # naming another type goes the general way)
+            assert taken == 8, taken
+            assert general["facts"]["replacement_chars"] == 1
+            assert general["facts"]["reasoning_chars"] == 5
+
+
+def test_typed_plain_events_need_their_event_line_on_every_event() -> None:
+    sse = SseDecoder()
+    sse.feed(text_delta("a"), 0.0)
+    two = text_delta("b") + text_delta("c")
+    kind = b"content_block_delta"
+    head = len(b"event: content_block_delta\ndata: ")
+    assert sse.plain_data_events(two, kind) == [text_delta("b")[head:-2], text_delta("c")[head:-2]]
+    assert sse.plain_data_events(two) is None  # an event line where none may be
+    assert sse.plain_data_events(chunk("b"), kind) is None  # none where one must be
+    for declined in (
+        text_delta("b") + chunk("c"),
+        text_delta("b") + anthropic("ping", {"type": "ping"}),
+        text_delta("b")[:-1] + text_delta("c"),  # two data lines
+        text_delta("b") + b"\n\n",
+        b"event: content_block_delta\nid: 1\n"
+        + text_delta("b")[len(b"event: content_block_delta\n") :],
+        text_delta("b")[:-2] + b"\r\n\r\n",
+        text_delta("b")[:-1],
+    ):
+        assert sse.plain_data_events(declined, kind) is None, declined
+
+
 def test_plain_path_on_the_bench_chunk_builds_no_frame() -> None:
     """The bench's chunk (one event per chunk, a plain OpenAI stream) goes the plain way."""
     body = b"".join(chunk(" tok") for _ in range(50))
@@ -159,20 +247,25 @@ def test_plain_path_on_the_bench_chunk_builds_no_frame() -> None:
 
 @needs_corpus
 def test_plain_path_measures_what_the_general_path_does_on_the_corpus() -> None:
-    """Every chat recording of the corpus (LF and CRLF, every vendor's variant), cut several
-    ways, measures the same with and without the plain path."""
-    taken_total = 0
+    """Every chat and Anthropic recording of the corpus (LF and CRLF, every vendor's variant, as
+    sniffed and as declared), cut several ways, measures the same with and without the plain
+    path; and the plain path takes chunks of both."""
+    taken_total = {"openai.chat": 0, "anthropic.messages": 0}
     recordings = sorted(CORPUS.rglob("*.sse"))
     for path in recordings:
         body = path.read_bytes()
         for seed, chunks in enumerate(chunkings(body, 3)):
             general, _ = measure(chunks, "sse", plain=False)
-            if general["counts"][3] != "openai.chat":
+            api = general["counts"][3]
+            if api not in taken_total:
                 break
             plain, taken = measure(chunks, "sse", plain=True)
             assert plain == general, (path.name, seed)
-            taken_total += taken
-    assert taken_total > 300, taken_total
+            declared, declared_taken = measure(chunks, api, plain=True)
+            assert declared == measure(chunks, api, plain=False)[0], (path.name, seed, api)
+            taken_total[api] += taken + declared_taken
+    assert taken_total["openai.chat"] > 300, taken_total
+    assert taken_total["anthropic.messages"] > 100, taken_total
 
 
 def test_a_stream_whose_every_chunk_declines_stops_trying_the_plain_path() -> None:
@@ -189,10 +282,10 @@ def test_a_stream_whose_every_chunk_declines_stops_trying_the_plain_path() -> No
     tried = 0
     read = sse.plain_data_events
 
-    def counting(data: bytes) -> list[bytes] | None:
+    def counting(data: bytes, event: bytes = b"") -> list[bytes] | None:
         nonlocal tried
         tried += 1
-        return read(data)
+        return read(data, event)
 
     sse.plain_data_events = counting  # type: ignore[method-assign]
     for i, data in enumerate(chunks):

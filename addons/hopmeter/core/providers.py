@@ -345,6 +345,8 @@ def _text_delta(field: str, text: str, tokens: int | None = None) -> Delta:
         return Delta(reasoning=text, stream_tokens=tokens)
     if field == "tool_args":
         return Delta(tool_args=text, stream_tokens=tokens)
+    if tokens is None:
+        return content_delta(text, None, False)
     return Delta(content=text, stream_tokens=tokens)
 
 
@@ -622,6 +624,34 @@ class ResponsesParser(ApiParser):
         )
 
 
+def _anthropic_block(doc: dict[str, object], kind: str) -> Delta:
+    """The text a content_block_delta or content_block_start event adds (answer, thinking or
+    tool input), by its block type."""
+    inner = _dict(doc.get("delta") if kind == "content_block_delta" else doc.get("content_block"))
+    read = _ANTHROPIC_TEXT.get(_str(inner.get("type")))
+    return _text_delta(read[0], _str(inner.get(read[1]))) if read else EMPTY
+
+
+def plain_anthropic_delta(raw: bytes) -> Delta | None:
+    """The Delta of the payload of an event the stream typed `content_block_delta` (Anthropic's
+    token event), as `AnthropicParser.parse` gives it; None when the payload is not a JSON object
+    of that type: then the frame goes through the full reader.
+
+    orjson rejects invalid UTF-8, so a payload this accepts needs no decoded copy.
+    """
+    if raw[:1] != b"{":
+        return None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict or (_str(doc.get("type")) or "content_block_delta") != (
+        "content_block_delta"
+    ):
+        return None
+    return _anthropic_block(doc, "content_block_delta")
+
+
 class AnthropicParser(ApiParser):
     """Anthropic Messages events; usage comes in message_start and (cumulative) message_delta."""
 
@@ -633,11 +663,7 @@ class AnthropicParser(ApiParser):
             return EMPTY
         kind = _str(doc.get("type")) or frame.kind
         if kind in ("content_block_delta", "content_block_start"):
-            inner = _dict(
-                doc.get("delta") if kind == "content_block_delta" else doc.get("content_block")
-            )
-            read = _ANTHROPIC_TEXT.get(_str(inner.get("type")))
-            return _text_delta(read[0], _str(inner.get(read[1]))) if read else EMPTY
+            return _anthropic_block(doc, kind)
         if kind in ("message_start", "message"):
             msg = _dict(doc.get("message")) if kind == "message_start" else doc
             return self._usage(

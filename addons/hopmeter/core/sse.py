@@ -102,15 +102,19 @@ class SseDecoder:
         self._partial.clear()
         return self._lines(buf, drop_first, now)
 
-    def plain_data_events(self, data: bytes) -> list[bytes] | None:
+    def plain_data_events(self, data: bytes, event: bytes = b"") -> list[bytes] | None:
         """The data values when `data` is exactly whole events of one `data: <value>` line each,
-        every one ended by a blank line (LF only), and nothing is pending; else None. Changes
-        nothing: a caller that reads the values itself then calls `took_plain_events` instead of
+        every one ended by a blank line (LF only), and nothing is pending; else None. With
+        `event`, each event must also start with the line `event: <event>`. Changes nothing: a
+        caller that reads the values itself then calls `took_plain_events` instead of
         `feed(data)`.
 
-        The shape most LLM servers write nearly every token event in (one per chunk, several when
-        reads coalesce), read without building Frames (`FlowMeter` takes chat chunks this way).
+        The shape LLM servers write nearly every token event in (one per chunk, several when reads
+        coalesce), read without building Frames: OpenAI-style chat chunks, and Anthropic's
+        `content_block_delta` events (`FlowMeter._pick_plain_path`).
         """
+        if event:
+            return self._plain_typed_events(data, b"event: " + event + b"\ndata: ")
         if (
             data[:6] != b"data: "
             or data[-2:] != b"\n\n"
@@ -130,16 +134,43 @@ class SseDecoder:
         events = data[:-2].split(b"\n\n")
         if data.count(b"\n") != 2 * len(events):
             return None  # a line that is not an event's only line, or an empty event
-        for event in events:
-            if event[:6] != b"data: ":
+        for ev in events:
+            if ev[:6] != b"data: ":
                 return None
-        return [event[6:] for event in events]
+        return [ev[6:] for ev in events]
 
-    def took_plain_events(self, size: int, events: int) -> None:
-        """Account for a chunk of `size` bytes whose `events` events `plain_data_events` read, as
-        `feed` would have: two LF line ends each, and the last ends where the stream now ends."""
+    def _plain_typed_events(self, data: bytes, head: bytes) -> list[bytes] | None:
+        if (
+            not data.startswith(head)
+            or data[-2:] != b"\n\n"
+            or not self._started
+            or self._partial
+            or self._data
+            or self._event_type
+            or self._cr_pending
+            or self._discarding
+            or self._closed
+            or len(data) > _WHOLE_EVENT_MAX
+            or b"\r" in data
+        ):
+            return None
+        events = data[:-2].split(b"\n\n")
+        # three line ends per event (the event line's, the data line's, the blank line's): a
+        # value with a line end of its own, or an empty event, makes more
+        if data.count(b"\n") != 3 * len(events):
+            return None
+        n = len(head)
+        for ev in events:
+            if ev[:n] != head:
+                return None
+        return [ev[n:] for ev in events]
+
+    def took_plain_events(self, size: int, lines: int) -> None:
+        """Account for a chunk of `size` bytes of `lines` LF-ended lines (blank ones included)
+        whose events `plain_data_events` read, as `feed` would have: the last event ends where the
+        stream now ends."""
         self._fed += size
-        self.line_endings["lf"] += 2 * events
+        self.line_endings["lf"] += lines
         self._event_start = self._frame_start = self._fed
 
     def close(self, now: float) -> list[Frame]:
