@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -102,3 +103,73 @@ def test_rate_counts_tokens_after_the_first() -> None:
     """tokens/s divides the tokens after the first event by the time since it."""
     f = _figures([0.5, 1.0, 1.5], [1, 2, 2])
     assert f.tokens_per_s == pytest.approx(4.0)
+
+
+# -- the figures against their definitions, written plainly ----------------------------------------
+
+
+def _plain_gaps(
+    times: list[float], tokens: list[int]
+) -> tuple[list[float], list[int], list[float]]:
+    pts = [(t, k) for t, k in zip(times, tokens, strict=True) if k > 0]
+    raw = [max(0.0, b[0] - a[0]) for a, b in pairwise(pts)]
+    weights = [k for _, k in pts[1:]]
+    return [g / k for g, k in zip(raw, weights, strict=True)], weights, raw
+
+
+def _plain_min_window_rate(times: list[float], tokens: list[int], window: float) -> float | None:
+    pts = [(t, k) for t, k in zip(times, tokens, strict=True) if k > 0]
+    if len(pts) < 2 or pts[-1][0] - pts[0][0] < window:
+        return None
+    lowest = None
+    for i, (start, _) in enumerate(pts):
+        if start + window > pts[-1][0]:
+            break
+        # the tokens of the events after the one that opened the window, before it closes
+        count = sum(k for t, k in pts[i + 1 :] if t < start + window)
+        lowest = count / window if lowest is None else min(lowest, count / window)
+    return lowest
+
+
+# Steps that are exact in binary, so that an event lands exactly on a window's end or on the stall
+# threshold (where < and <= part ways); a negative step only where times may go back.
+STEPS = [0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 1.5]
+
+
+@st.composite
+def streams(draw: st.DrawFn, back: bool = False) -> tuple[list[float], list[int]]:
+    """Event times (non-decreasing, as a FlowMeter stamps them, unless `back`; ties and long gaps
+    included) and tokens per event (zeros included)."""
+    steps = draw(st.lists(st.sampled_from([*STEPS, -0.125] if back else STEPS), max_size=60))
+    times = [0.5]
+    for step in steps:
+        times.append(times[-1] + step)
+    tokens = draw(st.lists(st.integers(0, 3), min_size=len(times), max_size=len(times)))
+    return times, tokens
+
+
+@given(streams(back=True))
+def test_token_gaps_follow_their_plain_definition(stream: tuple[list[float], list[int]]):
+    """The token gaps are what their definition, written as a plain loop, gives; a time that goes
+    back makes a gap of zero."""
+    values, weights, raw = _plain_gaps(*stream)
+    g = token_gaps(*stream)
+    assert (list(g.values_s), list(g.weights), list(g.event_gaps_s)) == (values, weights, raw)
+
+
+@given(streams(), st.sampled_from([0.25, 0.5, 1.0]))
+def test_figures_follow_their_plain_definitions(stream: tuple[list[float], list[int]], w: float):
+    """The windowed rate, tokens/s, stalls and the largest gap are exactly what their
+    definitions, written as plain loops, give."""
+    times, tokens = stream
+    _, _, raw = _plain_gaps(times, tokens)
+    assert min_window_rate(times, tokens, w) == _plain_min_window_rate(times, tokens, w)
+    f = _figures(times, tokens, threshold=w)
+    carrying = [(t, k) for t, k in zip(times, tokens, strict=True) if k > 0]
+    assert f.tokens == sum(k for _, k in carrying)
+    assert f.stalls == sum(1 for gap in raw if gap >= w)
+    assert f.max_gap_s == (max(raw) if raw else None)
+    span = carrying[-1][0] - carrying[0][0] if len(carrying) >= 2 else 0.0
+    want = (f.tokens - carrying[0][1]) / span if span > 0 else None
+    assert f.tokens_per_s == want
+    assert f.tokens_per_s_min_window == _plain_min_window_rate(times, tokens, 1.0)
