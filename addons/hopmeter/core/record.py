@@ -155,12 +155,15 @@ def finish_flow(
             resp["bytes_decoded"] = meter.bytes_decoded
             account = _account(meter, counters.for_model(model))
             figures = _figures(meter, account, stall_threshold_s)
+            # to the microsecond: round(t * 1e6) / 1e6 is round(t, 6) at half the cost (no
+            # decimal conversion), and these run once per chunk and per event of every flow
             rec["chunks"] = [
-                [round(t, 6), n] for t, n in zip(meter.chunk_t, meter.chunk_bytes, strict=True)
+                [round(t * 1e6) / 1e6, n]
+                for t, n in zip(meter.chunk_t, meter.chunk_bytes, strict=True)
             ]
             rec["chunks_dropped"] = meter.chunks_seen - len(meter.chunk_t)
             rec["events"] = [
-                [round(t, 6), k, off]
+                [round(t * 1e6) / 1e6, k, off]
                 for t, k, off in zip(
                     meter.events.t_s, account.per_event, meter.events.content_offset, strict=False
                 )
