@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -64,3 +66,30 @@ def test_quiet_console_keeps_nothing() -> None:
     for _ in range(100):
         c.observe(flow("edge", 0.1, 0.02))
     assert c.summary() == ""
+
+
+HANDLERS = """
+import asyncio, logging
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+from hopmeter.runner import drop_legacy_log_events
+
+async def main():
+    DumpMaster(options.Options(), with_termlog=True, with_dumper=False)
+    print(" ".join(type(h).__name__ for h in logging.getLogger().handlers))
+    drop_legacy_log_events()
+    print(" ".join(type(h).__name__ for h in logging.getLogger().handlers))
+
+asyncio.run(main())
+"""
+
+
+def test_hopmeter_master_logs_without_add_log_events() -> None:
+    """The master `hopmeter run` builds keeps mitmproxy's terminal log handler (the per-flow line
+    reaches the console) but not the handler that turns each record into an `add_log` event."""
+    done = subprocess.run(
+        [sys.executable, "-c", HANDLERS], capture_output=True, text=True, check=True, timeout=60
+    )
+    before, after = (line.split() for line in done.stdout.splitlines())
+    assert "LegacyLogEvents" in before and "TermLogHandler" in before
+    assert "LegacyLogEvents" not in after and "TermLogHandler" in after
