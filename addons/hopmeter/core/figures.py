@@ -41,7 +41,7 @@ def token_gaps(times_s: Sequence[float], tokens: Sequence[int]) -> Gaps:
 
 # The helpers below run at each flow's end on the proxy's event loop: they map over whole lists
 # (the loops run in C) instead of building a tuple per event; `compute_figures` of a 400-event
-# flow 362 -> ~150 µs.
+# flow 362 -> ~165 µs.
 
 
 def _carrying(times_s: Sequence[float], tokens: Sequence[int]) -> tuple[list[float], list[int]]:

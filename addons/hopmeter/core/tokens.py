@@ -336,6 +336,7 @@ def _load_tiktoken_file(path: Path) -> Callable[[str], int]:
     enc = tiktoken.Encoding(
         name=path.name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
     )
+    ranks.clear()  # the encoder holds its own copy (see _encoding)
     return _Counting(enc.encode_ordinary).encode_ordinary_len
 
 
