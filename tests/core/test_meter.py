@@ -86,10 +86,10 @@ def measure(chunks: list[bytes], api: str, plain: bool) -> tuple[dict[str, Any],
         assert isinstance(sse, SseDecoder)
         took = sse.took_plain_events
 
-        def counting(size: int, lines: int) -> None:
+        def counting(data: bytes) -> None:
             nonlocal taken
             taken += 1
-            took(size, lines)
+            took(data)
 
         sse.took_plain_events = counting  # type: ignore[method-assign]
     else:

@@ -319,8 +319,7 @@ class FlowMeter:
         """
         sse = self._plain
         assert sse is not None
-        event = self._plain_event
-        payloads = sse.plain_data_events(decoded, event)
+        payloads = sse.plain_data_events(decoded, self._plain_event)
         if payloads is None:
             return False
         read = self._plain_read
@@ -331,7 +330,7 @@ class FlowMeter:
                 self._plain = None
             return False
         self._plain_misses = 0
-        sse.took_plain_events(len(decoded), (3 if event else 2) * len(deltas))
+        sse.took_plain_events(decoded)
         for delta in deltas:
             self._on_delta(now_s, False, delta)  # type: ignore[arg-type]
         return True

@@ -432,9 +432,8 @@ def _plain_chat_chunk(doc: dict[str, object]) -> Delta | None:
     )
 
 
-def plain_chat_payload(raw: bytes) -> Delta | None:
-    """The Delta of one event's payload bytes when they are the common chat chunk (see
-    `_plain_chat_chunk`), else None: then the frame goes through `OpenAIChatParser.parse`.
+def _json_object(raw: bytes) -> dict[str, object] | None:
+    """An event payload's bytes read as a JSON object, else None (the plain paths below).
 
     orjson reads the bytes and rejects invalid UTF-8, so a payload this accepts decodes without
     a replacement character or an unfinished sequence, and needs no decoded copy.
@@ -445,7 +444,14 @@ def plain_chat_payload(raw: bytes) -> Delta | None:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    return _plain_chat_chunk(doc) if type(doc) is dict else None
+    return doc if type(doc) is dict else None
+
+
+def plain_chat_payload(raw: bytes) -> Delta | None:
+    """The Delta of one event's payload bytes when they are the common chat chunk (see
+    `_plain_chat_chunk`), else None: then the frame goes through `OpenAIChatParser.parse`."""
+    doc = _json_object(raw)
+    return None if doc is None else _plain_chat_chunk(doc)
 
 
 class OpenAIChatParser(ApiParser):
@@ -635,19 +641,9 @@ def _anthropic_block(doc: dict[str, object], kind: str) -> Delta:
 def plain_anthropic_delta(raw: bytes) -> Delta | None:
     """The Delta of the payload of an event the stream typed `content_block_delta` (Anthropic's
     token event), as `AnthropicParser.parse` gives it; None when the payload is not a JSON object
-    of that type: then the frame goes through the full reader.
-
-    orjson rejects invalid UTF-8, so a payload this accepts needs no decoded copy.
-    """
-    if raw[:1] != b"{":
-        return None
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if type(doc) is not dict or (_str(doc.get("type")) or "content_block_delta") != (
-        "content_block_delta"
-    ):
+    of that type: then the frame goes through the full reader."""
+    doc = _json_object(raw)
+    if doc is None or (_str(doc.get("type")) or "content_block_delta") != "content_block_delta":
         return None
     return _anthropic_block(doc, "content_block_delta")
 

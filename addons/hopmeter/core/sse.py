@@ -113,33 +113,7 @@ class SseDecoder:
         coalesce), read without building Frames: OpenAI-style chat chunks, and Anthropic's
         `content_block_delta` events (`FlowMeter._pick_plain_path`).
         """
-        if event:
-            return self._plain_typed_events(data, b"event: " + event + b"\ndata: ")
-        if (
-            data[:6] != b"data: "
-            or data[-2:] != b"\n\n"
-            or not self._started
-            or self._partial
-            or self._data
-            or self._event_type
-            or self._cr_pending
-            or self._discarding
-            or self._closed
-            or len(data) > _WHOLE_EVENT_MAX
-            or b"\r" in data
-        ):
-            return None
-        if data.find(b"\n") == len(data) - 2:
-            return [data[6:-2]]
-        events = data[:-2].split(b"\n\n")
-        if data.count(b"\n") != 2 * len(events):
-            return None  # a line that is not an event's only line, or an empty event
-        for ev in events:
-            if ev[:6] != b"data: ":
-                return None
-        return [ev[6:] for ev in events]
-
-    def _plain_typed_events(self, data: bytes, head: bytes) -> list[bytes] | None:
+        head = b"event: " + event + b"\ndata: " if event else b"data: "
         if (
             not data.startswith(head)
             or data[-2:] != b"\n\n"
@@ -154,10 +128,14 @@ class SseDecoder:
             or b"\r" in data
         ):
             return None
+        # an event's line ends: its head's, its data line's and the blank line's; a value with a
+        # line end of its own, or an empty event, makes more
+        per_event = 3 if event else 2
+        ends = data.count(b"\n")
+        if ends == per_event:  # one event (the usual chunk)
+            return [data[len(head) : -2]]
         events = data[:-2].split(b"\n\n")
-        # three line ends per event (the event line's, the data line's, the blank line's): a
-        # value with a line end of its own, or an empty event, makes more
-        if data.count(b"\n") != 3 * len(events):
+        if ends != per_event * len(events):
             return None
         n = len(head)
         for ev in events:
@@ -165,12 +143,11 @@ class SseDecoder:
                 return None
         return [ev[n:] for ev in events]
 
-    def took_plain_events(self, size: int, lines: int) -> None:
-        """Account for a chunk of `size` bytes of `lines` LF-ended lines (blank ones included)
-        whose events `plain_data_events` read, as `feed` would have: the last event ends where the
-        stream now ends."""
-        self._fed += size
-        self.line_endings["lf"] += lines
+    def took_plain_events(self, data: bytes) -> None:
+        """Account for a chunk whose events `plain_data_events` read, as `feed` would have: its
+        lines all end in LF, and its last event ends where the stream now ends."""
+        self._fed += len(data)
+        self.line_endings["lf"] += data.count(b"\n")
         self._event_start = self._frame_start = self._fed
 
     def close(self, now: float) -> list[Frame]:
