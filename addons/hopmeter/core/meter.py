@@ -311,9 +311,9 @@ class FlowMeter:
                 self._document += decoded
 
     def _take_plain(self, decoded: bytes, now_s: float) -> bool:
-        """Measure a chunk of plain chat events; False (nothing changed) for any other chunk.
+        """Measure a chunk of plain events (chat or Anthropic); False (nothing changed) otherwise.
 
-        A chunk of data-only events whose payload is not the plain chunk gets read twice (here,
+        A chunk of plain-shaped events whose payload is not the plain chunk gets read twice (here,
         then by the full reader). A stream whose every event is like that (Together's token ids,
         DeepSeek's reasoning fields, logprobs) stops trying after PLAIN_MISSES_MAX in a row.
         """
