@@ -40,7 +40,7 @@ from hopmeter.core.meter import FlowMeter
 from hopmeter.core.providers import Delta, OpenAIChatParser, plain_chat_payload
 from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.sse import SseDecoder
-from hopmeter.tokenizers import load_counter
+from hopmeter.proxy.tokenizers import load_counter
 
 EVENTS_PER_FLOW = 400
 FLOWS = 10  # 4,000 events per round: short rounds, so best-of filters out other work
@@ -122,7 +122,7 @@ def feed_coalesced(general: bool = False) -> Callable[[int], object]:
 def tap() -> Callable[[int], object]:
     """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
     (with no event loop running, HopMeter.schedule_measure measures at once: both are timed)."""
-    from hopmeter.addon import FlowState, HopMeter, ResponseTap  # noqa: PLC0415 - heavy
+    from hopmeter.proxy.addon import FlowState, HopMeter, ResponseTap  # noqa: PLC0415 - heavy
 
     fields = FlowState.__dataclass_fields__
     kwargs: dict[str, Any] = {"mono0": time.monotonic(), "skew_s": 0.0, "listener": "proxy"}

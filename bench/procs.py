@@ -22,9 +22,9 @@ from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-sys.path.insert(0, str(ROOT))  # for tests.nginx, the project's real-nginx harness
+sys.path.insert(0, str(ROOT))  # for tests.harness.nginx, the project's real-nginx harness
 
-from tests.nginx import NginxServer  # noqa: E402
+from tests.harness.nginx import NginxServer  # noqa: E402
 
 PY = sys.executable
 BIN = Path(PY).parent

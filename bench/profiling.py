@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Load, client, log, warm
-
 import procs
 from procs import BENCH, LAYOUT, Topology
+
+from harness import Load, client, log, warm
 
 # -- soak ----------------------------------------------------------------------------------------
 

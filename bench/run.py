@@ -31,12 +31,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import profiling
-from harness import QUIET_CORES, Load, log, measured_load, warm
-
 import procs
-import report
+import profiling
 from procs import BENCH, LAYOUT, Topology
+
+import report
+from harness import QUIET_CORES, Load, log, measured_load, warm
 
 RESULTS = BENCH / "results"
 RETRIES = 1  # a load disturbed by other work on the machine is run again, once

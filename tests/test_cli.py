@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import HOPMETER
+from tests.harness.procs import HOPMETER
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -66,7 +66,7 @@ def test_addon_path_is_a_loadable_script() -> None:
     path = Path(result.stdout.strip())
     assert result.returncode == 0
     assert path.name == "script.py" and path.is_file()
-    assert "addons = make_addons()" in path.read_text()
+    assert "addons = default_addons()" in path.read_text()
 
 
 @pytest.mark.integration

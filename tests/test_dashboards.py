@@ -20,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from hopmeter.metrics import Metrics, exported_names
+from hopmeter.export.prometheus import Metrics, exported_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"

@@ -105,7 +105,7 @@ def test_alerts_only_read_exported_metrics_and_recorded_series() -> None:
     """Every metric name in the rules is exported by metrics.py or recorded by the rules."""
     from prometheus_client import CollectorRegistry
 
-    from hopmeter.metrics import Metrics, exported_names
+    from hopmeter.export.prometheus import Metrics, exported_names
 
     known = set(exported_names(Metrics(CollectorRegistry()).registry)) | {"up"}
     groups = [

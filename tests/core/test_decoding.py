@@ -16,9 +16,7 @@ from hypothesis import strategies as st
 
 from hopmeter.core.decoding import (
     BrotliDecoder,
-    DecodedSizeError,
     Decoder,
-    DecodingError,
     DeflateDecoder,
     GzipDecoder,
     IdentityDecoder,
@@ -28,7 +26,7 @@ from hopmeter.core.decoding import (
     decode_payload,
     make_decoder,
 )
-from hopmeter.core.frames import HopmeterError, StreamLimitError
+from hopmeter.errors import DecodedSizeError, DecodingError, HopmeterError, StreamLimitError
 from hopmeter.testing import split_at, split_every_way
 
 BODY = b'data: {"choices":[{"delta":{"content":"Hello"}}]}\n\n' * 20 + "data: 😀\n\n".encode()

@@ -13,7 +13,7 @@ from hopmeter.core import meter as meter_module
 from hopmeter.core.meter import PLAIN_MISSES_MAX, TEXT_BLOCK_EVENTS, FlowMeter
 from hopmeter.core.sse import SseDecoder
 from hopmeter.testing import split_at
-from tests.corpus import CORPUS
+from tests.harness.corpus import CORPUS
 
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"no corpus at {CORPUS}")
 

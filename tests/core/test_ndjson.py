@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hopmeter.core.frames import Frame, HopmeterError
+from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import MAX_LINE_BYTES, NdjsonDecoder
+from hopmeter.errors import HopmeterError
 from hopmeter.testing import feed_all, split_at, split_every_way
-from tests.corpus import CORPUS
+from tests.harness.corpus import CORPUS
 
 SOURCES = (CORPUS / "SOURCES.md").read_text()
 

@@ -24,7 +24,7 @@ from hopmeter.core.providers import (
 )
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.tokens import estimate_tokens, reconcile
-from tests.corpus import CORPUS
+from tests.harness.corpus import CORPUS
 
 SSE = {"content-type": "text/event-stream"}
 NDJSON = {"content-type": "application/x-ndjson"}

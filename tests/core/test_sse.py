@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hopmeter.core.frames import Frame, HopmeterError, new_frame
+from hopmeter.core.frames import Frame, new_frame
 from hopmeter.core.sse import MAX_EVENT_BYTES, MAX_LINE_BYTES, SseDecoder
+from hopmeter.errors import HopmeterError
 from hopmeter.testing import feed_all, split_at, split_every_way
-from tests.corpus import CORPUS
+from tests.harness.corpus import CORPUS
 
 
 def parse(data: bytes) -> tuple[list[Frame], SseDecoder]:

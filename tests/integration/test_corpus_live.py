@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from tests.core.test_providers import CASES
-from tests.corpus import CORPUS
-from tests.procs import demo_path, read_records
+from tests.harness.corpus import CORPUS
+from tests.harness.procs import demo_path, read_records
 
 pytestmark = pytest.mark.integration
 

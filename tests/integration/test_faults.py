@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import Proc, free_port, read_records, wait_for
-from tests.scripted import Exchange, ScriptedUpstream
+from tests.harness.procs import Proc, free_port, read_records, wait_for
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +27,9 @@ async def _serve(ex: Exchange) -> None:
 
 def test_injected_fault_keeps_the_flow_and_is_counted(tmp_path: Path) -> None:
     """With the meter raising on the third chunk, the client still gets every byte, in mitmdump."""
-    import hopmeter
+    from hopmeter.cli import addon_path
 
-    script = Path(hopmeter.__file__).with_name("script.py")
+    script = addon_path()
     fault = Path(__file__).with_name("fault_inject.py")
     port, metrics_port = free_port(), free_port()
     records = tmp_path / "records.jsonl"

@@ -23,7 +23,7 @@ import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto import events as ws
 
-from tests.procs import Proc, free_port, hopmeter, measuring, read_records, wait_for
+from tests.harness.procs import Proc, free_port, hopmeter, measuring, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -432,8 +432,8 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 
 def test_tls_http2_upstream(tmp_path: Path) -> None:
     """h2 client -> hopmeter -> nginx speaking h2 over TLS (self-signed): intact and measured."""
-    from tests.h2client import stream_post
-    from tests.nginx import STREAMING, NginxConfig, NginxServer
+    from tests.harness.h2client import stream_post
+    from tests.harness.nginx import STREAMING, NginxConfig, NginxServer
 
     events = [event(i) for i in range(30)] + [b"data: [DONE]\n\n"]
 

@@ -16,8 +16,8 @@ import pytest
 
 from hopmeter.core.decoding import MAX_DECODED_BYTES
 from hopmeter.core.sse import MAX_LINE_BYTES
-from tests.procs import Proc, measuring, wait_for
-from tests.scripted import Exchange, ScriptedUpstream
+from tests.harness.procs import Proc, measuring, wait_for
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.nginx import NginxServer
-from tests.procs import HOPMETER, free_port, hopmeter, read_records
+from tests.harness.nginx import NginxServer
+from tests.harness.procs import HOPMETER, free_port, hopmeter, read_records
 
 pytestmark = pytest.mark.integration
 # Long enough for gzip to hold (docs/nginx-holds.md): 120 tokens at 60 tokens/s, 2 s.

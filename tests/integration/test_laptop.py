@@ -11,7 +11,7 @@ import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario
-from tests.procs import demo_path, free_port, hopmeter, read_records, wait_for
+from tests.harness.procs import demo_path, free_port, hopmeter, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 

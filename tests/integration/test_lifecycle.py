@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import demo_path, read_records, wait_for
+from tests.harness.procs import demo_path, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def test_unwritable_records_file_is_a_clear_error(tmp_path: Path) -> None:
     """A records path in a read-only folder fails at start with one line naming it."""
     import subprocess
 
-    from tests.procs import HOPMETER
+    from tests.harness.procs import HOPMETER
 
     locked = tmp_path / "locked"
     locked.mkdir()

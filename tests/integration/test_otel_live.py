@@ -22,9 +22,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from hopmeter.otel import OtelExporter
-from tests.nginx import NginxServer
-from tests.procs import HOPMETER, Proc, free_port, hopmeter, read_records, wait_for
+from hopmeter.export.otel import OtelExporter
+from tests.harness.nginx import NginxServer
+from tests.harness.procs import HOPMETER, Proc, free_port, hopmeter, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"

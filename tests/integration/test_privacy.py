@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from hopmeter.cli import build_parser
-from tests.procs import free_port, hopmeter, measuring, read_records, wait_for
-from tests.scripted import Exchange, ScriptedUpstream
+from tests.harness.procs import free_port, hopmeter, measuring, read_records, wait_for
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
 

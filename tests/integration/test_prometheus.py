@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.nginx import NginxConfig, NginxServer
-from tests.procs import free_port, hopmeter, port_open, wait_for
+from tests.harness.nginx import NginxConfig, NginxServer
+from tests.harness.procs import free_port, hopmeter, port_open, wait_for
 from tests.test_dashboards import FILES, concrete, load, panels, variable_selectors
 
 pytestmark = pytest.mark.integration

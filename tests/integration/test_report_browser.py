@@ -14,10 +14,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hopmeter import report
-from hopmeter.join import read_records
-from tests import chromium, nginx
-from tests.chromium import Chromium
+from hopmeter.report import command as report
+from hopmeter.report.join import read_records
+from tests.harness import chromium, nginx
+from tests.harness.chromium import Chromium
 from tests.report.records import EMOJI_CRLF, HELD, STALLED, demo_records, two_hop_records
 
 pytestmark = [

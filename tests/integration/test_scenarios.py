@@ -34,9 +34,9 @@ import pytest
 from hopmeter.core.detectors import SEVERITY_ORDER, THRESHOLDS
 from hopmeter.upstream import formats
 from hopmeter.upstream.scenario import Scenario
-from tests.nginx import CONFIGS, NGINX, NginxServer, available
-from tests.procs import HOPMETER, Proc, free_port, read_records
-from tests.scripted import Exchange, ScriptedUpstream
+from tests.harness.nginx import CONFIGS, NGINX, NginxServer, available
+from tests.harness.procs import HOPMETER, Proc, free_port, read_records
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = [
     pytest.mark.integration,

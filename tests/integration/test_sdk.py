@@ -12,7 +12,7 @@ import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario, apply, parse_pairs
-from tests.procs import demo_path, read_records
+from tests.harness.procs import demo_path, read_records
 
 pytestmark = pytest.mark.integration
 SECRET = "sk-hopmeter-test-0123456789abcdef"

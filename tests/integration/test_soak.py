@@ -22,8 +22,8 @@ import httpx
 import orjson
 import pytest
 
-from hopmeter.metrics import DEFAULT_MODEL_FAMILIES
-from tests.procs import free_port, hopmeter, wait_for
+from hopmeter.export.prometheus import DEFAULT_MODEL_FAMILIES
+from tests.harness.procs import free_port, hopmeter, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.h2client import stream_post
-from tests.procs import free_port, hopmeter, measuring, read_records
-from tests.scripted import Exchange, ScriptedUpstream
+from tests.harness.h2client import stream_post
+from tests.harness.procs import free_port, hopmeter, measuring, read_records
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_lockstep_http2_client(tmp_path: Path) -> None:
 
 def test_lockstep_two_listeners_around_nginx(tmp_path: Path) -> None:
     """Both listeners of one process, with a streaming nginx between them, hold nothing."""
-    from tests.nginx import NginxServer
+    from tests.harness.nginx import NginxServer
 
     lock = Lockstep()
     edge, origin = free_port(), free_port()

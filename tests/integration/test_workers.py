@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hopmeter.listen import LISTEN_BACKLOG
-from tests.procs import demo_path, free_port, read_records, wait_for
+from hopmeter.proxy.listen import LISTEN_BACKLOG
+from tests.harness.procs import demo_path, free_port, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 FLOWS = 24

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nginx import available
+from tests.harness.nginx import available
 from tests.report.records import EMOJI_CRLF, HELD, STALLED, demo_records, two_hop_records
 
 

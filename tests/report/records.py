@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.nginx import NginxServer
-from tests.procs import HOPMETER, free_port, hopmeter, read_records
+from tests.harness.nginx import NginxServer
+from tests.harness.procs import HOPMETER, free_port, hopmeter, read_records
 
 # Long enough for gzip to hold the whole body (docs/nginx-holds.md): 60 tokens at 40 tokens/s.
 HELD = "tokens=60;rate=40"

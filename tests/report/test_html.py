@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 import pytest
 
-from hopmeter import report
-from hopmeter.core.frames import HopmeterError
-from hopmeter.join import read_records
+from hopmeter.errors import HopmeterError
+from hopmeter.report import command as report
+from hopmeter.report.join import read_records
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -12,13 +12,13 @@ from typing import Any
 import orjson
 import pytest
 
-from hopmeter import report
 from hopmeter.core.detectors import SEVERITY_ORDER
 from hopmeter.core.figures import token_gaps, weighted_quantile
-from hopmeter.join import read_records
+from hopmeter.report import command as report
 from hopmeter.report.fleet import latency
+from hopmeter.report.join import read_records
 from hopmeter.report.text import clean, ms
-from tests.procs import HOPMETER
+from tests.harness.procs import HOPMETER
 
 
 def _args(*argv: str) -> argparse.Namespace:

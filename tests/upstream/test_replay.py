@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hopmeter.upstream.replay import Transcript, TranscriptError, split_events
-from tests.corpus import CORPUS
+from hopmeter.errors import TranscriptError
+from hopmeter.upstream.replay import Transcript, split_events
+from tests.harness.corpus import CORPUS
 
 
 def test_every_corpus_file_splits_losslessly() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hopmeter.upstream.scenario import Scenario, ScenarioError, apply, from_request, parse_pairs
+from hopmeter.errors import ScenarioError
+from hopmeter.upstream.scenario import Scenario, apply, from_request, parse_pairs
 
 
 def test_header_then_query_override_defaults() -> None:

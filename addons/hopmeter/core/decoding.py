@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from typing import IO, Any, Protocol, cast
 
-from hopmeter.core.frames import HopmeterError, StreamLimitError
+from hopmeter.errors import DecodedSizeError, DecodingError
 
 # The most a decoder hands back from one library call; bigger outputs are produced in a loop of
 # these steps, so the cap below is checked every 64 KiB instead of after a bomb has gone off.
@@ -32,14 +32,6 @@ ZSTD_MAX_WINDOW_BYTES = 8 * 1024 * 1024
 ZSTD_SLICE_BYTES = 256
 
 _LITERAL_FFFD = "\ufffd".encode()  # EF BF BD: a U+FFFD the server sent on purpose
-
-
-class DecodingError(HopmeterError):
-    """The body cannot be decoded as its Content-Encoding says (corrupt, unknown or unsupported)."""
-
-
-class DecodedSizeError(DecodingError, StreamLimitError):
-    """Decoding would produce more than the per-stream cap (a compression bomb or a huge body)."""
 
 
 class Decoder(Protocol):

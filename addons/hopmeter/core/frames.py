@@ -58,11 +58,3 @@ def new_frame(  # noqa: PLR0917 - positional on purpose: that is the saving
             replacement_chars,
         ),
     )
-
-
-class HopmeterError(Exception):
-    """Base of every error hopmeter raises on purpose."""
-
-
-class StreamLimitError(HopmeterError):
-    """A bounded buffer would have grown past its limit."""

@@ -15,9 +15,10 @@ from typing import Protocol
 
 import orjson
 
-from hopmeter.core.decoding import DecodingError, Utf8Decoder, make_decoder
+from hopmeter.core.decoding import Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import NdjsonDecoder
+from hopmeter.core.packed_ids import PackedIdDecoder, width_bits
 from hopmeter.core.providers import (
     AnthropicParser,
     Delta,
@@ -28,7 +29,7 @@ from hopmeter.core.providers import (
     refine_api,
 )
 from hopmeter.core.sse import SseDecoder
-from hopmeter.core.tokenids import PackedIdDecoder, width_bits
+from hopmeter.errors import DecodingError
 
 # Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
 # events; the rest are counted in `chunks_dropped` / `events_dropped`. 4,096 events is a 4,000-token

@@ -9,7 +9,8 @@ The JSON itself is not parsed here.
 from __future__ import annotations
 
 from hopmeter.core.decoding import decode_payload
-from hopmeter.core.frames import Frame, HopmeterError
+from hopmeter.core.frames import Frame
+from hopmeter.errors import HopmeterError
 
 # A line longer than this is dropped (not buffered) up to its end and counted in `overflows`.
 # Ollama's longest lines are the final ones of /api/generate carrying the `context` token ids

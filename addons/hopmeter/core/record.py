@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hopmeter.core.accounting import Counter, TokenAccount, account_tokens
 from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
+from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
 
 SCHEMA = "hopmeter.flow/1"
 ENDINGS = ("complete", "upstream_reset", "client_gone", "error", "shutdown")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 
 from hopmeter.core.decoding import decode_payload
-from hopmeter.core.frames import Frame, HopmeterError, new_frame
+from hopmeter.core.frames import Frame, new_frame
+from hopmeter.errors import HopmeterError
 
 # A line longer than this is dropped (not buffered) up to its end and counted in `overflows`.
 # The longest line in the recorded corpus is ~35 KB (an Anthropic web-search result); 1 MiB is

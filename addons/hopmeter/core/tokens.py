@@ -1,81 +1,19 @@
-"""Counting tokens in event text: a real tokenizer when one loads, else an estimate (DESIGN.md §6).
+"""Counting tokens: per event, best source first, reconciled to the stream's usage total.
 
-Tokenizers never come from the network. hopmeter ships OpenAI's `o200k_base` and `cl100k_base`
-vocabularies (hopmeter/data/*.tiktoken.gz, byte-identical to the files tiktoken pins by sha256) and
-hands them to tiktoken through tiktoken's own cache: the decompressed file is written once, checked
-against tiktoken's pinned hash, where tiktoken looks for it (`$TIKTOKEN_CACHE_DIR`, else
-`$DATA_GYM_CACHE_DIR`, else `<tmp>/data-gym-cache`), so tiktoken builds the encoding exactly as it
-would online and never downloads. Other encodings come from a file (`--tokenizer PATH`).
-
-Model to encoding (`MODEL_ENCODINGS`): OpenAI's own models get their encoding (`exact`); every
-other model (Llama, Claude, Gemini, Mistral, Qwen, DeepSeek, ...) is counted with o200k_base as a
-proxy: still source "tokenizer" (closer than the estimate: a modern ~130k-256k BPE vocabulary splits
-text much like o200k), but `exact` is False. Where the stream reports usage, per-event counts are
-reconciled to it anyway (`reconcile`), so the proxy only shapes the split between events.
+The stream's own counts come first (token ids, logprobs, TGI's `token`); then a tokenizer on the
+event's text; then an estimate from the text's shape (`estimate_tokens`). When the stream ends with
+a usage total, per-event counts are scaled to it (`reconcile`). Tokenizers are built outside the
+core (hopmeter.proxy.tokenizers reads their vocabularies); here a counter is anything with
+`count(text)` and a `source`.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
-import gzip
-import hashlib
-import importlib
 import math
-import os
 import re
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
-from typing import Final
-
-from hopmeter.core.frames import HopmeterError
-
-DEFAULT_ENCODING: Final = "o200k_base"
-
-
-@dataclass(frozen=True, slots=True)
-class ShippedVocabulary:
-    """A vocabulary in hopmeter/data and where tiktoken expects it."""
-
-    file: str
-    sha256: str  # of the decompressed .tiktoken file: the hash tiktoken_ext.openai_public pins
-    url: str  # tiktoken's source URL; its cache key is sha1(url)
-
-
-_BLOB = "https://openaipublic.blob.core.windows.net/encodings/"
-SHIPPED: Final = {
-    "o200k_base": ShippedVocabulary(
-        "o200k_base.tiktoken.gz",
-        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-        _BLOB + "o200k_base.tiktoken",
-    ),
-    "cl100k_base": ShippedVocabulary(
-        "cl100k_base.tiktoken.gz",
-        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-        _BLOB + "cl100k_base.tiktoken",
-    ),
-}
-# Names tiktoken knows that count ordinary text like a shipped encoding (extra specials only).
-ALIASES: Final = {"o200k_harmony": "o200k_base"}
-
-# Model name (lower case) -> (encoding, exact). First match wins. OpenAI's model table in tiktoken
-# (tiktoken/model.py) puts gpt-4o, gpt-4.1, gpt-4.5, gpt-5, o1, o3, o4, chatgpt-4o and gpt-oss on
-# o200k_base and gpt-4, gpt-3.5 and the text-embedding-3/ada-002 models on cl100k_base.
-MODEL_ENCODINGS: Final = (
-    (
-        re.compile(r"(^|/)(gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|o[134]\b|o[134]-|chatgpt-|gpt-oss)"),
-        "o200k_base",
-        True,
-    ),
-    (
-        re.compile(r"(^|/)(gpt-4|gpt-3\.5|gpt-35|text-embedding-3|text-embedding-ada)"),
-        "cl100k_base",
-        True,
-    ),
-)
+from typing import Final, Protocol
 
 # The estimate, calibrated against o200k_base on the 3,115 visible event texts of the development
 # corpus (shared/corpus): mean absolute error 0.2 tokens per event and +3% over the whole text,
@@ -90,10 +28,6 @@ SYMBOL_BYTES_PER_TOKEN: Final = 3  # other symbols (emoji, CJK punctuation) by U
 CJK_TOKENS_PER_CHAR: Final = 0.7  # o200k: 14 tokens for 20 Chinese characters in our sample
 # Ideographs, kana and hangul: scripts without spaces between words.
 _CJK: Final = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002ffff]")
-
-
-class TokenizerError(HopmeterError):
-    """A tokenizer named by the user cannot be loaded; the message says what to do."""
 
 
 def estimate_tokens(text: str) -> int:
@@ -182,185 +116,6 @@ def estimate_counter(reason: str | None = None) -> TokenCounter:
     )
 
 
-def encoding_for_model(model: str | None) -> tuple[str, bool]:
-    """The encoding to count `model`'s text with, and whether it is the model's own."""
-    name = (model or "").lower()
-    for pattern, encoding, exact in MODEL_ENCODINGS:
-        if pattern.search(name):
-            return encoding, exact
-    return DEFAULT_ENCODING, False
-
-
-def make_counter(
-    model: str | None, tokenizer: str | None = None, *, strict: bool = False
-) -> TokenCounter:
-    """A counter for `model`, or for the tokenizer the user named (`--tokenizer NAME|PATH`).
-
-    A tokenizer that cannot load gives the estimate with `fallback_reason` set; with `strict`, a
-    user-named one raises TokenizerError instead (for checking `--tokenizer` at start-up).
-    """
-    if tokenizer:
-        spec, exact = tokenizer, True
-    else:
-        spec, exact = encoding_for_model(model)
-    try:
-        name, count = _load(spec)
-    except TokenizerError as exc:
-        if strict and tokenizer:
-            raise
-        return estimate_counter(str(exc))
-    return TokenCounter(name=name, source="tokenizer", exact=exact, count=count)
-
-
-def check_tokenizer(tokenizer: str) -> None:
-    """Raise TokenizerError (one line, with the fix) when `--tokenizer` cannot be used."""
-    make_counter(None, tokenizer, strict=True)
-
-
-# Loaded tokenizers, by spec. A handful at most: one per encoding or file a deployment names.
-@functools.lru_cache(maxsize=8)
-def _load(spec: str) -> tuple[str, Callable[[str], int]]:
-    path = Path(spec).expanduser()
-    if spec.endswith(".json"):
-        return path.name, _load_hf_json(path)
-    if spec.endswith((".tiktoken", ".tiktoken.gz")) or os.sep in spec:
-        return path.name, _load_tiktoken_file(path)
-    name = ALIASES.get(spec, spec)
-    return spec, _encoding(name).encode_ordinary_len
-
-
-class _Counting:
-    """Adapts an encoder's `encode_ordinary` to a token count."""
-
-    __slots__ = ("_encode",)
-
-    def __init__(self, encode: Callable[[str], list[int]]) -> None:
-        self._encode = encode
-
-    def encode_ordinary_len(self, text: str) -> int:
-        return len(self._encode(text))
-
-
-def _encoding(name: str) -> _Counting:
-    try:
-        import tiktoken  # noqa: PLC0415 - a heavy import, needed only when counting
-    except ImportError as exc:
-        raise TokenizerError("tiktoken is not installed: pip install tiktoken") from exc
-    vocab = SHIPPED.get(name)
-    if vocab is None:
-        known = ", ".join(sorted(SHIPPED))
-        raise TokenizerError(
-            f"tokenizer {name!r} is not shipped with hopmeter (it has {known}); "
-            "pass --tokenizer PATH to a .tiktoken or tokenizer.json file"
-        )
-    _prime_tiktoken_cache(vocab)
-    from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # noqa: PLC0415
-
-    # tiktoken.get_encoding would do the same, into an Encoding its registry shares; this one is
-    # hopmeter's own, so it may drop the Python copy of the vocabulary below.
-    args = openai_public.ENCODING_CONSTRUCTORS[name]()
-    enc = tiktoken.Encoding(**args)
-    # The encoder (Rust) copied the ranks when it was built and counts without them; the Python
-    # dict of 200,000 byte strings (~28 MiB of the process's RSS) serves only to pickle the
-    # Encoding, which hopmeter never does.
-    args["mergeable_ranks"].clear()
-    return _Counting(enc.encode_ordinary)
-
-
-def _prime_tiktoken_cache(vocab: ShippedVocabulary) -> None:
-    """Put the shipped vocabulary where tiktoken looks before it downloads (see module doc)."""
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        cache_dir = os.environ["TIKTOKEN_CACHE_DIR"]
-    elif "DATA_GYM_CACHE_DIR" in os.environ:
-        cache_dir = os.environ["DATA_GYM_CACHE_DIR"]
-    else:
-        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    if not cache_dir:
-        raise TokenizerError("TIKTOKEN_CACHE_DIR is empty, which makes tiktoken download; unset it")
-    target = Path(cache_dir) / hashlib.sha1(vocab.url.encode()).hexdigest()  # noqa: S324
-    if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == vocab.sha256:
-        return
-    data = _shipped_bytes(vocab)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        partial.write_bytes(data)
-        partial.replace(target)
-    except OSError as exc:
-        raise TokenizerError(f"cannot write tiktoken's cache {cache_dir}: {exc.strerror}") from exc
-
-
-def _shipped_bytes(vocab: ShippedVocabulary) -> bytes:
-    try:
-        packed = resources.files("hopmeter").joinpath("data", vocab.file).read_bytes()
-        data = gzip.decompress(packed)
-    except (OSError, EOFError) as exc:
-        raise TokenizerError(f"hopmeter's {vocab.file} is missing or damaged: reinstall") from exc
-    if hashlib.sha256(data).hexdigest() != vocab.sha256:
-        raise TokenizerError(f"hopmeter's {vocab.file} does not match its hash: reinstall")
-    return data
-
-
-def _load_tiktoken_file(path: Path) -> Callable[[str], int]:
-    """A `.tiktoken` BPE file (one `base64-token rank` per line), plain or gzip'd."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TokenizerError(f"cannot read tokenizer file {path}: {exc.strerror}") from exc
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    digest = hashlib.sha256(raw).hexdigest()
-    for name, vocab in SHIPPED.items():
-        if vocab.sha256 == digest:
-            return _encoding(name).encode_ordinary_len
-    try:
-        ranks = {
-            base64.b64decode(tok): int(rank)
-            for tok, rank in (line.split() for line in raw.splitlines() if line)
-        }
-    except ValueError as exc:
-        raise TokenizerError(f"{path} is not a .tiktoken file (base64 token, rank)") from exc
-    import tiktoken  # noqa: PLC0415
-    from tiktoken_ext import openai_public  # noqa: PLC0415
-
-    # The file says nothing of its pre-tokenizer: take the pattern of the OpenAI encoding of its
-    # size (GPT-2's up to 60k tokens, cl100k's up to 150k, o200k's beyond).
-    if len(ranks) <= 60_000:
-        pattern = openai_public.r50k_pat_str
-    else:
-        near = "cl100k_base" if len(ranks) <= 150_000 else "o200k_base"
-        _prime_tiktoken_cache(SHIPPED[near])
-        # the constructor's arguments, not tiktoken.get_encoding: that would keep a second
-        # vocabulary (~75 MiB) in the registry for the sake of one string
-        pattern = openai_public.ENCODING_CONSTRUCTORS[near]()["pat_str"]
-    enc = tiktoken.Encoding(
-        name=path.name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
-    )
-    ranks.clear()  # the encoder holds its own copy (see _encoding)
-    return _Counting(enc.encode_ordinary).encode_ordinary_len
-
-
-def _load_hf_json(path: Path) -> Callable[[str], int]:
-    """A Hugging Face `tokenizer.json`, through the optional `tokenizers` package."""
-    if not path.is_file():
-        raise TokenizerError(f"tokenizer file {path} does not exist")
-    try:
-        hf = importlib.import_module("tokenizers")  # optional: Rust wheels, ~9 MB
-    except ImportError as exc:
-        raise TokenizerError(
-            f"{path.name} needs the 'tokenizers' package: pip install tokenizers"
-        ) from exc
-    try:
-        tok = hf.Tokenizer.from_file(str(path))
-    except Exception as exc:  # the library raises its own bare Exception types
-        raise TokenizerError(f"{path} is not a tokenizer.json file: {exc}") from exc
-
-    def count(text: str) -> int:
-        return len(tok.encode(text, add_special_tokens=False).ids)
-
-    return count
-
-
 def reconcile(counts: list[int], total: int) -> list[int]:
     """Scale per-event counts so they sum to `total` exactly (largest-remainder method).
 
@@ -391,3 +146,96 @@ def reconcile(counts: list[int], total: int) -> list[int]:
         alloc[i] -= 1
         left += 1
     return alloc
+
+
+class Counter(Protocol):
+    """A token counter: a tokenizer, or the estimate."""
+
+    source: str
+
+    def count(self, text: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenAccount:
+    """Per-event token counts and where they came from."""
+
+    per_event: tuple[int, ...]
+    source: str  # "stream" | "usage" | "tokenizer" | "estimate" (what the final counts rest on)
+    counted: int  # sum before reconciliation
+    counted_source: str  # the best source used before reconciliation
+    usage: int | None  # the stream's own total, when it sent one
+    mismatch: int | None  # usage - hidden reasoning - counted
+    hidden_reasoning: int = 0  # reasoning tokens in usage that no event carried
+
+
+def account_tokens(
+    *,
+    stream_tokens: Sequence[int],
+    texts: Sequence[str],
+    overflow: Sequence[bool],
+    usage: int | None,
+    counter: Counter,
+    hidden_reasoning: int | None = None,
+) -> TokenAccount:
+    """Count each event's tokens from the stream, else the tokenizer, else an estimate.
+
+    `stream_tokens[i]` is -1 when the stream says nothing about event i; `overflow[i]` marks events
+    whose text was not kept (past the per-flow text bound), which are estimated.
+    `hidden_reasoning` is the part of `usage` spent on reasoning that was never streamed (OpenAI
+    reasoning models, Gemini thinking without summaries): it is taken off the total before the
+    visible events are reconciled to it, or they would be inflated many times over.
+    """
+    counts: list[int] = []
+    append, count = counts.append, counter.count
+    from_stream = estimated = tokenized = False
+    for given, text, lost in zip(stream_tokens, texts, overflow, strict=True):
+        if given >= 0:
+            append(given)
+            from_stream = from_stream or given > 0
+        elif lost:
+            append(1)
+            estimated = True
+        elif text:
+            append(count(text) or 1)
+            tokenized = True
+        else:
+            append(0)
+    sources = {
+        name for name, seen in (("stream", from_stream), ("estimate", estimated)) if seen
+    } | ({counter.source} if tokenized else set())
+    counted = sum(counts)
+    counted_source = _weakest(sources)
+    hidden = min(hidden_reasoning or 0, usage or 0)
+    target = None if usage is None else usage - hidden
+    if target is not None and target > 0 and any(counts):
+        # the stream's own total is the best count there is; per-event counts are scaled to it
+        final = counts if counted == target else reconcile(counts, target)
+        return TokenAccount(
+            per_event=tuple(final),
+            source="usage",
+            counted=counted,
+            counted_source=counted_source,
+            usage=usage,
+            mismatch=target - counted,
+            hidden_reasoning=hidden,
+        )
+    return TokenAccount(
+        per_event=tuple(counts),
+        source=counted_source,
+        counted=counted,
+        counted_source=counted_source,
+        usage=usage,
+        mismatch=None if target is None else target - counted,
+        hidden_reasoning=hidden,
+    )
+
+
+_STRENGTH = {"stream": 0, "tokenizer": 1, "estimate": 2}
+
+
+def _weakest(sources: set[str]) -> str:
+    """A mix of sources is only as good as its weakest member."""
+    if not sources:
+        return "stream"
+    return max(sources, key=lambda s: _STRENGTH.get(s, 3))

@@ -6,17 +6,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hopmeter.core.frames import HopmeterError
+from hopmeter.errors import TranscriptError
 from hopmeter.upstream.formats import Planned
 
 # An SSE event ends at a blank line: two line endings in a row, in any of the three spellings.
 _SSE_EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 # Transcripts are test fixtures and captures; anything bigger is a mistake.
 MAX_TRANSCRIPT_BYTES = 64 * 1024 * 1024
-
-
-class TranscriptError(HopmeterError):
-    """A transcript that cannot be loaded."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from hopmeter.core.frames import HopmeterError
-
-
-class ScenarioError(HopmeterError):
-    """A scenario key or value that the upstream does not know."""
+from hopmeter.errors import ScenarioError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

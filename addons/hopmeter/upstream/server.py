@@ -24,9 +24,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
+from hopmeter.errors import ScenarioError
 from hopmeter.upstream import formats
 from hopmeter.upstream.replay import Transcript
-from hopmeter.upstream.scenario import Scenario, ScenarioError, from_request
+from hopmeter.upstream.scenario import Scenario, from_request
 
 # Requests larger than this are refused: the demo upstream only needs chat requests.
 MAX_REQUEST_BYTES = 8 * 1024 * 1024

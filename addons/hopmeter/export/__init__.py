@@ -1,0 +1,1 @@
+"""Where finished flows go: Prometheus, OpenTelemetry, record files, the console. No mitmproxy."""

@@ -1,0 +1,219 @@
+"""`hopmeter run`: its flags, checked into a ProxyConfig before anything starts, and the run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from hopmeter.errors import UsageError
+from hopmeter.proxy.config import (
+    ProxyConfig,
+    check_port_free,
+    listen_addresses,
+    parse_hostport,
+    parse_listener,
+)
+from hopmeter.proxy.listen import tune_listeners
+from hopmeter.proxy.workers import run_workers
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def add_parser(sub: Any) -> None:
+    """The `run` subcommand, added to an argparse subparsers object."""
+    p = sub.add_parser("run", help="measure a reverse proxy in front of UPSTREAM_URL")
+    p.add_argument(
+        "upstream",
+        nargs="?",
+        metavar="UPSTREAM_URL",
+        help="where to forward (default: a built-in demo upstream)",
+    )
+    p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    p.add_argument("--hop", default="proxy", metavar="NAME")
+    p.add_argument(
+        "--listener",
+        action="append",
+        default=[],
+        metavar="NAME=MODE",
+        help="a named listener with any mitmproxy mode spec (repeatable)",
+    )
+    p.add_argument("--records", default="", metavar="PATH", help='JSON lines file ("-" = stdout)')
+    p.add_argument("--metrics", default="127.0.0.1:9464", metavar="HOST:PORT|off")
+    p.add_argument("--stall-threshold", type=_positive_float, default=0.5, metavar="SECONDS")
+    p.add_argument("--tokenizer", default="", metavar="NAME|PATH")
+    p.add_argument(
+        "--log-content",
+        action="store_true",
+        help="include prompt/reply text in records (off by default)",
+    )
+    p.add_argument(
+        "--otel-endpoint",
+        default="",
+        metavar="URL",
+        help="export a span per flow to this OTLP/HTTP endpoint (pip install hopmeter[otel])",
+    )
+    p.add_argument(
+        "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
+    )
+    p.add_argument(
+        "--chaos",
+        default="",
+        metavar="ACTIONS",
+        help="staging only: rechunk,split_utf8,crlf,cr applied to responses sent to clients",
+    )
+    p.add_argument("--chaos-seed", type=int, default=0, metavar="N", help="seed for --chaos")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="N proxy processes on the same ports (SO_REUSEPORT); metrics port + index each",
+    )
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true", help="no per-flow console line")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per finished flow on stdout"
+    )
+    p.add_argument(
+        "--summary-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds between compact console summaries, 0 for none (default 60)",
+    )
+    p.add_argument("--verbose", action="store_true", help="mitmproxy's own connection logs too")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        dest="set_",
+        help="any mitmproxy option, passed through",
+    )
+    p.set_defaults(func=run)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if f <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
+    return f
+
+
+def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
+    """Validate `run`'s flags into a ProxyConfig."""
+    if args.listener:
+        modes = [parse_listener(pair, "--listener")[1] for pair in args.listener]
+    else:
+        if not upstream.startswith(("http://", "https://")):
+            raise UsageError(f"upstream {upstream!r}: expected an http:// or https:// URL")
+        host, port = parse_hostport(args.listen, "--listen")
+        modes = [f"reverse:{upstream}@{host}:{port}"]
+    for pair in args.set_:
+        if "=" not in pair:
+            raise UsageError(
+                f"--set {pair!r}: expected NAME=VALUE, e.g. --set keep_host_header=true"
+            )
+    if args.metrics.lower() != "off":
+        parse_hostport(args.metrics, "--metrics")
+    if args.records and args.records != "-":
+        parent = Path(args.records).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise UsageError(f"--records {args.records}: folder {parent} does not exist")
+    return ProxyConfig(
+        modes=modes,
+        listener_names=list(args.listener),
+        hop=args.hop,
+        records=args.records,
+        metrics=args.metrics,
+        stall_threshold_s=args.stall_threshold,
+        tokenizer=args.tokenizer,
+        log_content=args.log_content,
+        trace_header=not args.no_trace_header,
+        otel_endpoint=args.otel_endpoint,
+        chaos=args.chaos,
+        chaos_seed=args.chaos_seed,
+        console="off" if args.quiet else "json" if args.json else "text",
+        summary_interval_s=args.summary_interval,
+        extra=list(args.set_),
+    )
+
+
+def check_ports(cfg: ProxyConfig) -> None:
+    """Every port hopmeter will bind must be free; say which is not."""
+    for host, port in listen_addresses(cfg.modes):
+        check_port_free(host, port, "listen address")
+    if cfg.metrics.lower() != "off":
+        check_port_free(*parse_hostport(cfg.metrics, "--metrics"), "metrics address")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`hopmeter run`: one proxy process, or `--workers N` of them."""
+    if args.workers > 1 and args.worker_index is None:
+        return _run_workers(args)
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    # mitmproxy takes most of a second to import: only the command that runs it pays for it
+    from hopmeter.proxy.runner import quiet_mitmproxy_logs, run_proxy  # noqa: PLC0415
+    from hopmeter.upstream.server import UpstreamServer  # noqa: PLC0415
+
+    # validate everything before starting anything
+    cfg = proxy_config(args, args.upstream or "http://127.0.0.1:9")
+    if args.worker_index is None:
+        check_ports(cfg)
+    tune_listeners(reuse_port=args.worker_index is not None)
+    notice = None
+    if args.upstream is None and not args.listener:
+        demo = UpstreamServer()
+        port = await demo.start("127.0.0.1", 0)
+        cfg = proxy_config(args, f"http://127.0.0.1:{port}")
+        notice = (
+            f"hopmeter: no upstream given; forwarding to the built-in demo upstream at "
+            f"http://127.0.0.1:{port}"
+        )
+    if args.worker_index is not None:
+        # a worker shares the listen ports; its metrics port is its own
+        cfg.metrics = _worker_metrics(cfg.metrics, args.worker_index)
+
+    async def announce() -> None:
+        if notice:
+            print(notice, file=sys.stderr)
+
+    quiet_mitmproxy_logs(args.verbose)
+    return await run_proxy(cfg, before=announce)
+
+
+def _worker_metrics(metrics: str, index: int) -> str:
+    if metrics.lower() == "off":
+        return metrics
+    host, port = parse_hostport(metrics, "--metrics")
+    return f"{host}:{port + index}"
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    cfg = proxy_config(args, args.upstream or "http://127.0.0.1:9")
+    check_ports(cfg)
+    if cfg.metrics.lower() != "off":
+        for i in range(1, args.workers):
+            check_port_free(
+                *parse_hostport(_worker_metrics(cfg.metrics, i), "--metrics"), "metrics address"
+            )
+    return run_workers(args.argv, args.workers)

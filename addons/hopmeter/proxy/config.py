@@ -1,0 +1,105 @@
+"""What `hopmeter run` was asked to do, and the checks on it that need no mitmproxy.
+
+The command line and the addons both read NAME=MODE and HOST:PORT values; they are parsed here,
+once. mitmproxy is imported only to read a mode spec, and only when one is read: every command
+of the CLI imports this module, and `hopmeter report` has no use for mitmproxy.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hopmeter.errors import PortError, UsageError
+
+
+@dataclass(slots=True, kw_only=True)
+class ProxyConfig:
+    """What `hopmeter run` was asked to do, validated."""
+
+    modes: list[str]
+    listener_names: list[str] = field(default_factory=list)  # NAME=MODE, as given
+    hop: str = "proxy"
+    records: str = ""
+    metrics: str = "127.0.0.1:9464"
+    stall_threshold_s: float = 0.5
+    tokenizer: str = ""
+    log_content: bool = False
+    trace_header: bool = True
+    otel_endpoint: str = ""
+    chaos: str = ""
+    chaos_seed: int = 0
+    console: str = "text"  # "text" | "json" | "off"
+    summary_interval_s: float = 60.0
+    extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
+
+
+def parse_hostport(value: str, flag: str) -> tuple[str, int]:
+    """HOST:PORT (or PORT alone, on 127.0.0.1) as a pair; a clear error otherwise."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep:
+        host, port_s = "127.0.0.1", value
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_s)
+        if not 0 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"{flag} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080") from None
+    return host, port
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Fail early, with the fix, when a port is taken (mitmproxy would only log and exit)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortError(
+                    f"{what} {host}:{port} is already in use; stop what listens there or pick "
+                    f"another port"
+                ) from None
+            raise PortError(f"{what} {host}:{port} cannot be opened: {exc.strerror}") from None
+
+
+def mode_listen_address(mode: str) -> tuple[str, int] | None:
+    """The address a mitmproxy mode spec listens on, when it names one."""
+    from mitmproxy.proxy.mode_specs import ProxyMode  # noqa: PLC0415 - mitmproxy is heavy
+
+    try:
+        spec = ProxyMode.parse(mode)
+    except ValueError as exc:
+        raise UsageError(
+            f"listener mode {mode!r}: {exc}; e.g. reverse:http://127.0.0.1:9000@8081"
+        ) from None
+    port = spec.listen_port()
+    if port is None:
+        return None
+    return spec.listen_host("127.0.0.1"), port
+
+
+def parse_listener(pair: str, flag: str) -> tuple[str, str]:
+    """A listener's (name, mode spec) from NAME=MODE; a clear error otherwise."""
+    name, sep, mode = pair.partition("=")
+    if not sep or not name or not mode:
+        raise UsageError(
+            f"{flag} {pair!r}: expected NAME=MODE, e.g. edge=reverse:http://127.0.0.1:9000@8081"
+        )
+    return name, mode
+
+
+def listen_addresses(modes: Sequence[str]) -> list[tuple[str, int]]:
+    """Every address the given modes will listen on."""
+    out = []
+    for mode in modes:
+        addr = mode_listen_address(mode)
+        if addr is not None:
+            out.append(addr)
+    return out

@@ -1,0 +1,76 @@
+"""`hopmeter report RECORDS... [--html OUT]`: what flow records say, for people.
+
+Text to stdout (a fleet summary, then one line per flow); with --html, one self-contained HTML
+file that draws each trace as lanes, one per hop, from the measured event times. Reads JSON
+files only: no mitmproxy here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hopmeter.errors import HopmeterError
+from hopmeter.report.fleet import summarise
+from hopmeter.report.html import render as render_html
+from hopmeter.report.join import read_records
+from hopmeter.report.text import render as render_text
+from hopmeter.report.traces import build, group, stall_threshold
+
+# Traces drawn in one HTML file; past this the worst are drawn and the rest counted. A trace's
+# lanes are ~100 KB of SVG at most (events are capped per record), so the file stays openable.
+DEFAULT_MAX_TRACES = 200
+
+
+def add_parser(sub: Any) -> None:
+    """The `report` subcommand, added to an argparse subparsers object."""
+    p = sub.add_parser("report", help="summarise flow records; --html draws each hop as a lane")
+    p.add_argument("records", nargs="+", metavar="RECORDS", help='JSON lines files ("-" = stdin)')
+    p.add_argument("--html", default="", metavar="OUT", help="write a self-contained HTML report")
+    p.add_argument(
+        "--stall-threshold",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="gaps at or above this are coloured as stalls (default: what the records used)",
+    )
+    p.add_argument(
+        "--max-traces",
+        type=int,
+        default=DEFAULT_MAX_TRACES,
+        metavar="N",
+        help=f"draw at most N traces in the HTML, worst first (default {DEFAULT_MAX_TRACES})",
+    )
+    p.add_argument("--quiet", action="store_true", help="no text on stdout (with --html)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the records, print the text report, write the HTML one; 1 when there are none."""
+    out = Path(args.html).expanduser() if args.html else None
+    if out is not None and not out.parent.is_dir():
+        raise HopmeterError(f"--html {args.html}: folder {out.parent} does not exist")
+    if args.max_traces < 0:
+        raise HopmeterError("--max-traces must be 0 or more")
+    if args.stall_threshold is not None and args.stall_threshold <= 0:
+        raise HopmeterError("--stall-threshold must be above 0 seconds")
+    records = list(read_records(args.records))
+    if not records:
+        print(
+            "hopmeter report: no hopmeter.flow/1 records in " + ", ".join(args.records),
+            file=sys.stderr,
+        )
+        return 1
+    threshold = args.stall_threshold or stall_threshold(records)
+    traces = [build(recs, threshold) for recs in group(records)]
+    fleet = summarise(records, traces)
+    if not args.quiet:
+        sys.stdout.write(render_text(fleet, traces))
+    if out is not None:
+        page = render_html(fleet, traces, threshold_s=threshold, max_traces=args.max_traces)
+        out.write_text(page, encoding="utf-8")
+        if not args.quiet:
+            print(f"hopmeter report: wrote {out}")
+    return 0

@@ -1,0 +1,95 @@
+"""The console: a line per flow (text or JSON, never content) and a compact window summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+import pytest
+
+from hopmeter.core.record import FlowResult
+from hopmeter.export.console import Console, flow_json
+
+
+def flow(hop: str, ttft: float, itl: float, kinds: tuple[str, ...] = ()) -> FlowResult:
+    rec: dict[str, Any] = {
+        "hop": hop,
+        "trace_id": "t",
+        "api": "openai.chat",
+        "model": "gpt-4o",
+        "request": {"method": "POST", "path": "/v1/chat/completions"},
+        "response": {"status": 200, "ended": "complete"},
+        "figures": {
+            "ttfb_s": 0.01,
+            "ttft_s": ttft,
+            "itl_p50_s": itl,
+            "itl_p99_s": itl,
+            "max_gap_s": itl,
+            "tokens": 10,
+            "tokens_source": "usage",
+            "duration_s": 1.0,
+        },
+        "findings": [{"kind": k} for k in kinds],
+        "content": "secret reply",
+    }
+    return FlowResult(record=rec, figures=None, tokens=None)
+
+
+def test_json_line_has_figures_and_no_content(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    """--json prints one object per flow with figures and finding kinds, never the content."""
+    Console("json", 0).observe(flow("edge", 0.2, 0.02, ("stall",)))
+    line = capsysbinary.readouterr().out
+    doc = orjson.loads(line)
+    assert doc == flow_json(flow("edge", 0.2, 0.02, ("stall",)).record)
+    assert doc["findings"] == ["stall"] and doc["ttft_s"] == 0.2
+    assert b"secret reply" not in line
+
+
+def test_window_summary_per_hop() -> None:
+    """The summary counts flows and gives TTFT percentiles per hop, then starts a new window."""
+    c = Console("text", 60)
+    for i in range(10):
+        c.observe(flow("edge", 0.1 * (i + 1), 0.02, ("stall",) if i == 0 else ()))
+    c.observe(flow("origin", 0.05, 0.02))
+    line = c.summary()
+    assert line.startswith("hopmeter: last 60s: 11 flows")
+    assert "[edge] n=10 ttft p50=500ms p99=1000ms itl p50=20ms" in line
+    assert "[origin] n=1" in line and "findings stall=1" in line
+    assert c.summary() == ""
+
+
+def test_quiet_console_keeps_nothing() -> None:
+    """With the console off, no window grows (nothing would ever empty it)."""
+    c = Console("off", 60)
+    for _ in range(100):
+        c.observe(flow("edge", 0.1, 0.02))
+    assert c.summary() == ""
+
+
+HANDLERS = """
+import asyncio, logging
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+from hopmeter.proxy.runner import drop_legacy_log_events
+
+async def main():
+    DumpMaster(options.Options(), with_termlog=True, with_dumper=False)
+    print(" ".join(type(h).__name__ for h in logging.getLogger().handlers))
+    drop_legacy_log_events()
+    print(" ".join(type(h).__name__ for h in logging.getLogger().handlers))
+
+asyncio.run(main())
+"""
+
+
+def test_hopmeter_master_logs_without_add_log_events() -> None:
+    """The master `hopmeter run` builds keeps mitmproxy's terminal log handler (the per-flow line
+    reaches the console) but not the handler that turns each record into an `add_log` event."""
+    done = subprocess.run(
+        [sys.executable, "-c", HANDLERS], capture_output=True, text=True, check=True, timeout=60
+    )
+    before, after = (line.split() for line in done.stdout.splitlines())
+    assert "LegacyLogEvents" in before and "TermLogHandler" in before
+    assert "LegacyLogEvents" not in after and "TermLogHandler" in after

@@ -1,0 +1,560 @@
+"""Tests for hopmeter.export.prometheus: records in, exposition text out."""
+
+from __future__ import annotations
+
+import random
+import socket
+import string
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from hopmeter.export.prometheus import (
+    ENDINGS,
+    FINDING_KINDS,
+    MAX_NAMES_PER_LABEL,
+    Metrics,
+    MetricsPortError,
+    _observe_weighted,
+    exported_names,
+    serve,
+)
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def flow_record(**overrides: Any) -> dict[str, Any]:
+    """A finished OpenAI chat stream as the addon writes it (DESIGN.md §4)."""
+    record: dict[str, Any] = {
+        "schema": "hopmeter.flow/1",
+        "trace_id": TRACE,
+        "flow_id": "f1",
+        "hop": "edge",
+        "listener": "edge",
+        "request": {
+            "method": "POST",
+            "scheme": "http",
+            "host": "127.0.0.1",
+            "path": "/v1/chat/completions",
+            "t_start": 1700000000.0,
+            "t_end": 1700000000.01,
+            "bytes": 120,
+        },
+        "response": {"status": 200, "ended": "complete", "bytes_wire": 1000, "bytes_out": 1000},
+        "api": "openai.chat",
+        "model": "gpt-4o-2024-08-06",
+        # a role prelude, then 1, 3 and 2 tokens, a zero-token ping between them, then [DONE]
+        "events": [
+            [0.05, 0, 0],
+            [0.1, 1, 3],
+            [0.37, 3, 12],
+            [0.45, 0, 12],
+            [0.75, 2, 20],
+            [0.81, 0, 20],
+        ],
+        "figures": {
+            "ttfb_s": 0.04,
+            "ttfe_s": 0.05,
+            "ttft_s": 0.1,
+            "duration_s": 0.82,
+            "tokens": 6,
+            "tokens_source": "stream",
+            "max_gap_s": 0.38,
+            "stalls": 0,
+            "itl_p50_s": 0.1,
+            "events": 6,
+            "payload_bytes": 20,
+            "framing_overhead": 50.0,
+        },
+        "findings": [
+            {
+                "kind": "buffering_headers",
+                "severity": "warning",
+                "evidence": {},
+                "fix": "send the headers",
+            }
+        ],
+    }
+    record.update(overrides)
+    return record
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the registry's text exposition, keyed by name and label set."""
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The sum of all samples named `name` whose labels include `labels`."""
+    return sum(
+        v for (n, ls), v in samples(registry).items() if n == name and set(labels.items()) <= ls
+    )
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    """A fresh registry per test: no state leaks between tests."""
+    return CollectorRegistry()
+
+
+def test_first_byte_event_token_times_land_in_their_buckets(registry: CollectorRegistry) -> None:
+    """TTFB, TTFE and TTFT are observed once each with hop/api/model/route labels."""
+    Metrics(registry).observe_flow(flow_record())
+    labels = {
+        "hop": "edge",
+        "api": "openai.chat",
+        "model": "gpt-4o",
+        "route": "/v1/chat/completions",
+    }
+    assert value(registry, "hopmeter_time_to_first_byte_seconds_bucket", le="0.04", **labels) == 1
+    assert value(registry, "hopmeter_time_to_first_byte_seconds_bucket", le="0.02", **labels) == 0
+    assert value(registry, "hopmeter_time_to_first_event_seconds_count", **labels) == 1
+    assert value(registry, "hopmeter_time_to_first_token_seconds_sum", **labels) == pytest.approx(
+        0.1
+    )
+    assert value(registry, "hopmeter_stream_duration_seconds_bucket", le="1.0", **labels) == 1
+    assert value(registry, "hopmeter_max_gap_seconds_bucket", le="0.4", **labels) == 1
+
+
+def test_inter_token_latency_is_token_weighted(registry: CollectorRegistry) -> None:
+    """An event of k tokens after a gap g is k observations of g/k; zero-token events skip."""
+    Metrics(registry).observe_flow(flow_record())
+    name = "hopmeter_inter_token_latency_seconds"
+    # gaps: 0.27 s before 3 tokens (3 x 0.09 s), 0.38 s before 2 (2 x 0.19 s; the ping ignored)
+    assert value(registry, f"{name}_count") == 5
+    assert value(registry, f"{name}_sum") == pytest.approx(0.65)
+    assert value(registry, f"{name}_bucket", le="0.075") == 0
+    assert value(registry, f"{name}_bucket", le="0.1") == 3
+    assert value(registry, f"{name}_bucket", le="0.2") == 5
+    assert value(registry, "hopmeter_event_tokens_count") == 3
+    assert value(registry, "hopmeter_event_tokens_sum") == 6
+
+
+def test_an_event_with_many_tokens_counts_every_token(registry: CollectorRegistry) -> None:
+    """A reconciled burst of 5,000 tokens after 5 s is 5,000 observations of 1 ms, exactly."""
+    Metrics(registry).observe_flow(flow_record(events=[[0.1, 1, 1], [5.1, 5000, 9000]]))
+    name = "hopmeter_inter_token_latency_seconds"
+    assert value(registry, f"{name}_count") == 5000
+    assert value(registry, f"{name}_bucket", le="0.001") == 5000
+    assert value(registry, f"{name}_sum") == pytest.approx(5.0)
+
+
+def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry) -> None:
+    """The bucketed fast path exposes exactly what one observe() per token exposes."""
+    rng = random.Random(3)
+    events, t = [], 0.0
+    for i in range(300):
+        t += rng.choice([0.0, 0.0004, 0.003, 0.02, 0.1, 0.9])
+        events.append([round(t, 6), rng.choice([0, 1, 1, 2, 5, 40]), i])
+    Metrics(registry).observe_flow(flow_record(events=events, trace_id=None))
+    reference = CollectorRegistry()
+    itl = Metrics(reference).itl.labels(
+        hop="edge", api="openai.chat", model="gpt-4o", route="/v1/chat/completions"
+    )
+    previous = None
+    for t_s, k, _ in events:
+        if k:
+            if previous is not None:
+                for _ in range(k):
+                    itl.observe(max(0.0, t_s - previous) / k)
+            previous = t_s
+    name = "hopmeter_inter_token_latency_seconds"
+    got = {ls: v for (n, ls), v in samples(registry).items() if n.startswith(name)}
+    want = {ls: v for (n, ls), v in samples(reference).items() if n.startswith(name)}
+    assert got.keys() == want.keys()
+    for labels, expected in want.items():
+        assert got[labels] == pytest.approx(expected), dict(labels)
+
+
+def test_weighted_observing_falls_back_to_observe_calls() -> None:
+    """Without prometheus_client's bucket internals, each token is one observe() call."""
+
+    class Child:
+        def __init__(self) -> None:
+            self.calls: list[tuple[float, dict[str, str] | None]] = []
+
+        def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+            self.calls.append((value, exemplar))
+
+    child = Child()
+    _observe_weighted(child, [(0.1, 3), (0.5, 2)], {"trace_id": "ab"})  # type: ignore[arg-type]
+    assert child.calls == [(0.5, {"trace_id": "ab"}), (0.1, None), (0.1, None), (0.1, None),
+                           (0.5, None)]  # fmt: skip
+
+
+def test_missing_figures_are_not_observed(registry: CollectorRegistry) -> None:
+    """A flow without a visible token (or without any response) observes no TTFT, yet counts."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(
+        flow_record(figures={"ttfb_s": 0.2, "ttft_s": None, "tokens": 0}, events=[])
+    )
+    metrics.observe_flow(
+        {
+            "hop": "edge",
+            "request": {"path": "/v1/messages"},
+            "api": "other",
+            "model": None,
+            "findings": [],
+        }
+    )
+    assert value(registry, "hopmeter_time_to_first_token_seconds_count") == 0
+    assert value(registry, "hopmeter_time_to_first_byte_seconds_count") == 1
+    assert value(registry, "hopmeter_flows_total") == 2
+    assert (
+        value(
+            registry,
+            "hopmeter_flows_total",
+            status_class="none",
+            model="none",
+            route="/v1/messages",
+            ended="other",
+        )
+        == 1
+    )
+
+
+def test_counters_count_flows_tokens_events_findings_and_stalls(
+    registry: CollectorRegistry,
+) -> None:
+    """Each counter moves by what the record says, with its bounded labels."""
+    Metrics(registry).observe_flow(
+        flow_record(
+            response={
+                "status": 200,
+                "ended": "upstream_reset",
+                "bytes_wire": 1000,
+                "bytes_out": 900,
+            },
+            findings=[{"kind": "truncated"}, {"kind": "stall"}, {"kind": "made_up"}],
+            figures={**flow_record()["figures"], "stalls": 2, "tokens_source": "usage"},
+        )
+    )
+    assert value(registry, "hopmeter_flows_total", status_class="2xx", ended="upstream_reset") == 1
+    assert value(registry, "hopmeter_tokens_total", source="usage") == 6
+    assert value(registry, "hopmeter_events_total") == 6
+    assert value(registry, "hopmeter_stalls_total") == 2
+    assert value(registry, "hopmeter_findings_total", kind="truncated", hop="edge") == 1
+    assert value(registry, "hopmeter_findings_total", kind="other") == 1
+
+
+def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
+    registry: CollectorRegistry,
+) -> None:
+    """Every finding kind and the stall counter start at 0, so a first increase is seen."""
+    Metrics(registry).observe_flow(flow_record(findings=[]))
+    series = samples(registry)
+    kinds = {dict(ls)["kind"]: v for (n, ls), v in series.items() if n == "hopmeter_findings_total"}
+    assert {"whole_body_hold", "truncated", "stall", "other"} <= kinds.keys()
+    assert set(kinds.values()) == {0.0}
+    assert value(registry, "hopmeter_stalls_total", hop="edge") == 0
+    assert any(n == "hopmeter_stalls_total" for n, _ in series)
+
+
+def test_bytes_split_into_payload_and_framing(registry: CollectorRegistry) -> None:
+    """Wire bytes in and out split into visible payload and everything else (framing)."""
+    Metrics(registry).observe_flow(
+        flow_record(
+            response={"status": 200, "ended": "complete", "bytes_wire": 1000, "bytes_out": 900}
+        )
+    )
+    assert value(registry, "hopmeter_bytes_total", direction="in", part="payload") == 20
+    assert value(registry, "hopmeter_bytes_total", direction="in", part="framing") == 980
+    assert value(registry, "hopmeter_bytes_total", direction="out", part="payload") == 20
+    assert value(registry, "hopmeter_bytes_total", direction="out", part="framing") == 880
+
+
+def test_label_values_are_bounded_under_random_traffic(registry: CollectorRegistry) -> None:
+    """10,000 random paths, models, hops and segments stop adding series once the caps are hit."""
+    metrics = Metrics(registry)
+    rng = random.Random(7)
+
+    def word() -> str:
+        return "".join(rng.choices(string.ascii_letters + string.digits + "/-_.:", k=12))
+
+    def traffic(n: int) -> None:
+        for i in range(n):
+            metrics.observe_flow(
+                flow_record(
+                    hop=f"hop{rng.randrange(100)}",
+                    model="zz" + word(),
+                    api=word(),
+                    request={"path": f"/v1/{word()}/{i}"},
+                    trace_id=f"{i:032x}",
+                    response={"status": rng.randint(0, 999), "ended": word(), "bytes_wire": 10},
+                    findings=[{"kind": word()}],
+                    events=[],
+                    figures={"ttfb_s": 0.1},
+                )
+            )
+            metrics.observe_holds(word(), [0.001], None)
+            metrics.internal_error(word())
+
+    traffic(5_000)
+    before = samples(registry)
+    traffic(5_000)
+    series = samples(registry)
+    assert series.keys() == before.keys()  # 5,000 more random requests added no series
+    hops = {dict(ls).get("hop") for _, ls in series} - {None}
+    assert len(hops) == MAX_NAMES_PER_LABEL + 1  # the first names seen, then "other"
+    assert {dict(ls).get("model") for _, ls in series} - {None} == {"other"}
+    assert {dict(ls).get("route") for _, ls in series} - {None} == {"other"}
+    assert {dict(ls).get("api") for _, ls in series} - {None} == {"other"}
+    assert len({dict(ls).get("segment") for _, ls in series} - {None}) <= MAX_NAMES_PER_LABEL + 1
+
+
+def test_trace_ids_are_exemplars_never_labels(registry: CollectorRegistry) -> None:
+    """The trace id appears in OpenMetrics exemplars and in no label value."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record())
+    metrics.observe_holds("edge>origin", [0.001, 0.5], TRACE)
+    assert all(TRACE not in ls_value for _, ls in samples(registry) for _, ls_value in ls)
+    text = generate_openmetrics(registry).decode()
+    exemplars = {
+        s.name: s.exemplar.labels["trace_id"]
+        for family in parse_openmetrics(text)
+        for s in family.samples
+        if s.exemplar
+    }
+    for name in (
+        "hopmeter_time_to_first_token_seconds_bucket",
+        "hopmeter_flows_total",
+        "hopmeter_inter_token_latency_seconds_bucket",
+        "hopmeter_hold_seconds_bucket",
+    ):
+        assert exemplars.get(name) == TRACE, name
+
+
+def test_a_malformed_trace_id_is_no_exemplar(registry: CollectorRegistry) -> None:
+    """A trace id that is not hex (or too long for an exemplar) is dropped, not an error."""
+    Metrics(registry).observe_flow(flow_record(trace_id="x" * 200))
+    assert "trace_id" not in generate_openmetrics(registry).decode()
+
+
+def test_no_created_series(registry: CollectorRegistry) -> None:
+    """No `_created` series is exported (DESIGN.md §8)."""
+    Metrics(registry).observe_flow(flow_record())
+    assert "_created" not in generate_latest(registry).decode()
+    assert "_created" not in generate_openmetrics(registry).decode()
+
+
+def test_label_tables_follow_the_core() -> None:
+    """The bounded endings and finding kinds are exactly the record's and the detectors'."""
+    from hopmeter.core.detectors import FIXES
+    from hopmeter.core.record import ENDINGS as RECORD_ENDINGS
+
+    assert frozenset(RECORD_ENDINGS) == ENDINGS
+    assert frozenset(FIXES) == FINDING_KINDS
+
+
+def test_the_global_registry_is_left_alone(registry: CollectorRegistry) -> None:
+    """Metrics registers only on the registry passed in."""
+    Metrics(registry).observe_flow(flow_record())
+    assert not any(name.startswith("hopmeter_") for name in REGISTRY._names_to_collectors)
+
+
+@pytest.mark.parametrize(
+    ("model", "label"),
+    [
+        ("gpt-4o-2024-08-06", "gpt-4o"),
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
+        ("claude-sonnet-4-5-20250929", "claude-sonnet-4"),
+        ("us.anthropic.claude-3-5-sonnet-20240620-v1:0", "claude-3-5-sonnet"),
+        ("models/gemini-2.5-flash", "gemini-2.5-flash"),
+        ("meta-llama/Meta-Llama-3-8B-Instruct-Turbo", "llama"),
+        ("llama3.2:3b", "llama"),
+        ("deepseek-ai/DeepSeek-R1", "deepseek-r1"),
+        ("phi3", "phi"),
+        ("philosopher-7b", "other"),
+        ("", "none"),
+        (None, "none"),
+    ],
+)
+def test_models_map_to_allow_listed_families(model: str | None, label: str) -> None:
+    """Model ids are normalised and matched by family prefix, else "other"."""
+    assert Metrics(CollectorRegistry()).models.label(model) == label
+
+
+def test_a_custom_model_allow_list_replaces_the_default() -> None:
+    """The constructor's allow-list is used as given."""
+    metrics = Metrics(CollectorRegistry(), models=["my-model"])
+    assert metrics.models.label("My-Model-v2") == "my-model"
+    assert metrics.models.label("gpt-4o") == "other"
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("/v1/chat/completions/", "/v1/chat/completions"),
+        ("/openai/v1/chat/completions", "/v1/chat/completions"),
+        (
+            "/openai/deployments/prod-7/chat/completions",
+            "/openai/deployments/{deployment}/chat/completions",
+        ),
+        ("/v1/messages", "/v1/messages"),
+        ("/v1/responses", "/v1/responses"),
+        ("/api/chat", "/api/chat"),
+        ("/api/generate", "/api/generate"),
+        (
+            "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
+            "/v1beta/models/{model}:streamGenerateContent",
+        ),
+        ("/v1/threads/thread_abc123/runs", "/v1/threads/{thread}/runs"),
+        ("/v1/chat/completions/123e4567-e89b-12d3-a456-426614174000", "other"),
+        ("/users/42", "other"),
+    ],
+)
+def test_paths_map_to_route_templates(path: str, route: str) -> None:
+    """Known LLM routes keep a template with ids collapsed; everything else is "other"."""
+    assert Metrics(CollectorRegistry()).routes.label(path) == route
+
+
+def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
+    """Each token's hold is one observation under its segment."""
+    Metrics(registry).observe_holds("edge>origin", [0.0002, 0.003, 4.0], TRACE)
+    assert value(registry, "hopmeter_hold_seconds_count", segment="edge>origin") == 3
+    assert value(registry, "hopmeter_hold_seconds_bucket", segment="edge>origin", le="0.005") == 2
+
+
+def test_internal_errors_and_active_streams(registry: CollectorRegistry) -> None:
+    """Internal errors count by site; the active-streams gauge goes up and down."""
+    metrics = Metrics(registry)
+    metrics.internal_error("stream_tap")
+    metrics.stream_started()
+    metrics.stream_started()
+    metrics.stream_finished()
+    assert value(registry, "hopmeter_internal_errors_total", where="stream_tap") == 1
+    assert value(registry, "hopmeter_streams_active") == 1
+
+
+def test_exported_names_cover_every_family(registry: CollectorRegistry) -> None:
+    """exported_names lists the sample names dashboards may query, before anything is observed."""
+    names = set(exported_names(Metrics(registry).registry))
+    assert {
+        "hopmeter_flows_total",
+        "hopmeter_hold_seconds_bucket",
+        "hopmeter_streams_active",
+    } <= names
+
+
+def _get(url: str, accept: str | None = None) -> tuple[int, str, str]:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.status, response.headers["Content-Type"], response.read().decode()
+
+
+def test_serve_binds_loopback_and_answers_metrics_and_healthz(registry: CollectorRegistry) -> None:
+    """serve() binds 127.0.0.1 by default and answers /metrics (both formats) and /healthz."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record())
+    server = serve(metrics, port=0)
+    try:
+        assert server.host == "127.0.0.1"
+        base = f"http://127.0.0.1:{server.port}"
+        status, ctype, body = _get(f"{base}/healthz")
+        assert (status, body.strip()) == (200, "ok")
+        status, ctype, body = _get(f"{base}/metrics")
+        assert ctype.startswith("text/plain") and "hopmeter_flows_total" in body
+        assert "trace_id" not in body
+        status, ctype, body = _get(
+            f"{base}/metrics", "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+        )
+        assert ctype.startswith("application/openmetrics-text")
+        assert f'trace_id="{TRACE}"' in body
+    finally:
+        server.close()
+
+
+def test_serve_accepts_a_bare_registry() -> None:
+    """serve() takes a registry as well as a Metrics."""
+    server = serve(CollectorRegistry(), "127.0.0.1", 0)
+    try:
+        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.close()
+
+
+def test_a_port_in_use_raises_metrics_port_error() -> None:
+    """Binding a taken port raises MetricsPortError naming the port and the fix."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsPortError) as info:
+            serve(CollectorRegistry(), "127.0.0.1", port)
+    message = str(info.value)
+    assert str(port) in message
+    assert "--metrics HOST:PORT" in message and "--metrics off" in message
+
+
+def test_close_frees_the_port() -> None:
+    """After close() the same port can be served again."""
+    server = serve(CollectorRegistry(), port=0)
+    port = server.port
+    server.close()
+    again = serve(CollectorRegistry(), port=port)
+    again.close()
+
+
+def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
+    """Passing the gaps and per-event tokens finish_flow computed gives the same histograms as
+    reading them again from the record's events (the addon passes them; replays do not)."""
+    from hopmeter.core.meter import FlowMeter
+    from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+    from hopmeter.core.tokens import estimate_counter
+
+    class Counters:
+        def for_model(self, model: str | None) -> Any:
+            return estimate_counter()
+
+    rng = random.Random(7)
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    t = 0.2
+    for _ in range(120):
+        text = " tok" * rng.choice([0, 1, 1, 1, 3])  # pings, single tokens, coalesced events
+        t += rng.choice([0.0, 0.0031, 0.0213, 0.0213, 0.307])  # no gap near a bucket bound
+        meter.feed(b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % text.encode(), t)
+    meter.feed(b"data: [DONE]\n\n", t + 0.01)
+    meter.close(t + 0.02)
+    result = finish_flow(
+        flow_id="f",
+        trace_id=TRACE,
+        hop="edge",
+        listener="edge",
+        request=RequestInfo(
+            method="POST", scheme="http", host="h", path="/v1/chat/completions",
+            t_start=1.7e9, t_end=1.7e9, bytes=10,
+        ),
+        response=ResponseInfo(
+            status=200, http_version="HTTP/1.1",
+            headers={"content-type": "text/event-stream"}, t_headers_s=0.1,
+        ),
+        meter=meter,
+        ended="complete",
+        bytes_out=meter.bytes_wire,
+        counters=Counters(),
+        stall_threshold_s=0.5,
+    )  # fmt: skip
+    assert result.figures is not None and result.tokens is not None
+    from_record, passed = CollectorRegistry(), CollectorRegistry()
+    Metrics(from_record).observe_flow(result.record)
+    Metrics(passed).observe_flow(
+        result.record, gaps=result.figures.gaps, event_tokens=result.tokens.per_event
+    )
+    a, b = samples(from_record), samples(passed)
+    assert a.keys() == b.keys()
+    for key, v in a.items():
+        assert b[key] == pytest.approx(v, rel=1e-9, abs=1e-9), key
+    assert value(passed, "hopmeter_inter_token_latency_seconds_count") > 100

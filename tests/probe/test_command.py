@@ -1,0 +1,200 @@
+"""`hopmeter probe`: through a real nginx to a real `hopmeter upstream`, pass and fail for CI."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from hopmeter.errors import HopmeterError
+from hopmeter.probe import command as probe
+from hopmeter.probe.judge import RANDOM_CUTS_KEY
+from tests.harness.nginx import NginxServer, available
+from tests.harness.procs import HOPMETER, Proc, free_port, hopmeter
+
+# 20 tokens at 20/s: a 1 s stream, above the 0.5 s a whole-body hold needs to be told apart.
+SHORT = ["--tokens", "20", "--rate", "20"]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="hopmeter")
+    probe.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["probe", *argv])
+
+
+def _probe(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any], str]:
+    """Run the probe with --json; its exit status, JSON document and stderr."""
+    status = probe.run(_args(*argv, "--json"))
+    out, err = capsys.readouterr()
+    return status, orjson.loads(out), err
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A `hopmeter upstream` process at the origin; its port."""
+    tmp = tmp_path_factory.mktemp("upstream")
+    port = free_port()
+    with hopmeter(tmp, "upstream", "--listen", f"127.0.0.1:{port}", name="up", ports=(port,)):
+        yield port
+
+
+needs_nginx = pytest.mark.skipif(not available(), reason="nginx is not installed")
+
+
+@pytest.mark.integration
+@needs_nginx
+def test_passes_through_a_streaming_nginx(
+    upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through nginx with buffering off, all three line endings arrive intact and unheld."""
+    with NginxServer(upstream, "streaming", prefix=tmp_path) as nginx:
+        status, doc, err = _probe(capsys, nginx.url, *SHORT)
+    assert status == 0, doc["reason"]
+    assert doc["ok"] and doc["reason"] is None and not err
+    assert [s["line_ending"] for s in doc["streams"]] == ["lf", "crlf", "cr"]
+    for s in doc["streams"]:
+        assert s["bytes_intact"] and s["text_intact"] and s["problems"] == []
+        assert s["events"] == s["events_expected"]
+        assert s["first_word_s"] < 0.5
+        assert s["holds"]["source"] == "token_clock"
+        assert s["holds"]["max_s"] < 0.1 and s["holds"]["first_event_before_last_send"]
+        assert s["reads"] >= s["events"]  # each event written in pieces, and delivered so
+        assert s["bursts"] >= 15  # of 20 tokens on a 50 ms clock; a loaded box may merge a few
+
+
+@pytest.mark.integration
+@needs_nginx
+def test_fails_through_a_holding_nginx_with_the_reason(
+    upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through nginx with gzip and buffering, exit 1 and one line saying the whole body was held."""
+    with NginxServer(upstream, "gzip_hold", prefix=tmp_path) as nginx:
+        status, doc, err = _probe(capsys, nginx.url, *SHORT)
+    assert status == 1
+    reason = doc["reason"]
+    assert "\n" not in reason and reason.startswith("lf: held:") and "whole body" in reason
+    assert err == f"hopmeter probe: FAIL {reason}\n"
+    for s in doc["streams"]:
+        assert s["content_encoding"] == "gzip"
+        assert s["bytes_intact"]  # held, not damaged
+        assert s["holds"]["whole_body"] and not s["holds"]["first_event_before_last_send"]
+        assert s["first_word_s"] > 0.9 and s["bursts"] == 1
+
+
+@pytest.mark.integration
+@needs_nginx
+def test_send_log_through_admin_url(
+    upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --upstream-admin the holds come from the upstream's send log."""
+    admin = f"http://127.0.0.1:{upstream}"
+    with NginxServer(upstream, "gzip_hold", prefix=tmp_path) as nginx:
+        status, doc, _ = _probe(capsys, nginx.url, *SHORT, "--upstream-admin", admin)
+    assert status == 1
+    holds = doc["streams"][0]["holds"]
+    assert holds["source"] == "upstream_sends"
+    assert holds["first_word_s"] > 0.9 and not holds["first_event_before_last_send"]
+
+
+@pytest.mark.integration
+def test_text_output_ends_with_the_verdict(
+    upstream: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --json: a header, one line per stream, then PASS; the random cuts are reported."""
+    status = probe.run(_args(f"http://127.0.0.1:{upstream}", *SHORT, "--seed", "7"))
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert out[0] == f"hopmeter probe http://127.0.0.1:{upstream}/v1/chat/completions (seed 7)"
+    assert out[-1].startswith("PASS 3 streams intact, first word by ")
+    stream_lines = [line for line in out if line.startswith(("  lf ", "  crlf ", "  cr "))]
+    assert len(stream_lines) == 3 and all("bytes intact" in line for line in stream_lines)
+    fallback = any(RANDOM_CUTS_KEY in line for line in out)
+    status = probe.run(_args(f"http://127.0.0.1:{upstream}", *SHORT, "--json"))
+    doc = orjson.loads(capsys.readouterr().out)
+    assert doc["streams"][0]["random_cuts"] is not fallback
+
+
+@pytest.mark.integration
+def test_anthropic_api_and_a_single_line_ending(
+    upstream: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--api anthropic probes /v1/messages; --line-endings picks the streams."""
+    url = f"http://127.0.0.1:{upstream}"
+    status, doc, _ = _probe(capsys, url, *SHORT, "--api", "anthropic", "--line-endings", "cr")
+    assert status == 0, doc["reason"]
+    assert doc["url"].endswith("/v1/messages")
+    assert [s["line_ending"] for s in doc["streams"]] == ["cr"]
+
+
+@pytest.mark.integration
+def test_a_path_that_is_not_the_upstream_fails_with_its_status(
+    upstream: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 404 on the way is a failure naming the status and the body's first words."""
+    url = f"http://127.0.0.1:{upstream}"
+    status, doc, _ = _probe(capsys, url, *SHORT, "--path", "/nowhere", "--line-endings", "lf")
+    assert status == 1
+    assert doc["reason"].startswith("lf: status 404, expected 200: not found")
+
+
+@pytest.mark.integration
+def test_https_front(upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An HTTPS front (hopmeter's own TLS) passes with --insecure and fails on its unknown CA."""
+    port = free_port()
+    with hopmeter(
+        tmp_path,
+        "run",
+        f"http://127.0.0.1:{upstream}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--metrics",
+        "off",
+        ports=(port,),
+    ):
+        url = f"https://127.0.0.1:{port}"
+        ok, doc, _ = _probe(capsys, url, *SHORT, "--line-endings", "crlf", "--insecure")
+        bad, refused, _ = _probe(capsys, url, *SHORT, "--line-endings", "crlf")
+    assert ok == 0, doc["reason"]
+    assert bad == 1 and "CERTIFICATE_VERIFY_FAILED" in refused["reason"]
+
+
+def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """No server at URL: exit 1, the reason on one line."""
+    status, doc, err = _probe(capsys, f"http://127.0.0.1:{free_port()}")
+    assert status == 1
+    assert doc["reason"].startswith("no stream from http://127.0.0.1:")
+    assert err.count("\n") == 1 and err.startswith("hopmeter probe: FAIL no stream")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ftp://example.com"], "expected http://HOST"),
+        (["http://127.0.0.1:1", "--line-endings", "lf,crlf2"], "--line-endings"),
+        (["http://127.0.0.1:1", "--header", "no-colon"], "--header 'no-colon'"),
+        (["http://127.0.0.1:1", "--tokens", "1"], "--tokens must be 2 or more"),
+    ],
+)
+def test_usage_errors_raise_before_any_request(argv: list[str], message: str) -> None:
+    """A flag given wrong is a HopmeterError (the CLI's exit status 2), not a probe failure."""
+    with pytest.raises(HopmeterError, match=message):
+        probe.run(_args(*argv))
+
+
+@pytest.mark.integration
+def test_shipped_command(upstream: int, tmp_path: Path) -> None:
+    """`hopmeter probe URL` exits 0 against the upstream (once cli.py wires the subcommand)."""
+    helped = subprocess.run(
+        [*HOPMETER, "probe", "--help"], check=False, capture_output=True, timeout=60
+    )
+    if helped.returncode != 0:
+        pytest.skip("`hopmeter probe` is not wired into cli.py yet")
+    proc = Proc([*HOPMETER, "probe", f"http://127.0.0.1:{upstream}", *SHORT], tmp_path / "p.log")
+    assert proc.popen.wait(60) == 0, proc.output()
+    proc.stop()
+    assert proc.output().splitlines()[-1].startswith("PASS ")
