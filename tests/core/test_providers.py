@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import NdjsonDecoder
 from hopmeter.core.providers import (
-    API_NAMES,
     Delta,
     OpenAIChatParser,
     _plain_chat_chunk,
@@ -24,6 +23,7 @@ from hopmeter.core.providers import (
 )
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.tokens import estimate_tokens, reconcile
+from hopmeter.core.vocab import Api
 from tests.harness.corpus import CORPUS
 
 SSE = {"content-type": "text/event-stream"}
@@ -498,7 +498,7 @@ def test_malformed_json_is_counted_not_raised():
 
 def test_done_is_terminal_for_every_api():
     """`[DONE]` ends the stream whatever the API."""
-    for api in API_NAMES:
+    for api in Api:
         assert make_parser(api).parse(frame("[DONE]")).terminal
 
 
@@ -533,13 +533,13 @@ json_values = st.recursive(
 )
 
 
-@given(st.sampled_from(sorted(API_NAMES)), json_values, st.sampled_from(["message", "error"]))
+@given(st.sampled_from(sorted(Api)), json_values, st.sampled_from(["message", "error"]))
 def test_no_payload_makes_a_parser_raise(api: str, value: object, kind: str):
     """Whatever JSON arrives, parse() returns a Delta and never raises."""
     assert isinstance(parse(api, value, kind), Delta)
 
 
-@given(st.sampled_from(sorted(API_NAMES)), st.text(max_size=40))
+@given(st.sampled_from(sorted(Api)), st.text(max_size=40))
 def test_no_text_makes_a_parser_raise(api: str, text: str):
     """Whatever text arrives, parse() returns a Delta and never raises."""
     assert isinstance(parse(api, text), Delta)

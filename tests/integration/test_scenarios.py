@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hopmeter.core.detectors import SEVERITY_ORDER, THRESHOLDS
+from hopmeter.core.detectors import THRESHOLDS
+from hopmeter.core.vocab import SEVERITY_ORDER
 from hopmeter.upstream import formats
 from hopmeter.upstream.scenario import Scenario
 from tests.harness.nginx import CONFIGS, NGINX, NginxServer, available

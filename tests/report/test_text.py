@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from hopmeter.core.detectors import SEVERITY_ORDER
 from hopmeter.core.figures import token_gaps, weighted_quantile
+from hopmeter.core.vocab import SEVERITY_ORDER
 from hopmeter.report import command as report
 from hopmeter.report.fleet import latency
 from hopmeter.report.join import read_records

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import Any
 
+from hopmeter.core.vocab import SEVERITY_ORDER, Ended, FindingKind, Severity
+
 # -- thresholds, in one table, each with where the number comes from --------------------------
 THRESHOLDS: dict[str, float] = {
     # whole_body_hold: share of the body's bytes that arrived in the burst after the longest
@@ -71,30 +73,50 @@ THRESHOLDS: dict[str, float] = {
     "not_streamed_min_tokens": 20,
 }
 
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-FIXES: dict[str, str] = {
-    "whole_body_hold": "A hop buffers the whole body: turn off buffering and compression for "
-    "event streams (nginx: proxy_buffering off; gzip off) or flush per event.",
-    "burst_gaps": "A buffer or compressor upstream releases the stream in windows: disable it "
-    "for event streams, or flush after each event.",
-    "compression_on_stream": "Turn compression off for streaming endpoints: a compressor waits "
-    "to fill its window before it writes.",
-    "buffering_headers": "Send X-Accel-Buffering: no and Cache-Control: no-cache, no-transform, "
-    "and no Content-Length or ETag, so every proxy streams the response.",
-    "replacement_char": "The server decodes token bytes one at a time: hold bytes until they "
-    "form valid UTF-8 before sending them.",
-    "split_utf8": "Characters are split across events or reads: clients must use one streaming "
-    "UTF-8 decoder per stream, never one per chunk.",
-    "line_endings": 'Events end in CR or CRLF: clients that split on "\\n\\n" render nothing; '
-    "accept all three line endings.",
-    "truncated": "The stream ended without its terminal event: treat the reply as failed and "
-    "retry, even though the status was 200.",
-    "not_streamed": "Stream this reply: its first words could have appeared long before the last.",
-    "stall": "A gap above the stall threshold: look for a scheduler admitting prefills or an "
-    "upstream pause.",
-    "slow_first_token": "The first visible token came well after the first byte (role prelude "
-    "or reasoning): promise first-word times on TTFT, not TTFB.",
+FIXES: Mapping[str, str] = {
+    FindingKind.WHOLE_BODY_HOLD: (
+        "A hop buffers the whole body: turn off buffering and compression for event streams "
+        "(nginx: proxy_buffering off; gzip off) or flush per event."
+    ),
+    FindingKind.BURST_GAPS: (
+        "A buffer or compressor upstream releases the stream in windows: disable it for event "
+        "streams, or flush after each event."
+    ),
+    FindingKind.COMPRESSION_ON_STREAM: (
+        "Turn compression off for streaming endpoints: a compressor waits to fill its window "
+        "before it writes."
+    ),
+    FindingKind.BUFFERING_HEADERS: (
+        "Send X-Accel-Buffering: no and Cache-Control: no-cache, no-transform, and no "
+        "Content-Length or ETag, so every proxy streams the response."
+    ),
+    FindingKind.REPLACEMENT_CHAR: (
+        "The server decodes token bytes one at a time: hold bytes until they form valid UTF-8 "
+        "before sending them."
+    ),
+    FindingKind.SPLIT_UTF8: (
+        "Characters are split across events or reads: clients must use one streaming UTF-8 "
+        "decoder per stream, never one per chunk."
+    ),
+    FindingKind.LINE_ENDINGS: (
+        'Events end in CR or CRLF: clients that split on "\\n\\n" render nothing; accept all '
+        "three line endings."
+    ),
+    FindingKind.TRUNCATED: (
+        "The stream ended without its terminal event: treat the reply as failed and retry, "
+        "even though the status was 200."
+    ),
+    FindingKind.NOT_STREAMED: (
+        "Stream this reply: its first words could have appeared long before the last."
+    ),
+    FindingKind.STALL: (
+        "A gap above the stall threshold: look for a scheduler admitting prefills or an "
+        "upstream pause."
+    ),
+    FindingKind.SLOW_FIRST_TOKEN: (
+        "The first visible token came well after the first byte (role prelude or reasoning): "
+        "promise first-word times on TTFT, not TTFB."
+    ),
 }
 
 
@@ -102,8 +124,8 @@ FIXES: dict[str, str] = {
 class Finding:
     """One diagnosis: what, how bad, the numbers behind it, and the fix."""
 
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     evidence: Mapping[str, Any]
     fix: str
 
@@ -149,7 +171,7 @@ class StreamView:
     has_terminal: bool = True  # whether this API defines a terminal event
 
 
-def _finding(kind: str, severity: str, **evidence: Any) -> Finding:
+def _finding(kind: FindingKind, severity: Severity, **evidence: Any) -> Finding:
     return Finding(kind=kind, severity=severity, evidence=evidence, fix=FIXES[kind])
 
 
@@ -188,8 +210,8 @@ def detect_whole_body_hold(v: StreamView) -> Finding | None:
     gaps = sorted(b - a for a, b in itertools.pairwise(inside))
     if not gaps or gaps[len(gaps) // 2] < THRESHOLDS["burst_join_s"]:  # at wire speed
         return _finding(
-            "whole_body_hold",
-            "error",
+            FindingKind.WHOLE_BODY_HOLD,
+            Severity.ERROR,
             final_burst_share=round(share, 3),
             final_burst_at_s=round(start, 4),
             final_burst_bytes=size,
@@ -308,8 +330,8 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     else:
         pattern = "irregular"
     return _finding(
-        "burst_gaps",
-        "warning",
+        FindingKind.BURST_GAPS,
+        Severity.WARNING,
         bursts=len(tokens_per_burst),
         events_per_burst=round(events_per_burst, 1),
         tokens_per_burst=round(fmean(tokens_per_burst), 2),
@@ -347,7 +369,7 @@ def detect_compression(v: StreamView) -> Finding | None:
     """Content-Encoding on an event stream."""
     enc = v.headers.get("content-encoding", "").strip().lower()
     if v.event_stream and enc and enc != "identity":
-        return _finding("compression_on_stream", "warning", content_encoding=enc)
+        return _finding(FindingKind.COMPRESSION_ON_STREAM, Severity.WARNING, content_encoding=enc)
     return None
 
 
@@ -382,15 +404,19 @@ def detect_buffering_headers(v: StreamView) -> Finding | None:
     if not problems:
         return None
     severe = "content-length" in h or "etag" in h
-    return _finding("buffering_headers", "warning" if severe else "info", problems=problems)
+    return _finding(
+        FindingKind.BUFFERING_HEADERS,
+        Severity.WARNING if severe else Severity.INFO,
+        problems=problems,
+    )
 
 
 def detect_replacement_char(v: StreamView) -> Finding | None:
     """U+FFFD in the payload."""
     if v.replacement_chars or v.invalid_utf8:
         return _finding(
-            "replacement_char",
-            "error",
+            FindingKind.REPLACEMENT_CHAR,
+            Severity.ERROR,
             in_text=v.replacement_chars,
             from_invalid_bytes=v.invalid_utf8,
         )
@@ -401,10 +427,13 @@ def detect_split_utf8(v: StreamView) -> Finding | None:
     """Events (or reads) whose bytes end inside a UTF-8 sequence."""
     if v.events_incomplete_utf8:
         return _finding(
-            "split_utf8", "warning", events=v.events_incomplete_utf8, chunks=v.chunks_split_utf8
+            FindingKind.SPLIT_UTF8,
+            Severity.WARNING,
+            events=v.events_incomplete_utf8,
+            chunks=v.chunks_split_utf8,
         )
     if v.chunks_split_utf8:
-        return _finding("split_utf8", "info", events=0, chunks=v.chunks_split_utf8)
+        return _finding(FindingKind.SPLIT_UTF8, Severity.INFO, events=0, chunks=v.chunks_split_utf8)
     return None
 
 
@@ -412,7 +441,13 @@ def detect_line_endings(v: StreamView) -> Finding | None:
     """CR or CRLF line endings in an event stream."""
     cr, crlf = v.line_endings.get("cr", 0), v.line_endings.get("crlf", 0)
     if cr or crlf:
-        return _finding("line_endings", "info", cr=cr, crlf=crlf, lf=v.line_endings.get("lf", 0))
+        return _finding(
+            FindingKind.LINE_ENDINGS,
+            Severity.INFO,
+            cr=cr,
+            crlf=crlf,
+            lf=v.line_endings.get("lf", 0),
+        )
     return None
 
 
@@ -421,19 +456,19 @@ def detect_truncated(v: StreamView) -> Finding | None:
     if not v.event_stream or v.status != 200:
         return None
     reasons = []
-    if v.ended == "upstream_reset":
+    if v.ended == Ended.UPSTREAM_RESET:
         reasons.append("upstream reset the connection")
     if v.errors:
         reasons.append("error event in a 200 stream")
     if v.unterminated_bytes:
         reasons.append("last event not terminated")
-    if v.has_terminal and not v.terminal_seen and v.ended == "complete":
+    if v.has_terminal and not v.terminal_seen and v.ended == Ended.COMPLETE:
         reasons.append("no terminal event")
     if not reasons:
         return None
     return _finding(
-        "truncated",
-        "error",
+        FindingKind.TRUNCATED,
+        Severity.ERROR,
         reasons=reasons,
         errors=list(v.errors[:3]),
         ended=v.ended,
@@ -445,9 +480,9 @@ def detect_not_streamed(v: StreamView) -> Finding | None:
     """A chat reply delivered as one JSON document."""
     if v.event_stream or v.document_tokens < THRESHOLDS["not_streamed_min_tokens"]:
         return None
-    severity = "error" if v.stream_requested else "warning"
+    severity = Severity.ERROR if v.stream_requested else Severity.WARNING
     return _finding(
-        "not_streamed",
+        FindingKind.NOT_STREAMED,
         severity,
         tokens=v.document_tokens,
         first_visible_at_s=v.ttft_s,
@@ -459,8 +494,8 @@ def detect_stall(v: StreamView) -> Finding | None:
     """Gaps at or above the stall threshold."""
     if v.stalls:
         return _finding(
-            "stall",
-            "warning",
+            FindingKind.STALL,
+            Severity.WARNING,
             stalls=v.stalls,
             max_gap_s=v.max_gap_s,
             threshold_s=v.stall_threshold_s,
@@ -479,8 +514,8 @@ def detect_slow_first_token(v: StreamView) -> Finding | None:
     if v.ttft_content_s is not None:
         reasoning = round(v.ttft_content_s - v.ttft_s, 4)
     return _finding(
-        "slow_first_token",
-        "info",
+        FindingKind.SLOW_FIRST_TOKEN,
+        Severity.INFO,
         ttfb_s=v.ttfb_s,
         ttft_s=v.ttft_s,
         lag_s=round(lag, 4),
@@ -502,17 +537,20 @@ DETECTORS: tuple[Callable[[StreamView], Finding | None], ...] = (
     detect_slow_first_token,
 )
 
+_INSIDE_A_HOLD = (FindingKind.BURST_GAPS, FindingKind.STALL, FindingKind.SLOW_FIRST_TOKEN)
+_BETWEEN_BURSTS = (FindingKind.STALL, FindingKind.SLOW_FIRST_TOKEN)
+
 
 def diagnose(v: StreamView) -> list[Finding]:
     """Every finding for one flow, worst first."""
     found = [f for d in DETECTORS if (f := d(v)) is not None]
     kinds = {f.kind for f in found}
-    if "whole_body_hold" in kinds:
+    if FindingKind.WHOLE_BODY_HOLD in kinds:
         # a held body is one burst; the gaps inside it are not a separate finding
         # nor is the late first token: the hold is why it was late
-        found = [f for f in found if f.kind not in ("burst_gaps", "stall", "slow_first_token")]
-    elif "burst_gaps" in kinds:
+        found = [f for f in found if f.kind not in _INSIDE_A_HOLD]
+    elif FindingKind.BURST_GAPS in kinds:
         # the stalls between bursts are the buffer's windows (burst_gaps reports their period),
         # not a scheduler pause: the stall finding's fix would send the reader the wrong way
-        found = [f for f in found if f.kind not in ("stall", "slow_first_token")]
+        found = [f for f in found if f.kind not in _BETWEEN_BURSTS]
     return sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.figures import weighted_quantile
+from hopmeter.core.vocab import FindingKind
 
 # A segment that released its first token after this share of the inner hop's token span had
 # passed held the whole body: nothing, then everything (seed "GPU to pixel").
@@ -32,19 +33,20 @@ BATCHING_ITL_RATIO = 0.5
 BATCHING_TTFT_RISE_S = 0.25
 # Finding kinds that describe pacing, and so can be attributed to the segment that introduced them.
 PACING_KINDS = (
-    "whole_body_hold",
-    "burst_gaps",
-    "compression_on_stream",
-    "stall",
-    "line_endings",
-    "split_utf8",
-    "replacement_char",
+    FindingKind.WHOLE_BODY_HOLD,
+    FindingKind.BURST_GAPS,
+    FindingKind.COMPRESSION_ON_STREAM,
+    FindingKind.STALL,
+    FindingKind.LINE_ENDINGS,
+    FindingKind.SPLIT_UTF8,
+    FindingKind.REPLACEMENT_CHAR,
 )
 
 SEGMENT_FIXES = {
-    "segment_batching": "This segment turned a steady stream into bursts: inter-token latency "
-    "fell while the first token came later; look for buffering or "
-    "compression between these two hops.",
+    FindingKind.SEGMENT_BATCHING: (
+        "This segment turned a steady stream into bursts: inter-token latency fell while the "
+        "first token came later; look for buffering or compression between these two hops."
+    ),
 }
 
 
@@ -186,9 +188,9 @@ def _segment_findings(
     for kind in PACING_KINDS:
         if kind in outer.finding_kinds and kind not in inner.finding_kinds:
             yield {"kind": kind, "introduced_by": f"{outer.hop}>{inner.hop}"}
-    if whole and "whole_body_hold" not in outer.finding_kinds:
+    if whole and FindingKind.WHOLE_BODY_HOLD not in outer.finding_kinds:
         yield {
-            "kind": "whole_body_hold",
+            "kind": FindingKind.WHOLE_BODY_HOLD,
             "introduced_by": f"{outer.hop}>{inner.hop}",
             "first_token_hold_s": first_hold,
         }
@@ -201,14 +203,14 @@ def _segment_findings(
         and outer.ttft_s - inner.ttft_s >= BATCHING_TTFT_RISE_S
     ):
         yield {
-            "kind": "segment_batching",
+            "kind": FindingKind.SEGMENT_BATCHING,
             "introduced_by": f"{outer.hop}>{inner.hop}",
             "evidence": {
                 "itl_p50_inner_s": inner.itl_p50_s,
                 "itl_p50_outer_s": outer.itl_p50_s,
                 "ttft_rise_s": round(outer.ttft_s - inner.ttft_s, 6),
             },
-            "fix": SEGMENT_FIXES["segment_batching"],
+            "fix": SEGMENT_FIXES[FindingKind.SEGMENT_BATCHING],
         }
 
 

@@ -25,22 +25,7 @@ from typing import Final, NamedTuple
 import orjson
 
 from hopmeter.core.frames import Frame
-
-API_NAMES: Final = frozenset(
-    {
-        "openai.chat",
-        "openai.responses",
-        "anthropic.messages",
-        "gemini",
-        "tgi",
-        "ollama",
-        "token_ids",
-        "sse",
-        "ndjson",
-        "other",
-    }
-)
-UNKNOWN_APIS: Final = frozenset({"sse", "ndjson", "other"})
+from hopmeter.core.vocab import UNKNOWN_APIS, Api
 
 EVENT_STREAM: Final = "text/event-stream"
 NDJSON_TYPES: Final = frozenset(
@@ -923,4 +908,4 @@ _PARSERS: Final[dict[str, type[ApiParser]]] = {
 def make_parser(api: str) -> ApiParser:
     """A fresh parser for one flow speaking `api` (unknown names get the heuristic one)."""
     cls = _PARSERS.get(api)
-    return cls() if cls is not None else HeuristicParser(api if api in UNKNOWN_APIS else "other")
+    return cls() if cls is not None else HeuristicParser(api if api in UNKNOWN_APIS else Api.OTHER)

@@ -10,13 +10,9 @@ from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
+from hopmeter.core.vocab import TERMINATED_APIS
 
 SCHEMA = "hopmeter.flow/1"
-ENDINGS = ("complete", "upstream_reset", "client_gone", "error", "shutdown")
-# APIs whose streams end with a terminal event; for the rest, "no terminal event" means nothing.
-TERMINATED_APIS = frozenset(
-    {"openai.chat", "openai.responses", "anthropic.messages", "ollama", "gemini", "tgi"}
-)
 
 # Response headers the detectors read; nothing else of the response's headers is kept, and no
 # request header at all (they carry keys and cookies).

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from hopmeter.core.vocab import TokenSource
+
 # The estimate, calibrated against o200k_base on the 3,115 visible event texts of the development
 # corpus (shared/corpus): mean absolute error 0.2 tokens per event and +3% over the whole text,
 # where the common "UTF-8 bytes / 4" rule has 0.8 tokens per event. Pieces are split like a BPE
@@ -71,13 +73,13 @@ class TokenCounter:
         self,
         *,
         name: str,
-        source: str,
+        source: TokenSource,
         exact: bool,
         count: Callable[[str], int],
         fallback_reason: str | None = None,
     ) -> None:
         self.name = name  # encoding name, file name, or "estimate"
-        self.source = source  # "tokenizer" | "estimate"
+        self.source = source  # TOKENIZER or ESTIMATE
         self.exact = exact  # the model's own tokenizer; False for a proxy tokenizer or estimate
         self.fallback_reason = fallback_reason  # why a tokenizer was not used
         self._count = count
@@ -109,7 +111,7 @@ def estimate_counter(reason: str | None = None) -> TokenCounter:
     """The counter of last resort, keeping the reason a tokenizer was not used."""
     return TokenCounter(
         name="estimate",
-        source="estimate",
+        source=TokenSource.ESTIMATE,
         exact=False,
         count=estimate_tokens,
         fallback_reason=reason,
@@ -151,7 +153,7 @@ def reconcile(counts: list[int], total: int) -> list[int]:
 class Counter(Protocol):
     """A token counter: a tokenizer, or the estimate."""
 
-    source: str
+    source: TokenSource  # TOKENIZER or ESTIMATE
 
     def count(self, text: str) -> int: ...
 
@@ -161,9 +163,9 @@ class TokenAccount:
     """Per-event token counts and where they came from."""
 
     per_event: tuple[int, ...]
-    source: str  # "stream" | "usage" | "tokenizer" | "estimate" (what the final counts rest on)
+    source: TokenSource  # what the final counts rest on
     counted: int  # sum before reconciliation
-    counted_source: str  # the best source used before reconciliation
+    counted_source: TokenSource  # the best source used before reconciliation
     usage: int | None  # the stream's own total, when it sent one
     mismatch: int | None  # usage - hidden reasoning - counted
     hidden_reasoning: int = 0  # reasoning tokens in usage that no event carried
@@ -202,7 +204,9 @@ def account_tokens(
         else:
             append(0)
     sources = {
-        name for name, seen in (("stream", from_stream), ("estimate", estimated)) if seen
+        name
+        for name, seen in ((TokenSource.STREAM, from_stream), (TokenSource.ESTIMATE, estimated))
+        if seen
     } | ({counter.source} if tokenized else set())
     counted = sum(counts)
     counted_source = _weakest(sources)
@@ -213,7 +217,7 @@ def account_tokens(
         final = counts if counted == target else reconcile(counts, target)
         return TokenAccount(
             per_event=tuple(final),
-            source="usage",
+            source=TokenSource.USAGE,
             counted=counted,
             counted_source=counted_source,
             usage=usage,
@@ -231,11 +235,11 @@ def account_tokens(
     )
 
 
-_STRENGTH = {"stream": 0, "tokenizer": 1, "estimate": 2}
+_STRENGTH = {TokenSource.STREAM: 0, TokenSource.TOKENIZER: 1, TokenSource.ESTIMATE: 2}
 
 
-def _weakest(sources: set[str]) -> str:
+def _weakest(sources: set[TokenSource]) -> TokenSource:
     """A mix of sources is only as good as its weakest member."""
     if not sources:
-        return "stream"
+        return TokenSource.STREAM
     return max(sources, key=lambda s: _STRENGTH.get(s, 3))

@@ -36,8 +36,8 @@ os.environ.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hopmeter.core.detectors import FIXES
 from hopmeter.core.figures import Gaps
+from hopmeter.core.vocab import Api, Ended, FindingKind, TokenSource
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -67,12 +67,11 @@ EVENT_TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)
 # --- bounded label values ---------------------------------------------------------------------
 OTHER = "other"
 NO_MODEL = "none"
-APIS = frozenset({"openai.chat", "openai.responses", "anthropic.messages", "gemini", "tgi",
-                  "ollama", "token_ids", "sse", "ndjson", "other"})
-# hopmeter.core.record.ENDINGS (a test keeps the two equal; record.py is heavy to import here)
-ENDINGS = frozenset({"complete", "upstream_reset", "client_gone", "error", "shutdown"})
-TOKEN_SOURCES = frozenset({"stream", "usage", "tokenizer", "estimate"})
-FINDING_KINDS = frozenset(FIXES)  # the detectors' table is the list of kinds
+# Label values that come from records are taken only from hopmeter's own vocabulary.
+APIS = frozenset(Api)
+ENDINGS = frozenset(Ended)
+TOKEN_SOURCES = frozenset(TokenSource)
+FINDING_KINDS = frozenset(FindingKind)
 # Hop, segment and error-site names come from configuration, not traffic; the cap guards against
 # a misconfiguration (a name per request) turning into a series per request.
 MAX_NAMES_PER_LABEL = 32

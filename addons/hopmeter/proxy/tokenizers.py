@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Final
 
 from hopmeter.core.tokens import Counter, TokenCounter, estimate_counter
+from hopmeter.core.vocab import TokenSource
 from hopmeter.errors import TokenizerError
 from hopmeter.log import get_logger
 
@@ -109,7 +110,7 @@ def make_counter(
         if strict and tokenizer:
             raise
         return estimate_counter(str(exc))
-    return TokenCounter(name=name, source="tokenizer", exact=exact, count=count)
+    return TokenCounter(name=name, source=TokenSource.TOKENIZER, exact=exact, count=count)
 
 
 def check_tokenizer(tokenizer: str) -> None:

@@ -20,15 +20,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopmeter.core.detectors import SEVERITY_ORDER
 from hopmeter.core.hops import HopView, align
+from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, Severity
 
 Record = Mapping[str, Any]
 
 # The stall threshold when no record says which one it was measured with (DESIGN.md §3 default).
 DEFAULT_STALL_THRESHOLD_S = 0.5
 # A segment finding names no severity; a hold it introduced is as bad as the flow's own.
-SEGMENT_SEVERITY = {"whole_body_hold": "error", "segment_batching": "warning"}
+SEGMENT_SEVERITY: Mapping[str, Severity] = {
+    FindingKind.WHOLE_BODY_HOLD: Severity.ERROR,
+    FindingKind.SEGMENT_BATCHING: Severity.WARNING,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,12 +111,12 @@ class Trace:
         return found[0][1] if found else None
 
 
-def severity(finding: Mapping[str, Any]) -> str:
+def severity(finding: Mapping[str, Any]) -> Severity:
     """A finding's severity; segment findings get one from SEGMENT_SEVERITY (else warning)."""
     sev = finding.get("severity")
     if isinstance(sev, str) and sev in SEVERITY_ORDER:
-        return sev
-    return SEGMENT_SEVERITY.get(str(finding.get("kind")), "warning")
+        return Severity(sev)
+    return SEGMENT_SEVERITY.get(str(finding.get("kind")), Severity.WARNING)
 
 
 def severity_rank(finding: Mapping[str, Any]) -> int:

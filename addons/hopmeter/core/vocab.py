@@ -1,0 +1,95 @@
+"""hopmeter's closed sets of names, spelled once for every layer.
+
+Each value is what a record (docs/design.md §4) and a metric label (§8) carry; the members are
+`str`s, so they compare, hash and serialise as their values. A new API, ending, token source or
+finding is added here first; the record, the metrics' allow-lists, the report and the dashboards
+all read these tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Final
+
+
+class Api(StrEnum):
+    """The wire format a response speaks (not the vendor: vLLM and Groq speak `openai.chat`)."""
+
+    OPENAI_CHAT = "openai.chat"
+    OPENAI_RESPONSES = "openai.responses"
+    ANTHROPIC_MESSAGES = "anthropic.messages"
+    GEMINI = "gemini"
+    TGI = "tgi"
+    OLLAMA = "ollama"
+    TOKEN_IDS = "token_ids"
+    SSE = "sse"  # an event stream of no known API
+    NDJSON = "ndjson"  # a JSON-lines stream of no known API
+    OTHER = "other"  # neither: a document, or a body that is timed and counted only
+
+
+# Media-type names for a stream whose payloads have not said which API they speak yet.
+UNKNOWN_APIS: Final = frozenset({Api.SSE, Api.NDJSON, Api.OTHER})
+# APIs whose streams end with a terminal event; for the rest, "no terminal event" means nothing.
+TERMINATED_APIS: Final = frozenset(
+    {
+        Api.OPENAI_CHAT,
+        Api.OPENAI_RESPONSES,
+        Api.ANTHROPIC_MESSAGES,
+        Api.OLLAMA,
+        Api.GEMINI,
+        Api.TGI,
+    }
+)
+
+
+class Ended(StrEnum):
+    """How a flow ended (`response.ended` in the record, the `ended` label of flows_total)."""
+
+    COMPLETE = "complete"  # the response finished as HTTP says it should
+    UPSTREAM_RESET = "upstream_reset"  # the upstream closed or reset the connection mid-body
+    CLIENT_GONE = "client_gone"  # the client hung up before the end
+    ERROR = "error"  # any other failure mitmproxy reported
+    SHUTDOWN = "shutdown"  # still in flight when the proxy stopped
+
+
+class TokenSource(StrEnum):
+    """Where a flow's token counts come from, best first (docs/design.md §6)."""
+
+    STREAM = "stream"  # the stream's own counts: token ids, logprobs, TGI's token
+    USAGE = "usage"  # the stream's usage total, per-event counts scaled to it
+    TOKENIZER = "tokenizer"  # a tokenizer on each event's text
+    ESTIMATE = "estimate"  # the text-shape estimate
+
+
+class Severity(StrEnum):
+    """How bad a finding is."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+# Worst first: findings are listed in this order.
+SEVERITY_ORDER: Final[Mapping[str, int]] = {
+    Severity.ERROR: 0,
+    Severity.WARNING: 1,
+    Severity.INFO: 2,
+}
+
+
+class FindingKind(StrEnum):
+    """What a detector can say about a flow, or `hops` about a segment (docs/design.md §7)."""
+
+    WHOLE_BODY_HOLD = "whole_body_hold"
+    BURST_GAPS = "burst_gaps"
+    COMPRESSION_ON_STREAM = "compression_on_stream"
+    BUFFERING_HEADERS = "buffering_headers"
+    REPLACEMENT_CHAR = "replacement_char"
+    SPLIT_UTF8 = "split_utf8"
+    LINE_ENDINGS = "line_endings"
+    TRUNCATED = "truncated"
+    NOT_STREAMED = "not_streamed"
+    STALL = "stall"
+    SLOW_FIRST_TOKEN = "slow_first_token"
+    SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
