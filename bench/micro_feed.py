@@ -121,15 +121,15 @@ def feed_coalesced(general: bool = False) -> Callable[[int], object]:
 
 def tap() -> Callable[[int], object]:
     """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
-    (with no event loop running, HopMeter.schedule_measure measures at once: both are timed)."""
-    from hopmeter.proxy.addon import FlowState, HopMeter, ResponseTap  # noqa: PLC0415 - heavy
+    (with no event loop running, MeasureQueue measures at once: both are timed)."""
+    from hopmeter.proxy.tap import FlowState, MeasureQueue, ResponseTap  # noqa: PLC0415 - heavy
 
     fields = FlowState.__dataclass_fields__
     kwargs: dict[str, Any] = {"mono0": time.monotonic(), "skew_s": 0.0, "listener": "proxy"}
     kwargs.update({"hop": "proxy", "trace": None})
     if "span_id" in fields:
         kwargs["span_id"] = "0" * 16
-    t = ResponseTap(HopMeter(), FlowState(**kwargs))
+    t = ResponseTap(FlowState(**kwargs), MeasureQueue(), lambda where, exc: None)
     t.meter = new_meter()
     return lambda i: t(CHUNK)
 

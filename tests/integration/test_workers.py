@@ -53,9 +53,8 @@ def _two_free_ports() -> int:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", p + 1)) != 0:
                 try:
-                    s2 = socket.socket()
-                    s2.bind(("127.0.0.1", p + 1))
-                    s2.close()
+                    with socket.socket() as s2:  # closed even when bind fails
+                        s2.bind(("127.0.0.1", p + 1))
                     return p
                 except OSError:
                     continue

@@ -75,6 +75,11 @@ class Console:
             self._dropped += 1
         self._findings.update(f["kind"] for f in rec.get("findings") or [])
 
+    @property
+    def started(self) -> bool:
+        """Whether the periodic summary runs."""
+        return self._task is not None
+
     def start(self) -> None:
         """Begin the periodic summary (needs a running event loop)."""
         if self.interval_s > 0 and self.mode != "off" and self._task is None:

@@ -1,21 +1,22 @@
-"""The mitmproxy layer: the HopMeter addon and the stream taps. The only mitmproxy import site.
+"""HopMeter: the addon whose hooks hand every HTTP flow to the sans-I/O core.
 
 Load it in plain mitmproxy with `mitmdump -s "$(hopmeter --addon-path)" --set hopmeter_hop=edge`.
-Everything measured is handed to the sans-I/O core; this module only stamps times, keeps per-flow
-state and guards every call into measuring code so that a bug there can never touch a byte.
+Its hooks stamp times, keep per-flow state (`FlowState`, in this addon, never on the flow: a flow
+is saved and copied with its metadata) and install the stream taps (hopmeter.proxy.tap); when a
+flow ends they build its record with the core (hopmeter.core.record) and hand the result to the
+observers, the outputs of hopmeter.proxy.outputs. Every call into measuring code and into an
+observer is guarded: a bug there is counted and logged, and never touches a byte of the flow.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
+import contextlib
 import secrets
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
@@ -23,157 +24,31 @@ from hopmeter.core.meter import FlowMeter
 from hopmeter.core.providers import detect_api, model_from_path
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
-from hopmeter.errors import HopmeterError, OtelConfigError
-from hopmeter.export.console import MODES as CONSOLE_MODES
-from hopmeter.export.console import Console
-from hopmeter.export.records import RecordSink
+from hopmeter.core.vocab import Ended
+from hopmeter.errors import HopmeterError, UsageError
+from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy.chaos import Chaos, parse_actions
+from hopmeter.proxy.config import parse_listener
 from hopmeter.proxy.pairing import Pairing
-from hopmeter.proxy.tokenizers import load_counter
+from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
+from hopmeter.proxy.tokenizers import Counters, load_counter
 
 log = get_logger()
-
-# The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
-# read `model` and `stream` from a JSON body. 64 KiB holds the head of any chat request; a longer
-# prompt is cut, and only the fields that appear before the cut are read.
-REQUEST_SNIFF_BYTES = 64 * 1024
-# Chunks are measured this long after the first of them was stamped (HopMeter.schedule_measure).
-# A batched decoder's tick reaches the proxy as one event per stream within about a millisecond:
-# measuring after the whole tick is forwarded kept hopmeter's added delay p99 at 50 lockstep
-# streams within ~5% of bare mitmproxy's, against ~12% when measuring on the next loop turn
-# (bench/README.md); the CPU is the same either way.
-MEASURE_DELAY_S = 0.001
-
-
-@dataclass(slots=True)
-class FlowState:
-    """What the addon keeps per flow between hooks."""
-
-    mono0: float  # monotonic clock at the request headers
-    skew_s: float  # request start is this much before mono0 on the wall clock
-    listener: str
-    hop: str
-    trace: TraceContext | None
-    span_id: str  # this flow's own span: the one hopmeter put in traceparent, or a new one
-    request_bytes: int = 0
-    request_head: bytearray = field(default_factory=bytearray)
-    request_model: str | None = None
-    stream_requested: bool | None = None
-    tap: ResponseTap | None = None
-    response_headers: dict[str, str] | None = None  # lower-cased, first value wins
-    streaming: bool = False  # counted in streams_active
-    finished: bool = False
-
-    def offset(self, mono: float) -> float:
-        """Seconds since the request started, on the monotonic clock."""
-        return mono - self.mono0 + self.skew_s
-
-
-class RequestTap:
-    """Counts request body bytes and keeps the head of the body; returns every chunk unchanged."""
-
-    __slots__ = ("addon", "state")
-
-    def __init__(self, addon: HopMeter, state: FlowState) -> None:
-        self.addon = addon
-        self.state = state
-
-    def __call__(self, data: bytes) -> bytes:
-        try:
-            st = self.state
-            st.request_bytes += len(data)
-            room = REQUEST_SNIFF_BYTES - len(st.request_head)
-            if room > 0 and data:
-                st.request_head += data[:room]
-            if not data:
-                st.request_model, st.stream_requested = sniff_request(bytes(st.request_head))
-                st.request_head = bytearray()
-        except Exception:  # a measuring bug must never touch the request
-            self.addon.internal_error("request_tap")
-        return data
-
-
-class ResponseTap:
-    """The stream callable: stamps each chunk, feeds a side copy to the core, returns the chunk.
-
-    mitmproxy calls it once per HTTP/1 chunk, socket read or HTTP/2 DATA frame, then once with
-    b"" at the end. It must return every chunk unchanged: an exception here would silently drop the
-    chunk (mitmproxy does not guard stream callables), so everything is caught.
-    """
-
-    __slots__ = ("addon", "bytes_out", "chaos", "error", "meter", "state")
-
-    def __init__(self, addon: HopMeter, state: FlowState | None) -> None:
-        self.addon = addon
-        self.state = state
-        self.meter: FlowMeter | None = None
-        self.bytes_out = 0
-        self.error: str | None = None
-        self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
-
-    def __call__(self, data: bytes) -> bytes | list[bytes]:
-        if data and self.meter is not None:
-            # Stamp now; measure after the chunk is written (HopMeter.schedule_measure).
-            addon = self.addon
-            addon.pending.append((self, data, time.monotonic()))
-            if not addon.measure_scheduled:
-                addon.schedule_measure()
-        if self.chaos is not None:
-            return self._chaos(data)
-        self.bytes_out += len(data)
-        return data
-
-    def _chaos(self, data: bytes) -> bytes | list[bytes]:
-        assert self.chaos is not None
-        try:
-            pieces = self.chaos.feed(data) if data else self.chaos.flush()
-        except Exception as exc:  # chaos that fails falls back to the original bytes
-            self.chaos = None
-            self.fail(exc)
-            self.bytes_out += len(data)
-            return data
-        self.bytes_out += sum(map(len, pieces))
-        # the final call must return b"" (bytes), and no data piece may be empty
-        return pieces if data or pieces else b""
-
-    def measure(self, data: bytes, now: float) -> None:
-        """Feed one stamped chunk to the meter; a failure stops measuring this flow only."""
-        meter, st = self.meter, self.state
-        if meter is None or st is None:
-            return
-        try:
-            meter.feed(data, now - st.mono0 + st.skew_s)  # st.offset(now), inlined
-        except Exception as exc:
-            self.fail(exc)
-
-    def fail(self, exc: BaseException) -> None:
-        """Stop measuring this flow, say so once, and count it."""
-        self.meter = None
-        if self.error is None:
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-            self.addon.internal_error("response_tap", exc)
 
 
 class HopMeter:
     """Measures every HTTP flow that passes: times, events, tokens, figures, a record per flow."""
 
     def __init__(self) -> None:
-        self.sink: RecordSink | None = None
         self.listener_names: dict[str, str] = {}
-        self.counter: Any = None
+        self.counter: Counters | None = None
         self.internal_errors = 0
-        self.flows_finished = 0
-        self.observers: list[Any] = []  # objects with observe(FlowResult) and optional hooks
+        self.observers: list[FlowObserver] = []
         self.pairing = Pairing(schedule=_call_later, emit=self._emit)
-        self.otel: Any = None
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
-        self.records_lost = 0
-        self.console: Console | None = None
         self.chaos_actions: tuple[str, ...] = ()
-        # Chunks stamped by the stream callables and not yet measured (see schedule_measure).
-        self.pending: list[tuple[ResponseTap, bytes, float]] = []
-        self.measure_scheduled = False
+        self.queue = MeasureQueue()
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -183,12 +58,6 @@ class HopMeter:
             Sequence[str],
             [],
             "NAME=MODE pairs naming listeners; each MODE is also added to `mode`.",
-        )
-        loader.add_option(
-            "hopmeter_records",
-            str,
-            "",
-            'Append one JSON line per finished flow to this file ("-" = stdout).',
         )
         loader.add_option(
             "hopmeter_stall_threshold",
@@ -219,26 +88,6 @@ class HopMeter:
             "hopmeter_chaos_seed", int, 0, "Seed for --chaos (0 = a new seed per flow)."
         )
         loader.add_option(
-            "hopmeter_console",
-            str,
-            "text",
-            'Per-flow console output: "text" (a line per flow), "json" (an object per line on '
-            'stdout) or "off".',
-        )
-        loader.add_option(
-            "hopmeter_summary_interval",
-            float,
-            60.0,
-            "Seconds between compact console summaries (0 = none).",
-        )
-        loader.add_option(
-            "hopmeter_otel_endpoint",
-            str,
-            "",
-            "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
-            "(needs `pip install hopmeter[otel]`).",
-        )
-        loader.add_option(
             "hopmeter_trace_header", bool, True, "Add a W3C traceparent to requests that have none."
         )
 
@@ -250,27 +99,16 @@ class HopMeter:
                 f"got {opts.hopmeter_stall_threshold}"
             )
         if "hopmeter_listeners" in updated:
-            self.listener_names = parse_listeners(opts.hopmeter_listeners)
+            try:
+                self.listener_names = parse_listeners(opts.hopmeter_listeners)
+            except UsageError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
             modes = list(opts.mode)
             wanted = [m for m in self.listener_names if m not in modes]
             if wanted:
                 if modes == ["regular"]:
                     modes = []
                 opts.update(mode=[*modes, *wanted])
-        if "hopmeter_records" in updated:
-            if self.sink is not None:
-                self.sink.close()
-                self.sink = None
-            if opts.hopmeter_records:
-                try:
-                    self.sink = RecordSink.open(opts.hopmeter_records)
-                except OSError as exc:
-                    raise exceptions.OptionsError(
-                        f"cannot write records to {opts.hopmeter_records}: {exc.strerror}; "
-                        f"pick a writable path with --records"
-                    ) from exc
-        if "hopmeter_console" in updated or "hopmeter_summary_interval" in updated:
-            self._set_console(opts.hopmeter_console, opts.hopmeter_summary_interval)
         if "hopmeter_chaos" in updated:
             try:
                 self.chaos_actions = parse_actions(opts.hopmeter_chaos)
@@ -281,8 +119,6 @@ class HopMeter:
                     "hopmeter: CHAOS is on: responses are re-cut on the way to clients",
                     actions=",".join(self.chaos_actions),
                 )
-        if "hopmeter_otel_endpoint" in updated:
-            self._set_otel(opts.hopmeter_otel_endpoint.strip())
         if "hopmeter_tokenizer" in updated or self.counter is None:
             try:
                 self.counter = load_counter(opts.hopmeter_tokenizer or None)
@@ -292,69 +128,57 @@ class HopMeter:
     def running(self) -> None:
         if self.counter is not None:
             self.counter.preload()
-        # Everything loaded so far (mitmproxy, the tokenizers' vocabularies) lives as long as the
-        # process: move it out of the collector's reach. A full collection over it takes ~25 ms,
-        # a pause every stream on the loop would feel, at a rate set by allocation, not by load.
-        gc.collect()
-        gc.freeze()
-        if self.console is not None:
-            self.console.start()
-
-    def _set_console(self, mode: str, interval_s: float) -> None:
-        if mode not in CONSOLE_MODES:
-            raise exceptions.OptionsError(
-                f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
-            )
-        if interval_s < 0:
-            raise exceptions.OptionsError("hopmeter_summary_interval must be 0 or more seconds")
-        if self.console is not None:
-            self.console.stop()
-            self.observers.remove(self.console)
-        self.console = Console(mode, interval_s)
-        self.observers.append(self.console)
 
     def done(self) -> None:
         # flows still in flight when the proxy stops are written as ended "shutdown"
         for flow, state in list(self.live.values()):
             if not state.finished:
                 state.finished = True
-                self._complete(flow, state, "shutdown", state.offset(time.monotonic()))
+                self._complete(flow, state, Ended.SHUTDOWN, state.offset(time.monotonic()))
         self.live.clear()
         self.pairing.drain()
-        if self.console is not None:
-            self.console.stop()
-        if self.sink is not None:
-            self.sink.close()
-        if self.records_lost:
-            log.error(
-                "hopmeter: records were lost",
-                lost=self.records_lost,
-                path=ctx.options.hopmeter_records,
-            )
-        self._set_otel("")
 
-    def _set_otel(self, endpoint: str) -> None:
-        if self.otel is not None:
-            self.observers.remove(self.otel)
-            self.otel.close()
-            self.otel = None
-        if not endpoint:
-            return
-        try:
-            from hopmeter.export.otel import OtelExporter  # noqa: PLC0415 - optional
-        except ImportError as exc:
-            raise exceptions.OptionsError(
-                f"hopmeter_otel_endpoint needs the OpenTelemetry extra: pip install "
-                f"'hopmeter[otel]' ({exc})"
-            ) from None
-        try:
-            self.otel = OtelExporter(endpoint)
-        except OtelConfigError as exc:
-            raise exceptions.OptionsError(str(exc)) from None
-        self.observers.append(self.otel)
+    # -- observers -----------------------------------------------------------------------------
+    def add_observer(self, observer: FlowObserver) -> None:
+        """Hand every finished flow (and the stream and error notices) to `observer` too."""
+        if observer not in self.observers:
+            self.observers.append(observer)
+
+    def remove_observer(self, observer: FlowObserver) -> None:
+        """Stop handing flows to `observer`."""
+        if observer in self.observers:
+            self.observers.remove(observer)
+
+    def _notify(self, notice: Callable[[FlowObserver], None], where: str) -> None:
+        """Call `notice` on every observer; one that raises is counted and the rest still run."""
+        for obs in self.observers:
+            try:
+                notice(obs)
+            except Exception as exc:
+                self.internal_error(where, exc)
+
+    def internal_error(self, where: str, exc: BaseException | None = None) -> None:
+        """Count a bug in measuring code; the flow goes on unmeasured. Never raises.
+
+        The stream taps call this from their `except` clauses, where an exception would escape
+        into mitmproxy and drop a chunk: so an observer that fails here is not told again (no
+        recursion) and not allowed out, and a failing log call is swallowed too.
+        """
+        self.internal_errors += 1
+        for obs in self.observers:
+            with contextlib.suppress(Exception):  # the one place a failure can only be dropped
+                obs.internal_error(where)
+        with contextlib.suppress(Exception):
+            log.warning(
+                "hopmeter: measuring failed; the flow is forwarded unmeasured",
+                where=where,
+                error=f"{type(exc).__name__}: {exc}" if exc else None,
+            )
 
     # -- hooks ---------------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if not flow.live:  # a flow read from a file: it was measured when it was live
+            return
         mono0 = time.monotonic()
         wall0 = time.time()
         state = None
@@ -370,17 +194,16 @@ class HopMeter:
                 trace=trace,
                 span_id=trace.span_id if trace.created else secrets.token_hex(8),
             )
-            flow.metadata["hopmeter"] = state
             self.live[flow.id] = (flow, state)
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
         except Exception as exc:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False:
-            flow.request.stream = RequestTap(self, state)
+            flow.request.stream = RequestTap(state, self.internal_error)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # First statement: never hold the body. Anything that fails after this only loses measuring.
-        flow.response.stream = tap = ResponseTap(self, flow.metadata.get("hopmeter"))  # type: ignore[union-attr]
+        flow.response.stream = tap = ResponseTap(self._state(flow), self.queue, self.internal_error)  # type: ignore[union-attr]
         try:
             state = tap.state
             if state is None or flow.response is None:
@@ -388,10 +211,14 @@ class HopMeter:
             state.tap = tap
             resp = flow.response
             req = flow.request
-            state.response_headers = headers = _lower(resp.headers)
+            state.response_headers = headers = lower_headers(resp.headers)
             content_type = headers.get("content-type", "")
             api = detect_api(
-                req.method, req.path.split("?", 1)[0], _lower(req.headers), headers, content_type
+                req.method,
+                req.path.split("?", 1)[0],
+                lower_headers(req.headers),
+                headers,
+                content_type,
             )
             tap.meter = FlowMeter(
                 api=api,
@@ -400,7 +227,6 @@ class HopMeter:
                 headers=headers,
             )
             state.streaming = True
-            self._notify("stream_started")
             if self.chaos_actions:
                 tap.chaos = Chaos(
                     self.chaos_actions,
@@ -410,56 +236,20 @@ class HopMeter:
                 )
         except Exception as exc:
             tap.fail(exc)
+            return
+        self._notify(lambda obs: obs.stream_started(), "observer")
 
     def response(self, flow: http.HTTPFlow) -> None:
-        self._finish(flow, "complete")
+        self._finish(flow, Ended.COMPLETE)
 
     def error(self, flow: http.HTTPFlow) -> None:
         msg = flow.error.msg if flow.error else ""
         self._finish(flow, classify_error(msg))
 
     # -- internals -----------------------------------------------------------------------------
-    def schedule_measure(self) -> None:
-        """Measure the queue of stamped chunks on the next turn of the loop.
-
-        mitmproxy writes a chunk to the client right after the stream callable returns, so
-        whatever the callable does delays that write, and with many streams emitting together
-        (batched decoding) it delays every stream behind it. The callable therefore only stamps
-        the chunk and appends it to `pending`; one callback `MEASURE_DELAY_S` later measures
-        the queue, all chunks in a row (cheaper than interleaved with mitmproxy's work), after
-        the writes of every chunk that arrived meanwhile. The queue holds at most that long's
-        chunks, which mitmproxy has already handed to the sockets; measuring reads the stamps,
-        so nothing measured moves. With no loop running (offline tools, tests) it measures now.
-        """
-        try:
-            asyncio.get_running_loop().call_later(MEASURE_DELAY_S, self.measure_pending)
-        except RuntimeError:  # no running loop (offline tools, tests): measure now
-            self.measure_pending()
-            return
-        self.measure_scheduled = True
-
-    def measure_pending(self) -> None:
-        """Measure every queued chunk, in arrival order. Never raises."""
-        self.measure_scheduled = False
-        pending, self.pending = self.pending, []
-        for tap, data, now in pending:
-            tap.measure(data, now)
-
-    def _notify(self, hook: str, *args: Any) -> None:
-        for obs in self.observers:
-            fn = getattr(obs, hook, None)
-            if fn is not None:
-                fn(*args)
-
-    def internal_error(self, where: str, exc: BaseException | None = None) -> None:
-        """Count a bug in measuring code; the flow goes on unmeasured."""
-        self.internal_errors += 1
-        self._notify("internal_error", where)
-        log.warning(
-            "hopmeter: measuring failed; the flow is forwarded unmeasured",
-            where=where,
-            error=f"{type(exc).__name__}: {exc}" if exc else None,
-        )
+    def _state(self, flow: http.HTTPFlow) -> FlowState | None:
+        entry = self.live.get(flow.id)
+        return entry[1] if entry is not None else None
 
     def _trace(self, flow: http.HTTPFlow) -> TraceContext:
         incoming = flow.request.headers.get("traceparent")
@@ -473,36 +263,34 @@ class HopMeter:
             flow.request.headers["traceparent"] = created.header()
         return created
 
-    def _finish(self, flow: http.HTTPFlow, ended: str) -> None:
+    def _finish(self, flow: http.HTTPFlow, ended: Ended) -> None:
         """Stamp the end now; build the record after this hook has returned.
 
         For a streamed response mitmproxy writes the end of the body to the client only after the
         `response` hook returns, so tokenizing, figures and detectors must not run inside it.
         """
-        state: FlowState | None = flow.metadata.get("hopmeter")
-        if state is None or state.finished:
+        entry = self.live.pop(flow.id, None)
+        if entry is None:
+            return
+        state = entry[1]
+        if state.finished:
             return
         state.finished = True
-        self.live.pop(flow.id, None)
         end_s = state.offset(time.monotonic())
         if state.streaming:
             state.streaming = False
-            try:
-                self._notify("stream_finished")
-            except Exception as exc:
-                self.internal_error("observer", exc)
+            self._notify(lambda obs: obs.stream_finished(), "observer")
         try:
             asyncio.get_running_loop().call_soon(self._complete, flow, state, ended, end_s)
         except RuntimeError:  # no running loop (offline tools, tests): do it now
             self._complete(flow, state, ended, end_s)
 
-    def _complete(self, flow: http.HTTPFlow, state: FlowState, ended: str, end_s: float) -> None:
+    def _complete(self, flow: http.HTTPFlow, state: FlowState, ended: Ended, end_s: float) -> None:
         try:
             result = self._result(flow, state, ended, end_s)
         except Exception as exc:
             self.internal_error("finish", exc)
             return
-        self.flows_finished += 1
         try:
             ready = self.pairing.finish(result)
         except Exception as exc:
@@ -512,29 +300,15 @@ class HopMeter:
             self._emit(r)
 
     def _emit(self, result: FlowResult) -> None:
-        """Hand one finished record to the observers (metrics), the records file and the console."""
-        for obs in self.observers:
-            try:
-                obs.observe(result)
-            except Exception as exc:
-                self.internal_error("observer", exc)
-        if self.sink is not None:
-            try:
-                self.sink.write(orjson.dumps(result.record) + b"\n")
-            except OSError as exc:
-                self.records_lost += 1
-                if self.records_lost == 1:
-                    log.error(
-                        "hopmeter: ERROR cannot write records; every record from now on is lost "
-                        "until the file is writable again",
-                        path=ctx.options.hopmeter_records,
-                        error=str(exc),
-                    )
+        """Hand one finished record to every observer (metrics, records, console, spans)."""
+        self._notify(lambda obs: obs.observe(result), "observer")
 
-    def _result(self, flow: http.HTTPFlow, state: FlowState, ended: str, now: float) -> FlowResult:
+    def _result(
+        self, flow: http.HTTPFlow, state: FlowState, ended: Ended, now: float
+    ) -> FlowResult:
         req = flow.request
         tap = state.tap
-        self.measure_pending()  # this flow's last chunks may still be queued
+        self.queue.measure()  # this flow's last chunks may still be queued
         meter = tap.meter if tap is not None else None
         if meter is not None:
             try:
@@ -559,9 +333,10 @@ class HopMeter:
             response = ResponseInfo(
                 status=resp.status_code,
                 http_version=resp.http_version,
-                headers=state.response_headers or _lower(resp.headers),
+                headers=state.response_headers or lower_headers(resp.headers),
                 t_headers_s=(resp.timestamp_start - req.timestamp_start),
             )
+        assert self.counter is not None  # configure() loads it before any flow
         result = finish_flow(
             flow_id=flow.id,
             trace_id=state.trace.trace_id if state.trace else None,
@@ -586,11 +361,12 @@ class HopMeter:
         return result
 
 
-def _call_later(delay_s: float, fn: Any) -> None:
+def _call_later(delay_s: float, fn: Callable[[], None]) -> None:
     asyncio.get_running_loop().call_later(delay_s, fn)
 
 
-def _lower(headers: Any) -> dict[str, str]:
+def lower_headers(headers: Any) -> dict[str, str]:
+    """Lower-cased header names; the first value of a repeated header wins."""
     out: dict[str, str] = {}
     for k, v in headers.items():
         out.setdefault(k.lower(), v)
@@ -601,46 +377,16 @@ def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:
     """Map each listener's mode spec to its name, from NAME=MODE pairs."""
     out: dict[str, str] = {}
     for pair in pairs:
-        name, sep, mode = pair.partition("=")
-        if not sep or not name or not mode:
-            raise exceptions.OptionsError(
-                f"listener {pair!r} is not NAME=MODE, e.g. edge=reverse:http://127.0.0.1:9000@8081"
-            )
+        name, mode = parse_listener(pair, "hopmeter_listeners")
         out[mode] = name
     return out
 
 
-def classify_error(message: str) -> str:
+def classify_error(message: str) -> Ended:
     """How a flow that fired `error` ended, from mitmproxy's error message."""
     m = message.lower()
     if "client" in m:
-        return "client_gone"
+        return Ended.CLIENT_GONE
     if "server" in m or "reset" in m or "peer" in m or "closed" in m or "eof" in m:
-        return "upstream_reset"
-    return "error"
-
-
-def sniff_request(head: bytes) -> tuple[str | None, bool | None]:
-    """The `model` and `stream` fields of a JSON request body, if they are in its head."""
-    if not head.lstrip().startswith(b"{"):
-        return None, None
-    try:
-        doc = orjson.loads(head)
-    except orjson.JSONDecodeError:
-        return _sniff_partial(head)
-    if not isinstance(doc, dict):
-        return None, None
-    model = doc.get("model")
-    stream = doc.get("stream")
-    return (model if isinstance(model, str) else None, stream if isinstance(stream, bool) else None)
-
-
-def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
-    import re  # noqa: PLC0415 - only for truncated bodies
-
-    model = re.search(rb'"model"\s*:\s*"([^"\\]{1,200})"', head)
-    stream = re.search(rb'"stream"\s*:\s*(true|false)', head)
-    return (
-        model.group(1).decode("utf-8", "replace") if model else None,
-        (stream.group(1) == b"true") if stream else None,
-    )
+        return Ended.UPSTREAM_RESET
+    return Ended.ERROR

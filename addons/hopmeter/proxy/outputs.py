@@ -1,30 +1,169 @@
-"""Wires Prometheus metrics (hopmeter.export.prometheus) to the HopMeter addon and serves them."""
+"""One small addon per place a finished flow goes: records, the console, Prometheus, OpenTelemetry.
+
+Each owns its options (declared in `load`, checked and applied in `configure`, as mitmproxy's own
+addons do), builds its exporter from hopmeter.export, and is an observer of the HopMeter addon
+(hopmeter.export.FlowObserver) while it has somewhere to write. The HopMeter addon guards every
+call into them: an output that fails is counted as an internal error and the flow goes on.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+import orjson
 from mitmproxy import ctx, exceptions
+from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.record import FlowResult
-from hopmeter.errors import UsageError
+from hopmeter.errors import OtelConfigError, UsageError
+from hopmeter.export import FlowObserver
+from hopmeter.export.console import MODES as CONSOLE_MODES
+from hopmeter.export.console import Console
+from hopmeter.export.prometheus import Metrics, MetricsPortError, MetricsServer, new_registry, serve
+from hopmeter.export.records import RecordSink
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import parse_hostport
 
+if TYPE_CHECKING:
+    from hopmeter.export.otel import OtelExporter
+
 log = get_logger()
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-class MetricsAddon:
+
+class RecordsOutput(FlowObserver):
+    """Appends one JSON line per finished flow to `hopmeter_records` ("-" = stdout)."""
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        self.sink: RecordSink | None = None
+        self.lost = 0  # records that could not be written
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_records",
+            str,
+            "",
+            'Append one JSON line per finished flow to this file ("-" = stdout).',
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_records" not in updated:
+            return
+        self._close()
+        path = ctx.options.hopmeter_records
+        if not path:
+            return
+        try:
+            self.sink = RecordSink.open(path)
+        except OSError as exc:
+            raise exceptions.OptionsError(
+                f"cannot write records to {path}: {exc.strerror}; pick a writable path with "
+                f"--records"
+            ) from exc
+        self.meter.add_observer(self)
+
+    def observe(self, result: FlowResult) -> None:
+        """Write the record; a failing file is said once and counted from then on."""
+        if self.sink is None:
+            return
+        try:
+            self.sink.write(orjson.dumps(result.record) + b"\n")
+        except OSError as exc:
+            self.lost += 1
+            if self.lost == 1:
+                log.error(
+                    "hopmeter: ERROR cannot write records; every record from now on is lost "
+                    "until the file is writable again",
+                    path=ctx.options.hopmeter_records,
+                    error=str(exc),
+                )
+
+    def done(self) -> None:
+        self._close()
+        if self.lost:
+            log.error(
+                "hopmeter: records were lost", lost=self.lost, path=ctx.options.hopmeter_records
+            )
+
+    def _close(self) -> None:
+        self.meter.remove_observer(self)
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+
+class ConsoleOutput(FlowObserver):
+    """A line (or a JSON object) per finished flow, and a summary every so often."""
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        self.console: Console | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_console",
+            str,
+            "text",
+            'Per-flow console output: "text" (a line per flow), "json" (an object per line on '
+            'stdout) or "off".',
+            choices=CONSOLE_MODES,
+        )
+        loader.add_option(
+            "hopmeter_summary_interval",
+            float,
+            60.0,
+            "Seconds between compact console summaries (0 = none).",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_console" not in updated and "hopmeter_summary_interval" not in updated:
+            return
+        mode = ctx.options.hopmeter_console
+        if mode not in CONSOLE_MODES:  # `choices` shows in mitmproxy's UIs; nothing enforces it
+            raise exceptions.OptionsError(
+                f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
+            )
+        interval_s = ctx.options.hopmeter_summary_interval
+        if interval_s < 0:
+            raise exceptions.OptionsError("hopmeter_summary_interval must be 0 or more seconds")
+        running = self.console is not None and self.console.started
+        self._stop()
+        self.console = Console(mode, interval_s)
+        self.meter.add_observer(self)
+        if running:
+            self.console.start()
+
+    def running(self) -> None:
+        if self.console is not None:
+            self.console.start()
+
+    def observe(self, result: FlowResult) -> None:
+        """Print the flow's line and count it in the window's summary."""
+        if self.console is not None:
+            self.console.observe(result)
+
+    def done(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        self.meter.remove_observer(self)
+        if self.console is not None:
+            self.console.stop()
+            self.console = None
+
+
+class MetricsOutput(FlowObserver):
     """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`."""
 
     def __init__(self, meter: HopMeter) -> None:
         self.meter = meter
-        self.metrics: Any = None
-        self.server: Any = None
-        meter.observers.append(self)
+        self.metrics: Metrics | None = None
+        self.server: MetricsServer | None = None
 
-    def load(self, loader: Any) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "hopmeter_metrics",
             str,
@@ -35,19 +174,18 @@ class MetricsAddon:
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_metrics" not in updated:
             return
-        from hopmeter.export.prometheus import Metrics, MetricsPortError, new_registry, serve  # noqa: PLC0415
-
         self._stop()
         spec = ctx.options.hopmeter_metrics.strip()
         if self.metrics is None:
             self.metrics = Metrics(new_registry())
+        self.meter.add_observer(self)
         if spec.lower() in ("", "off", "none"):
             return
         try:
             host, port = parse_hostport(spec, "hopmeter_metrics")
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        if host not in ("127.0.0.1", "localhost", "::1"):
+        if host not in LOOPBACK:
             log.warning(
                 "hopmeter: WARNING the metrics endpoint listens beyond this host; it "
                 "exposes traffic volumes and model names",
@@ -66,17 +204,17 @@ class MetricsAddon:
             self.server.close()
             self.server = None
 
-    # observer protocol of HopMeter
     def observe(self, result: FlowResult) -> None:
         """One finished flow, and the holds of each segment when it is a trace's outermost."""
-        if self.metrics is not None:
-            self.metrics.observe_flow(
-                result.record,
-                gaps=result.figures.gaps if result.figures is not None else None,
-                event_tokens=result.tokens.per_event if result.tokens is not None else None,
-            )
-            for seg in result.segments:
-                self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
+        if self.metrics is None:
+            return
+        self.metrics.observe_flow(
+            result.record,
+            gaps=result.figures.gaps if result.figures is not None else None,
+            event_tokens=result.tokens.per_event if result.tokens is not None else None,
+        )
+        for seg in result.segments:
+            self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""
@@ -92,3 +230,52 @@ class MetricsAddon:
         """A response ended, however."""
         if self.metrics is not None:
             self.metrics.stream_finished()
+
+
+class OtelOutput(FlowObserver):
+    """One OpenTelemetry span per finished flow, to `hopmeter_otel_endpoint` over OTLP/HTTP."""
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        self.exporter: OtelExporter | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_otel_endpoint",
+            str,
+            "",
+            "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
+            "(needs `pip install hopmeter[otel]`).",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_otel_endpoint" in updated:
+            self._set(ctx.options.hopmeter_otel_endpoint.strip())
+
+    def observe(self, result: FlowResult) -> None:
+        """Export the flow's span (batched on the exporter's own thread)."""
+        if self.exporter is not None:
+            self.exporter.observe(result)
+
+    def done(self) -> None:
+        self._set("")
+
+    def _set(self, endpoint: str) -> None:
+        self.meter.remove_observer(self)
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+        if not endpoint:
+            return
+        try:
+            from hopmeter.export.otel import OtelExporter  # noqa: PLC0415 - an optional extra
+        except ImportError as exc:
+            raise exceptions.OptionsError(
+                f"hopmeter_otel_endpoint needs the OpenTelemetry extra: pip install "
+                f"'hopmeter[otel]' ({exc})"
+            ) from None
+        try:
+            self.exporter = OtelExporter(endpoint)
+        except OtelConfigError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        self.meter.add_observer(self)

@@ -13,7 +13,8 @@ import socket
 import sys
 from typing import Any
 
-from hopmeter.core.record import summary_line
+from hopmeter.core.record import FlowResult, summary_line
+from hopmeter.export import FlowObserver
 from hopmeter.probe.http import post_stream
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.upstream.server import UpstreamServer
@@ -94,13 +95,13 @@ async def run_demo(records: str = "") -> int:
     results: list[dict[str, Any]] = []
     master_box: list[Any] = []
 
-    class Collect:
-        def observe(self, result: Any) -> None:
+    class Collect(FlowObserver):
+        def observe(self, result: FlowResult) -> None:
             results.append(result.record)
 
     def on_master(master: Any) -> None:
         master_box.append(master)
-        master.addons.get("hopmeter").observers.append(Collect())
+        master.addons.get("hopmeter").add_observer(Collect())
 
     async def drive() -> None:
         await _wait_port(proxy_port)

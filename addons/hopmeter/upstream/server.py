@@ -244,15 +244,18 @@ class UpstreamServer:
             parts = _split(piece, s.split_cuts, f"{s.seed}:{index}") if s.split_writes else [piece]
             index += 1
             # an empty chunk would end the body: a compressor holding everything writes nothing
+            t_sent = time.time()
             for i, part in enumerate(p for p in parts if p):
                 if i:
                     await asyncio.sleep(0.005)  # apart, so they arrive as separate reads
+                # stamped as the event's last piece is handed to the socket: no hop downstream
+                # can see it earlier (a stamp after the write could come after the read)
+                t_sent = time.time()
                 w.write(b"%x\r\n%s\r\n" % (len(part), part))
                 await w.drain()
             sent += event.tokens
             log.tokens += event.tokens
-            # stamped when the event's last byte was written: what a hop downstream can see
-            log.events.append((time.time(), event.tokens, len(piece)))
+            log.events.append((t_sent, event.tokens, len(piece)))
             if event.error:
                 break
         if compressor is not None:
