@@ -243,16 +243,7 @@ class UpstreamServer:
                     piece += compressor.flush(zlib.Z_SYNC_FLUSH)
             parts = _split(piece, s.split_cuts, f"{s.seed}:{index}") if s.split_writes else [piece]
             index += 1
-            # an empty chunk would end the body: a compressor holding everything writes nothing
-            t_sent = time.time()
-            for i, part in enumerate(p for p in parts if p):
-                if i:
-                    await asyncio.sleep(0.005)  # apart, so they arrive as separate reads
-                # stamped as the event's last piece is handed to the socket: no hop downstream
-                # can see it earlier (a stamp after the write could come after the read)
-                t_sent = time.time()
-                w.write(b"%x\r\n%s\r\n" % (len(part), part))
-                await w.drain()
+            t_sent = await _write_chunks(w, parts)
             sent += event.tokens
             log.tokens += event.tokens
             log.events.append((t_sent, event.tokens, len(piece)))
@@ -265,6 +256,23 @@ class UpstreamServer:
         w.write(b"0\r\n\r\n")
         await w.drain()
         return True
+
+
+async def _write_chunks(w: asyncio.StreamWriter, parts: list[bytes]) -> float:
+    """Write an event's pieces as HTTP/1.1 chunks; when its last piece went to the socket.
+
+    The time is read just before that write: no hop downstream can see the event earlier (a stamp
+    after the write could come after the read). An empty piece is skipped: an empty chunk would
+    end the body, and a compressor holding everything writes nothing.
+    """
+    t_sent = time.time()
+    for i, part in enumerate(p for p in parts if p):
+        if i:
+            await asyncio.sleep(0.005)  # apart, so they arrive as separate reads
+        t_sent = time.time()
+        w.write(b"%x\r\n%s\r\n" % (len(part), part))
+        await w.drain()
+    return t_sent
 
 
 async def _clock(s: Scenario, plan: list[formats.Planned]):  # type: ignore[no-untyped-def]
