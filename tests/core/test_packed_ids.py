@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hopmeter.core.apis import make_parser
 from hopmeter.core.packed_ids import FRAME_KIND, PackedIdDecoder, pack_ids, width_bits
-from hopmeter.core.providers import detect_api, make_parser
+from hopmeter.core.wire import detect_api
 from hopmeter.errors import HopmeterError
 from hopmeter.testing import feed_all, split_every_way
 

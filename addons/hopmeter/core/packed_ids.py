@@ -16,7 +16,7 @@ token ids and as packed ids):
   left at `close` are a truncated id, counted in `trailing_bytes`.
 
 Each event is a Frame of kind "packed_ids" whose data is the ids as a JSON array (`[15496,11]`),
-so the "token_ids" parser of providers.py reads it like a JSON token-ID event.
+so the "token_ids" parser (apis/token_ids.py) reads it like a JSON token-ID event.
 """
 
 from __future__ import annotations

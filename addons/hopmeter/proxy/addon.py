@@ -20,9 +20,9 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.providers import detect_api, model_from_path
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
+from hopmeter.core.wire import detect_api, model_from_path
 from hopmeter.errors import HopmeterError, OtelConfigError
 from hopmeter.export.console import MODES as CONSOLE_MODES
 from hopmeter.export.console import Console

@@ -1,0 +1,26 @@
+"""Tests for hopmeter.core.apis.token_ids: events of token ids instead of text."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness.events import parse
+
+
+@pytest.mark.parametrize(
+    ("data", "ids", "terminal"),
+    [
+        ("[15496, 11]", (15496, 11), False),
+        ({"ids": [1, 2, 3]}, (1, 2, 3), False),
+        ({"token_ids": [4], "text": "x"}, (4,), False),
+        ({"token_id": 7, "finish_reason": "stop"}, (7,), True),
+        ({"done": True}, None, True),
+    ],
+)
+def test_token_id_events(data, ids, terminal):
+    """Token-ID events carry ids (a JSON array, or ids/token_ids/token_id keys) as their tokens."""
+    d = parse("token_ids", data)
+    assert d.token_ids == ids
+    assert d.stream_tokens == (len(ids) if ids else None)
+    assert d.terminal == terminal
+    assert d.visible == bool(ids)
