@@ -113,10 +113,10 @@ CATEGORIES: list[tuple[str, str]] = [
     ("      Frame() construction", "SseDecoder._dispatch@core/sse.py > __init__@<string>"),
     ("    Utf8Decoder.count (whole-stream UTF-8)", "Utf8Decoder.count@core/decoding.py"),
     ("    ApiParser.parse (openai.chat, other events)", "ApiParser.parse@core/apis/_base.py"),
-    ("      OpenAIChatParser.parse_json", "OpenAIChatParser.parse_json@core/apis/openai.py"),
+    ("      OpenAIChatParser.parse_object", "OpenAIChatParser.parse_object@core/apis/openai.py"),
     (
         "      Delta() construction",
-        "OpenAIChatParser.parse_json@core/apis/openai.py > __init__@<string>",
+        "OpenAIChatParser.parse_object@core/apis/openai.py > __init__@<string>",
     ),
     ("    FlowMeter._on_delta", "FlowMeter._on_delta@core/meter.py"),
     ("per flow: requestheaders", "HopMeter.requestheaders@hopmeter/addon.py"),

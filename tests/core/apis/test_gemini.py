@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from hopmeter.core.apis import make_parser
 from tests.harness.corpus import corpus_frames, needs_corpus
-from tests.harness.events import parse, parse_all
+from tests.harness.events import frame, parse, parse_all
 
 
 @needs_corpus
@@ -40,3 +41,15 @@ def test_gemini_errors_and_json_array_form():
     }
     d = parse("gemini", [chunk, last])
     assert (d.content, d.output_tokens_total, d.terminal) == ("ab", 2, True)
+
+
+def test_array_item_that_is_no_chunk_makes_the_event_malformed():
+    """In the JSON-array form an item that is not a chunk object counts the event as malformed
+    once, and the chunks beside it are still read."""
+    parser = make_parser("gemini")
+    chunk = {"candidates": [{"content": {"parts": [{"text": "a"}]}}]}
+    assert parser.parse(frame([chunk, 1, "x"])).content == "a"
+    assert parser.malformed == 1
+    assert parser.parse(frame([chunk, chunk])).content == "aa"
+    assert parser.parse(frame([])).content == ""
+    assert parser.malformed == 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.events import parse
+from hopmeter.core.apis import EMPTY, make_parser
+from tests.harness.events import frame, parse
 
 
 @pytest.mark.parametrize(
@@ -24,3 +25,11 @@ def test_token_id_events(data, ids, terminal):
     assert d.stream_tokens == (len(ids) if ids else None)
     assert d.terminal == terminal
     assert d.visible == bool(ids)
+
+
+@pytest.mark.parametrize("data", ["[1, 2.5]", '["a"]', "[true]", "7", '"ids"'])
+def test_an_array_of_other_than_ids_is_malformed(data: str):
+    """A JSON array holding anything but integer ids, or a bare value, is a malformed event."""
+    parser = make_parser("token_ids")
+    assert parser.parse(frame(data)) == EMPTY
+    assert parser.malformed == 1

@@ -1,5 +1,5 @@
 """What every format's parser shares: `Delta`, what one event says, and `ApiParser`, the base class
-that decodes a frame's JSON payload and hands it to the format's reader."""
+that decodes a frame's JSON payload once and hands it to the format's reader by its shape."""
 
 from __future__ import annotations
 
@@ -79,7 +79,13 @@ def _is_done(data: str) -> bool:
 
 
 class ApiParser:
-    """Turns frames into Deltas for one API; never raises, counts what it could not read."""
+    """Turns frames into Deltas for one API; never raises, counts what it could not read.
+
+    Every API here sends JSON, nearly always one object per event: `parse` decodes the payload
+    once and hands an object to `parse_object`, any other JSON value to `parse_other` and a payload
+    that is not JSON to `parse_text`. The last two count the frame as malformed unless the format
+    sends such payloads too (Gemini's array form, a token-ID array, an unknown stream's text).
+    """
 
     api = "other"
 
@@ -99,17 +105,25 @@ class ApiParser:
         except orjson.JSONDecodeError:
             return self.parse_text(frame)
         try:
-            return self.parse_json(doc, frame)
+            if type(doc) is dict:  # orjson builds plain dicts: no subclass to allow for
+                return self.parse_object(doc, frame)
+            return self.parse_other(doc, frame)
         except Exception:  # a reader bug must cost one event, never the flow
             self.malformed += 1
             return EMPTY
+
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
+        """One payload that is a JSON object: the format's reader."""
+        raise NotImplementedError
+
+    def parse_other(self, doc: object, frame: Frame) -> Delta:
+        """A JSON payload that is not an object: malformed for an API that sends objects."""
+        del doc, frame
+        self.malformed += 1
+        return EMPTY
 
     def parse_text(self, frame: Frame) -> Delta:
         """A payload that is not JSON: malformed for a JSON API."""
         del frame
         self.malformed += 1
         return EMPTY
-
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        """One decoded JSON payload."""
-        raise NotImplementedError

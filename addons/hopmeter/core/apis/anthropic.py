@@ -62,10 +62,7 @@ class AnthropicParser(ApiParser):
 
     api = "anthropic.messages"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        if not isinstance(doc, dict):
-            self.malformed += 1
-            return EMPTY
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         kind = _str(doc.get("type")) or frame.kind
         if kind in ("content_block_delta", "content_block_start"):
             return _anthropic_block(doc, kind)

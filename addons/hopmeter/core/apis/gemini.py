@@ -6,7 +6,7 @@ chunks, read as one event.
 
 from __future__ import annotations
 
-from hopmeter.core.apis._base import EMPTY, ApiParser, Delta
+from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _dumps, _error_text, _int, _list, _model, _str
 from hopmeter.core.frames import Frame
 
@@ -21,13 +21,17 @@ class GeminiParser(ApiParser):
 
     api = "gemini"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        if isinstance(doc, list):  # without alt=sse: one JSON array of chunks
-            parts = [self.parse_json(d, frame) for d in doc if isinstance(d, dict)]
-            return _merge(parts)
-        if not isinstance(doc, dict):
+    def parse_other(self, doc: object, frame: Frame) -> Delta:
+        """Without alt=sse, one JSON array of chunks: read as one event. An array item that is
+        not a chunk object makes the event malformed (counted once); the chunks are still read."""
+        if not isinstance(doc, list):
+            return super().parse_other(doc, frame)
+        chunks = [d for d in doc if isinstance(d, dict)]
+        if len(chunks) != len(doc):
             self.malformed += 1
-            return EMPTY
+        return _merge([self.parse_object(d, frame) for d in chunks])
+
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         content: list[str] = []
         reasoning: list[str] = []
         tools: list[str] = []

@@ -37,11 +37,13 @@ class HeuristicParser(ApiParser):
     def parse_text(self, frame: Frame) -> Delta:
         return Delta(content=frame.data)
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
+    def parse_other(self, doc: object, frame: Frame) -> Delta:
+        """A JSON string is the text; any other value says nothing."""
         if isinstance(doc, str):
             return Delta(content=doc)
-        if not isinstance(doc, dict):
-            return EMPTY
+        return EMPTY
+
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         usage = _dict(doc.get("usage"))
         out = usage.get("completion_tokens", usage.get("output_tokens", doc.get("eval_count")))
         return Delta(

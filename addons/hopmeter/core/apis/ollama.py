@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hopmeter.core.apis._base import EMPTY, ApiParser, Delta
+from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _dumps, _error_text, _int, _list, _model, _str
 from hopmeter.core.frames import Frame
 
@@ -12,10 +12,7 @@ class OllamaParser(ApiParser):
 
     api = "ollama"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        if not isinstance(doc, dict):
-            self.malformed += 1
-            return EMPTY
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         msg = _dict(doc.get("message"))
         tools = "".join(
             _str(_dict(_dict(t).get("function")).get("name"))

@@ -108,10 +108,7 @@ class OpenAIChatParser(ApiParser):
 
     api = "openai.chat"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        if not isinstance(doc, dict):
-            self.malformed += 1
-            return EMPTY
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         if frame.kind == "message":
             plain = _plain_chat_chunk(doc)
             if plain is not None:
@@ -207,10 +204,7 @@ class ResponsesParser(ApiParser):
 
     api = "openai.responses"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        if not isinstance(doc, dict):
-            self.malformed += 1
-            return EMPTY
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         kind = _str(doc.get("type")) or frame.kind
         field = _RESPONSES_DELTAS.get(kind)
         if field is not None:

@@ -5,7 +5,7 @@ TGI's Messages API (`/v1/chat/completions`) speaks "openai.chat" instead (apis/o
 
 from __future__ import annotations
 
-from hopmeter.core.apis._base import EMPTY, ApiParser, Delta
+from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _error_text, _int, _str
 from hopmeter.core.frames import Frame
 
@@ -15,10 +15,7 @@ class TgiParser(ApiParser):
 
     api = "tgi"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
-        if not isinstance(doc, dict):
-            self.malformed += 1
-            return EMPTY
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         token = _dict(doc.get("token"))
         token_id = token.get("id")
         ids = (token_id,) if isinstance(token_id, int) and not isinstance(token_id, bool) else None

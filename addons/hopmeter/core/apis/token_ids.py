@@ -6,7 +6,7 @@ body of raw ids that packed_ids.PackedIdDecoder turns into events of the same JS
 
 from __future__ import annotations
 
-from hopmeter.core.apis._base import EMPTY, ApiParser, Delta
+from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _error_text, _int, _int_list, _model, _str
 from hopmeter.core.frames import Frame
 
@@ -21,13 +21,14 @@ class TokenIdsParser(ApiParser):
 
     api = "token_ids"
 
-    def parse_json(self, doc: object, frame: Frame) -> Delta:
+    def parse_other(self, doc: object, frame: Frame) -> Delta:
+        """A JSON array of ids; any other value that is not an object is malformed."""
         ids = _int_list(doc)
-        if ids is not None:
-            return Delta(token_ids=ids, stream_tokens=len(ids), ids_visible=True)
-        if not isinstance(doc, dict):
-            self.malformed += 1
-            return EMPTY
+        if ids is None:
+            return super().parse_other(doc, frame)
+        return Delta(token_ids=ids, stream_tokens=len(ids), ids_visible=True)
+
+    def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         ids = _int_list(doc.get("ids"))
         if ids is None:
             ids = _int_list(doc.get("token_ids"))
