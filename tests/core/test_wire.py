@@ -10,9 +10,11 @@ from hopmeter.core.sse import SseDecoder
 from hopmeter.core.wire import (
     detect_api,
     is_document,
+    lower_headers,
     make_framer,
     model_from_path,
     refine_api,
+    sniff_request,
 )
 from tests.harness.corpus import CASES, corpus_frames, needs_corpus, refined
 
@@ -118,6 +120,16 @@ def test_model_from_path():
     assert model_from_path("/v1/chat/completions") is None
 
 
+def test_lower_headers_first_value_wins():
+    """Names are lower-cased, and of two names that differ only in case the first value wins."""
+    headers = {"Content-Type": "text/event-stream", "X-Tokenizer": "r50k_base", "x-tokenizer": "o"}
+    assert lower_headers(headers) == {
+        "content-type": "text/event-stream",
+        "x-tokenizer": "r50k_base",
+    }
+    assert lower_headers({}) == {}
+
+
 @pytest.mark.parametrize(
     ("content_type", "api", "headers", "framer"),
     [
@@ -137,6 +149,12 @@ def test_make_framer_by_media_type(content_type, api, headers, framer):
     assert type(make_framer(content_type, api, headers)) is framer
 
 
+def test_packed_framer_reads_its_width_from_any_case_of_header():
+    """A packed body's width header counts whatever the case of its name."""
+    framer = make_framer("application/octet-stream", "token_ids", {"X-Token-Id-Width": "16"})
+    assert isinstance(framer, PackedIdDecoder) and framer.width == 16
+
+
 @pytest.mark.parametrize(
     ("content_type", "document"),
     [
@@ -151,3 +169,36 @@ def test_make_framer_by_media_type(content_type, api, headers, framer):
 def test_is_document(content_type: str, document: bool):
     """JSON replies and untyped bodies are read as one document; other media are only timed."""
     assert is_document(content_type) is document
+
+
+@pytest.mark.parametrize(
+    ("head", "model", "stream"),
+    [
+        (b'{"model": "gpt-4o", "stream": true, "messages": []}', "gpt-4o", True),
+        (b'  {"stream": false, "model": "m"}', "m", False),
+        (b'{"messages": []}', None, None),
+        (b'{"model": 4, "stream": "yes"}', None, None),
+        (b'{"model": "", "stream": null}', "", None),
+        (b"[1, 2]", None, None),
+        (b"model=gpt-4o&stream=true", None, None),
+        (b"", None, None),
+    ],
+)
+def test_sniff_request_reads_a_whole_body(head: bytes, model: str | None, stream: bool | None):
+    """A JSON object body gives its string `model` and boolean `stream`; anything else, None."""
+    assert sniff_request(head) == (model, stream)
+
+
+@pytest.mark.parametrize(
+    ("head", "model", "stream"),
+    [
+        (b'{"model": "llama-3", "stream": true, "messages": [{"role": "us', "llama-3", True),
+        (b'{"stream":false,"model":"m","messages":[', "m", False),
+        (b'{"messages": [{"content": "a very long prompt', None, None),
+        (b'{"model": "caf\xc3', None, None),
+        (b'{"model": "caf\xff\xfe", "mess', "caf\ufffd\ufffd", None),
+    ],
+)
+def test_sniff_request_reads_a_head_cut_short(head: bytes, model: str | None, stream: bool | None):
+    """A body cut at the sniffing bound still gives the fields that arrived whole."""
+    assert sniff_request(head) == (model, stream)

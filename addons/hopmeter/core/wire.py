@@ -3,8 +3,9 @@
 `detect_api` names the wire format from the request path and the headers of both sides;
 `refine_api` sniffs the first payloads when they do not tell (a gateway at `/foo`); `make_framer`
 picks the SSE, NDJSON or packed-id framer for the media type, and `is_document` whether a body
-that is not an event stream is read as one JSON reply. The API name is the *wire format*, not the
-vendor (see core/apis/, which reads what each event says).
+that is not an event stream is read as one JSON reply. `sniff_request` reads `model` and `stream`
+from the head of a JSON request body. The API name is the *wire format*, not the vendor (see
+core/apis/, which reads what each event says).
 """
 
 from __future__ import annotations
@@ -69,10 +70,21 @@ _ANTHROPIC_TYPES: Final = frozenset(
         "ping",
     }
 )
+# A request body's `model` and `stream` fields, read from a head cut short (not valid JSON).
+_MODEL_FIELD: Final = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+_STREAM_FIELD: Final = re.compile(rb'"stream"\s*:\s*(true|false)')
 
 
-def _lower(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k.lower(): v for k, v in headers.items()}
+def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Header names lower-cased (RFC 9110 §5.1: field names are case-insensitive) for lookups.
+
+    When two names differ only in case, the first value wins, as the proxy layer reads them;
+    core/ lower-cases a header map here and nowhere else.
+    """
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        out.setdefault(name.lower(), value)
+    return out
 
 
 def detect_api(
@@ -88,8 +100,8 @@ def detect_api(
     stream); then the media type ("sse", "ndjson" or "other", which `refine_api` may sharpen).
     """
     del method  # GET /v1/responses/{id} and POST /v1/responses speak the same events
-    req = _lower(request_headers)
-    resp = _lower(response_headers)
+    req = lower_headers(request_headers)
+    resp = lower_headers(response_headers)
     media = content_type.split(";", 1)[0].strip().lower()
     route, _, query = path.partition("?")
     route = route.rstrip("/").lower()
@@ -183,7 +195,7 @@ def make_framer(
     if media in NDJSON_TYPES or (api == "ollama" and media in ("application/json", "")):
         return NdjsonDecoder()
     if api == "token_ids" and media != "application/json":
-        return PackedIdDecoder(width_bits(headers or {}, content_type))
+        return PackedIdDecoder(width_bits(lower_headers(headers or {}), content_type))
     return None
 
 
@@ -191,3 +203,28 @@ def is_document(content_type: str) -> bool:
     """Whether a body that is not an event stream is read as a JSON document (a whole reply)."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media in DOCUMENT_TYPES or media.endswith("+json")
+
+
+def sniff_request(head: bytes) -> tuple[str | None, bool | None]:
+    """The `model` and `stream` fields of a JSON request body, if they are in its head."""
+    if not head.lstrip().startswith(b"{"):
+        return None, None
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return _sniff_partial(head)
+    if not isinstance(doc, dict):
+        return None, None
+    model = doc.get("model")
+    stream = doc.get("stream")
+    return (model if isinstance(model, str) else None, stream if isinstance(stream, bool) else None)
+
+
+def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
+    """The fields of a head cut short (not valid JSON), by pattern: the first occurrence of each."""
+    model = _MODEL_FIELD.search(head)
+    stream = _STREAM_FIELD.search(head)
+    return (
+        model.group(1).decode("utf-8", "replace") if model else None,
+        (stream.group(1) == b"true") if stream else None,
+    )
