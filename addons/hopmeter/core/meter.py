@@ -118,6 +118,7 @@ class FlowMeter:
         # the body is read as text (UTF-8, events or one document) or only timed and counted
         self._text = self._framer is not None or is_document(content_type)
         self._parser = make_parser(api)
+        self._malformed_before = 0  # counted by the parsers a sniffed API replaced
         # an unknown SSE/NDJSON stream is sniffed frame by frame until a payload tells its API;
         # a bounded number of tries, so a plain-text stream does not pay for it forever
         self._sniffs_left = 8 if api in ("sse", "ndjson", "other") else 0
@@ -152,6 +153,12 @@ class FlowMeter:
     def event_stream(self) -> bool:
         """Whether the body is framed as events (SSE or NDJSON) rather than one document."""
         return self._framer is not None
+
+    @property
+    def malformed_events(self) -> int:
+        """Events whose payload the parser could not read (not what the API sends): each one was
+        measured as an event that says nothing."""
+        return self._malformed_before + self._parser.malformed
 
     @property
     def utf8(self) -> Utf8Decoder:
@@ -303,6 +310,7 @@ class FlowMeter:
                 api = refine_api(self.api, frame.data)
                 if api != self.api:
                     self.api = api
+                    self._malformed_before += self._parser.malformed
                     self._parser = make_parser(api)
                     self._sniffs_left = 0
                     self._pick_plain_path()

@@ -10,8 +10,8 @@ Usage totals are reported as the API sends them (cumulative where it is cumulati
 non-None value is the total. The output total includes reasoning wherever the API bills it as
 output: OpenAI `completion_tokens` (which holds `reasoning_tokens`), Anthropic `output_tokens`
 (thinking included), and Gemini `candidatesTokenCount + thoughtsTokenCount` (counted apart there).
-Parsers never raise: payloads they cannot read are counted in `parser.malformed` and yield an
-empty `Delta`.
+Parsers never raise: payloads they cannot read are counted in `parser.malformed` (the record's
+`stream.malformed_events`) and yield an empty `Delta`.
 """
 
 from __future__ import annotations
