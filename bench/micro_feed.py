@@ -33,11 +33,12 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
 from hopmeter.core import record
+from hopmeter.core.apis import Delta
+from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload
 from hopmeter.core.decoding import Utf8Decoder, decode_payload
 from hopmeter.core.detectors import _variance, diagnose
 from hopmeter.core.frames import Frame
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.providers import Delta, OpenAIChatParser, plain_chat_payload
 from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.sse import SseDecoder
 from hopmeter.proxy.tokenizers import load_counter

@@ -63,7 +63,13 @@ def state(meter: FlowMeter) -> dict[str, Any]:
         ),
         "text": meter.event_texts(),
         "facts": asdict(meter.facts),
-        "counts": (meter.events_seen, meter.bytes_wire, meter.bytes_decoded, meter.api),
+        "counts": (
+            meter.events_seen,
+            meter.bytes_wire,
+            meter.bytes_decoded,
+            meter.api,
+            meter.malformed_events,
+        ),
         "utf8": (meter.utf8.replacement_chars, meter.utf8.split_sequences),
         "sse": (
             framer.line_endings,
@@ -337,3 +343,12 @@ def test_text_past_the_bounds_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> No
     assert meter.text_overflow_chars == sum(map(len, texts)) - total
     assert len(meter.events.t_s) == 30
     assert meter.events_seen == 40
+
+
+def test_malformed_events_counted_before_the_api_was_sniffed_are_kept() -> None:
+    """Replacing an unknown stream's parser once a payload names the API keeps what it counted."""
+    meter = FlowMeter(api="sse", content_type="text/event-stream", content_encoding=None)
+    meter._parser.malformed = 1  # as if a payload had broken the heuristic reader
+    meter.feed(chunk("Hi") + b"data: {not json}\n\n", 0.0)
+    assert meter.api == "openai.chat"
+    assert meter.malformed_events == 2

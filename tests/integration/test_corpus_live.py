@@ -7,8 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.core.test_providers import CASES
-from tests.harness.corpus import CORPUS
+from tests.harness.corpus import CASES, CORPUS
 from tests.harness.procs import demo_path, read_records
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from mitmproxy.test import taddons, tflow
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
 from hopmeter.proxy import addon as addon_module
-from hopmeter.proxy.addon import HopMeter, classify_error, lower_headers, parse_listeners
+from hopmeter.proxy.addon import HopMeter, classify_error, parse_listeners
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -262,14 +262,3 @@ class TestOptions:
 def test_classify_error(message: str, ended: str) -> None:
     """mitmproxy's error messages map to the record's endings."""
     assert classify_error(message) == ended
-
-
-def test_lower_headers_keeps_the_first_value() -> None:
-    """Header names are lower-cased; of names that differ only in case the first wins."""
-    assert lower_headers({"Content-Type": "a", "content-type": "b", "X-Y": "c"}) == {
-        "content-type": "a",
-        "x-y": "c",
-    }
-    # mitmproxy's own Headers already join a repeated field's values
-    headers = http.Headers([(b"Vary", b"a"), (b"vary", b"b")])
-    assert lower_headers(headers) == {"vary": "a, b"}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from hopmeter.core.meter import FlowMeter
 from hopmeter.proxy.tap import (
     REQUEST_SNIFF_BYTES,
@@ -13,7 +11,6 @@ from hopmeter.proxy.tap import (
     MeasureQueue,
     RequestTap,
     ResponseTap,
-    sniff_request,
 )
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
@@ -99,20 +96,3 @@ class TestRequestTap:
         assert len(st.request_head) == REQUEST_SNIFF_BYTES
         tap(b"")
         assert (st.request_model, st.stream_requested) == ("m", True)
-
-
-@pytest.mark.parametrize(
-    ("head", "expected"),
-    [
-        (b'{"model": "gpt-4o", "stream": true}', ("gpt-4o", True)),
-        (b'  {"stream": false}', (None, False)),
-        (b'{"model": 3, "stream": "yes"}', (None, None)),
-        (b'{"model": "cut-off", "stream": true, "messages": [{"role": "us', ("cut-off", True)),
-        (b"[1, 2]", (None, None)),
-        (b"model=gpt-4o", (None, None)),
-        (b"", (None, None)),
-    ],
-)
-def test_sniff_request(head: bytes, expected: tuple[str | None, bool | None]) -> None:
-    """`model` and `stream` are read from a JSON body, whole or cut; anything else gives None."""
-    assert sniff_request(head) == expected

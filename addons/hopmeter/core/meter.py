@@ -11,24 +11,16 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import orjson
 
+from hopmeter.core.apis import Delta, make_parser
+from hopmeter.core.apis.anthropic import AnthropicParser, plain_anthropic_delta
+from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload
 from hopmeter.core.decoding import Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
-from hopmeter.core.ndjson import NdjsonDecoder
-from hopmeter.core.packed_ids import PackedIdDecoder, width_bits
-from hopmeter.core.providers import (
-    AnthropicParser,
-    Delta,
-    OpenAIChatParser,
-    make_parser,
-    plain_anthropic_delta,
-    plain_chat_payload,
-    refine_api,
-)
 from hopmeter.core.sse import SseDecoder
+from hopmeter.core.wire import Framer, is_document, make_framer, refine_api
 from hopmeter.errors import DecodingError
 
 # Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
@@ -47,50 +39,6 @@ MAX_DOCUMENT_BYTES = 1024 * 1024
 # Chunks in a row the plain chat path may read and decline before a flow stops trying it (its
 # role, finish and usage chunks decline one at a time; some vendors' every chunk declines).
 PLAIN_MISSES_MAX = 8
-
-EVENT_STREAM = "text/event-stream"
-NDJSON_TYPES = frozenset(
-    {
-        "application/x-ndjson",
-        "application/ndjson",
-        "application/jsonl",
-        "application/x-jsonlines",
-        "application/json-seq",
-    }
-)
-# Media types whose body is measured as one document when it is not an event stream: a JSON reply
-# (an LLM answer that was not streamed) or an untyped body. Anything else that is not an event
-# stream (an image, a download, an HTML page) is timed and counted only: reading a PNG as UTF-8
-# text would report U+FFFD and "not streamed" findings for traffic that is no LLM reply at all.
-DOCUMENT_TYPES = frozenset({"application/json", ""})
-
-
-class Framer(Protocol):
-    """The shape shared by the SSE and NDJSON decoders."""
-
-    def feed(self, data: bytes, now: float) -> list[Frame]: ...
-
-    def close(self, now: float) -> list[Frame]: ...
-
-
-def make_framer(
-    content_type: str, api: str, headers: Mapping[str, str] | None = None
-) -> Framer | None:
-    """The framer for a response's media type, or None when the body is not an event stream."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media == EVENT_STREAM:
-        return SseDecoder()
-    if media in NDJSON_TYPES or (api == "ollama" and media in ("application/json", "")):
-        return NdjsonDecoder()
-    if api == "token_ids" and media != "application/json":
-        return PackedIdDecoder(width_bits(headers or {}, content_type))
-    return None
-
-
-def is_document(content_type: str) -> bool:
-    """Whether a body that is not an event stream is read as a JSON document (a whole reply)."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media in DOCUMENT_TYPES or media.endswith("+json")
 
 
 @dataclass(slots=True)
@@ -170,6 +118,7 @@ class FlowMeter:
         # the body is read as text (UTF-8, events or one document) or only timed and counted
         self._text = self._framer is not None or is_document(content_type)
         self._parser = make_parser(api)
+        self._malformed_before = 0  # counted by the parsers a sniffed API replaced
         # an unknown SSE/NDJSON stream is sniffed frame by frame until a payload tells its API;
         # a bounded number of tries, so a plain-text stream does not pay for it forever
         self._sniffs_left = 8 if api in ("sse", "ndjson", "other") else 0
@@ -204,6 +153,12 @@ class FlowMeter:
     def event_stream(self) -> bool:
         """Whether the body is framed as events (SSE or NDJSON) rather than one document."""
         return self._framer is not None
+
+    @property
+    def malformed_events(self) -> int:
+        """Events whose payload the parser could not read (not what the API sends): each one was
+        measured as an event that says nothing."""
+        return self._malformed_before + self._parser.malformed
 
     @property
     def utf8(self) -> Utf8Decoder:
@@ -355,6 +310,7 @@ class FlowMeter:
                 api = refine_api(self.api, frame.data)
                 if api != self.api:
                     self.api = api
+                    self._malformed_before += self._parser.malformed
                     self._parser = make_parser(api)
                     self._sniffs_left = 0
                     self._pick_plain_path()
@@ -425,11 +381,3 @@ def _is_json_document(body: bytes | bytearray) -> bool:
     except orjson.JSONDecodeError:
         return False
     return True
-
-
-def header_map(headers: Mapping[str, str]) -> dict[str, str]:
-    """Lower-cased header names, first value wins (for detection only)."""
-    out: dict[str, str] = {}
-    for k, v in headers.items():
-        out.setdefault(k.lower(), v)
-    return out

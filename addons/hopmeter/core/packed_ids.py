@@ -16,7 +16,7 @@ token ids and as packed ids):
   left at `close` are a truncated id, counted in `trailing_bytes`.
 
 Each event is a Frame of kind "packed_ids" whose data is the ids as a JSON array (`[15496,11]`),
-so the "token_ids" parser of providers.py reads it like a JSON token-ID event.
+so the "token_ids" parser (apis/token_ids.py) reads it like a JSON token-ID event.
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ FRAME_KIND: Final = "packed_ids"
 
 
 def width_bits(headers: Mapping[str, str], content_type: str = "") -> int:
-    """The id width of a packed body, from its response headers (see the module doc)."""
-    lower = {k.lower(): v.strip() for k, v in headers.items()}
-    given = lower.get("x-token-id-width")
-    if given is None:
+    """The id width of a packed body, from its response headers (see the module doc).
+
+    `headers` has lower-cased names, as wire.lower_headers gives them.
+    """
+    given = headers.get("x-token-id-width")
+    if given is not None:
+        given = given.strip()
+    else:
         for param in content_type.split(";")[1:]:
             key, _, value = param.partition("=")
             if key.strip().lower() == "width":
@@ -47,7 +51,7 @@ def width_bits(headers: Mapping[str, str], content_type: str = "") -> int:
         if given not in ("16", "32"):
             raise HopmeterError(f"token id width {given!r} is not 16 or 32")
         return int(given)
-    if lower.get("x-tokenizer", "").lower() in SIXTEEN_BIT_VOCABULARIES:
+    if headers.get("x-tokenizer", "").strip().lower() in SIXTEEN_BIT_VOCABULARIES:
         return 16
     return DEFAULT_WIDTH_BITS
 

@@ -267,6 +267,7 @@ def _stream_facts(meter: FlowMeter) -> dict[str, Any]:
         "chunks_split_utf8": meter.utf8.split_sequences,
         "events_incomplete_utf8": facts.events_incomplete_utf8,
         "decode_error": facts.decode_error,
+        "malformed_events": meter.malformed_events,
     }
     if framer is not None:
         out["line_endings"] = dict(getattr(framer, "line_endings", {}))

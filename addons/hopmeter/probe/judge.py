@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hopmeter.core.apis import make_parser
 from hopmeter.core.decoding import make_decoder
 from hopmeter.core.figures import weighted_quantile
 from hopmeter.core.frames import Frame
 from hopmeter.core.hops import WHOLE_BODY_MIN_SPAN_S, WHOLE_BODY_SHARE
-from hopmeter.core.providers import make_parser
 from hopmeter.core.sse import SseDecoder
 from hopmeter.errors import DecodingError, StreamLimitError
 from hopmeter.upstream import formats

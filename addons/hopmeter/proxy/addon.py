@@ -15,16 +15,15 @@ import contextlib
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.providers import detect_api, model_from_path
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.vocab import Ended
+from hopmeter.core.wire import detect_api, lower_headers, model_from_path
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
@@ -363,14 +362,6 @@ class HopMeter:
 
 def _call_later(delay_s: float, fn: Callable[[], None]) -> None:
     asyncio.get_running_loop().call_later(delay_s, fn)
-
-
-def lower_headers(headers: Any) -> dict[str, str]:
-    """Lower-cased header names; the first value of a repeated header wins."""
-    out: dict[str, str] = {}
-    for k, v in headers.items():
-        out.setdefault(k.lower(), v)
-    return out
 
 
 def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:

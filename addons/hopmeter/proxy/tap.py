@@ -13,15 +13,13 @@ millisecond later with the time it was stamped, so nothing measured moves and no
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import orjson
-
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext
+from hopmeter.core.wire import sniff_request
 from hopmeter.proxy.chaos import Chaos
 
 # The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
@@ -182,27 +180,3 @@ class MeasureQueue:
         pending, self.pending = self.pending, []
         for tap, data, now in pending:
             tap.measure(data, now)
-
-
-def sniff_request(head: bytes) -> tuple[str | None, bool | None]:
-    """The `model` and `stream` fields of a JSON request body, if they are in its head."""
-    if not head.lstrip().startswith(b"{"):
-        return None, None
-    try:
-        doc = orjson.loads(head)
-    except orjson.JSONDecodeError:
-        return _sniff_partial(head)
-    if not isinstance(doc, dict):
-        return None, None
-    model = doc.get("model")
-    stream = doc.get("stream")
-    return (model if isinstance(model, str) else None, stream if isinstance(stream, bool) else None)
-
-
-def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
-    model = re.search(rb'"model"\s*:\s*"([^"\\]{1,200})"', head)
-    stream = re.search(rb'"stream"\s*:\s*(true|false)', head)
-    return (
-        model.group(1).decode("utf-8", "replace") if model else None,
-        (stream.group(1) == b"true") if stream else None,
-    )

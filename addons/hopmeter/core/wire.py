@@ -1,0 +1,230 @@
+"""What a body is: which API it speaks, which model it names, and how it is framed into events.
+
+`detect_api` names the wire format from the request path and the headers of both sides;
+`refine_api` sniffs the first payloads when they do not tell (a gateway at `/foo`); `make_framer`
+picks the SSE, NDJSON or packed-id framer for the media type, and `is_document` whether a body
+that is not an event stream is read as one JSON reply. `sniff_request` reads `model` and `stream`
+from the head of a JSON request body. The API name is the *wire format*, not the vendor (see
+core/apis/, which reads what each event says).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final, Protocol
+
+import orjson
+
+from hopmeter.core.apis._json import _int_list, _is_int
+from hopmeter.core.frames import Frame
+from hopmeter.core.ndjson import NdjsonDecoder
+from hopmeter.core.packed_ids import PackedIdDecoder, width_bits
+from hopmeter.core.sse import SseDecoder
+from hopmeter.core.vocab import UNKNOWN_APIS
+
+EVENT_STREAM: Final = "text/event-stream"
+NDJSON_TYPES: Final = frozenset(
+    {
+        "application/x-ndjson",
+        "application/ndjson",
+        "application/jsonl",
+        "application/x-jsonlines",
+        "application/json-seq",
+    }
+)
+# Packed token-ID bodies (see packed_ids.py); octet-stream counts only with an X-Tokenizer header.
+PACKED_ID_TYPES: Final = frozenset({"application/x-token-ids", "application/vnd.token-ids"})
+# Media types whose body is measured as one document when it is not an event stream: a JSON reply
+# (an LLM answer that was not streamed) or an untyped body. Anything else that is not an event
+# stream (an image, a download, an HTML page) is timed and counted only: reading a PNG as UTF-8
+# text would report U+FFFD and "not streamed" findings for traffic that is no LLM reply at all.
+DOCUMENT_TYPES: Final = frozenset({"application/json", ""})
+
+# Path rules, first match wins: (compiled pattern on the lower-cased path without query, api).
+# Sources: each API's reference (OpenAI /v1/chat/completions, /v1/completions, /v1/responses and
+# GET /v1/responses/{id}?stream=true; Anthropic /v1/messages; Gemini and Vertex
+# models/{m}:streamGenerateContent; Ollama /api/chat and /api/generate; TGI /generate_stream).
+_PATH_RULES: Final = (
+    (re.compile(r"/api/(chat|generate)$"), "ollama"),
+    (
+        re.compile(r"/chat/completions$|/v1/completions$|/openai/deployments/[^/]+/completions$"),
+        "openai.chat",
+    ),
+    (re.compile(r"/responses(/[^/]+)?$"), "openai.responses"),
+    (re.compile(r"/v1/messages$"), "anthropic.messages"),
+    (re.compile(r":(stream)?generatecontent$"), "gemini"),
+    (re.compile(r"/generate(_stream)?$"), "tgi"),
+)
+_MODEL_IN_PATH: Final = re.compile(r"/models/(.+?)(?::[A-Za-z]+$|/v1/|$)")
+
+# Anthropic Messages event types (https://docs.anthropic.com/en/docs/build-with-claude/streaming).
+_ANTHROPIC_TYPES: Final = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+        "ping",
+    }
+)
+# A request body's `model` and `stream` fields, read from a head cut short (not valid JSON).
+_MODEL_FIELD: Final = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+_STREAM_FIELD: Final = re.compile(rb'"stream"\s*:\s*(true|false)')
+
+
+def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Header names lower-cased (RFC 9110 §5.1: field names are case-insensitive) for lookups.
+
+    When two names differ only in case, the first value wins, as the proxy layer reads them;
+    core/ lower-cases a header map here and nowhere else.
+    """
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        out.setdefault(name.lower(), value)
+    return out
+
+
+def detect_api(
+    method: str,
+    path: str,
+    request_headers: Mapping[str, str],
+    response_headers: Mapping[str, str],
+    content_type: str,
+) -> str:
+    """The API a response speaks, from its request path and the headers of both sides.
+
+    A known path wins; then the `anthropic-version` request header; then `X-Tokenizer` (a token-ID
+    stream); then the media type ("sse", "ndjson" or "other", which `refine_api` may sharpen).
+    """
+    del method  # GET /v1/responses/{id} and POST /v1/responses speak the same events
+    req = lower_headers(request_headers)
+    resp = lower_headers(response_headers)
+    media = content_type.split(";", 1)[0].strip().lower()
+    route, _, query = path.partition("?")
+    route = route.rstrip("/").lower()
+    if media in PACKED_ID_TYPES or (media == "application/octet-stream" and "x-tokenizer" in resp):
+        return "token_ids"
+    for pattern, api in _PATH_RULES:
+        if pattern.search(route):
+            return api
+    if "anthropic-version" in req:
+        return "anthropic.messages"
+    if "alt=sse" in query.lower() and "/models/" in route:
+        return "gemini"
+    if "x-tokenizer" in resp:
+        return "token_ids"
+    if media == EVENT_STREAM:
+        return "sse"
+    if media in NDJSON_TYPES:
+        return "ndjson"
+    return "other"
+
+
+def model_from_path(path: str) -> str | None:
+    """The model a path names (`/models/{model}:streamGenerateContent`, HF `/models/{org/name}`)."""
+    route = path.split("?", 1)[0]
+    match = _MODEL_IN_PATH.search(route)
+    return match.group(1) if match else None
+
+
+def refine_api(api: str, first_frame_data: str) -> str:
+    """Sharpen an unknown API ("sse", "ndjson", "other") from one frame's payload.
+
+    Returns `api` unchanged when the payload does not tell (`[DONE]`, an error, plain text): callers
+    may try again with the next frame.
+    """
+    if api not in UNKNOWN_APIS:
+        return api
+    try:
+        doc = orjson.loads(first_frame_data)
+    except orjson.JSONDecodeError:
+        return api
+    if isinstance(doc, list):
+        if doc and all(_is_int(x) for x in doc):
+            return "token_ids"
+        doc = doc[0] if doc and isinstance(doc[0], dict) else None
+    if not isinstance(doc, dict):
+        return api
+    return _sniff(doc) or api
+
+
+def _sniff(doc: dict[str, object]) -> str | None:
+    kind = doc.get("type")
+    if isinstance(kind, str):
+        if kind.startswith("response."):
+            return "openai.responses"
+        if kind in _ANTHROPIC_TYPES:
+            return "anthropic.messages"
+    obj = doc.get("object")
+    if obj in ("chat.completion.chunk", "chat.completion", "text_completion") or (
+        isinstance(doc.get("choices"), list)
+    ):
+        return "openai.chat"
+    if obj == "response":
+        return "openai.responses"
+    if "candidates" in doc or "usageMetadata" in doc or "promptFeedback" in doc:
+        return "gemini"
+    token = doc.get("token")
+    if isinstance(token, dict) and "id" in token:
+        return "tgi"
+    if "done" in doc and ("message" in doc or "response" in doc or "created_at" in doc):
+        return "ollama"
+    if _int_list(doc.get("token_ids")) is not None or _int_list(doc.get("ids")) is not None:
+        return "token_ids"
+    return None
+
+
+class Framer(Protocol):
+    """The shape shared by the SSE, NDJSON and packed-id decoders."""
+
+    def feed(self, data: bytes, now: float) -> list[Frame]: ...
+
+    def close(self, now: float) -> list[Frame]: ...
+
+
+def make_framer(
+    content_type: str, api: str, headers: Mapping[str, str] | None = None
+) -> Framer | None:
+    """The framer for a response's media type, or None when the body is not an event stream."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == EVENT_STREAM:
+        return SseDecoder()
+    if media in NDJSON_TYPES or (api == "ollama" and media in ("application/json", "")):
+        return NdjsonDecoder()
+    if api == "token_ids" and media != "application/json":
+        return PackedIdDecoder(width_bits(lower_headers(headers or {}), content_type))
+    return None
+
+
+def is_document(content_type: str) -> bool:
+    """Whether a body that is not an event stream is read as a JSON document (a whole reply)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in DOCUMENT_TYPES or media.endswith("+json")
+
+
+def sniff_request(head: bytes) -> tuple[str | None, bool | None]:
+    """The `model` and `stream` fields of a JSON request body, if they are in its head."""
+    if not head.lstrip().startswith(b"{"):
+        return None, None
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return _sniff_partial(head)
+    if not isinstance(doc, dict):
+        return None, None
+    model = doc.get("model")
+    stream = doc.get("stream")
+    return (model if isinstance(model, str) else None, stream if isinstance(stream, bool) else None)
+
+
+def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
+    """The fields of a head cut short (not valid JSON), by pattern: the first occurrence of each."""
+    model = _MODEL_FIELD.search(head)
+    stream = _STREAM_FIELD.search(head)
+    return (
+        model.group(1).decode("utf-8", "replace") if model else None,
+        (stream.group(1) == b"true") if stream else None,
+    )
