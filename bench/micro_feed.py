@@ -41,6 +41,7 @@ from hopmeter.core.frames import Frame
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.sse import SseDecoder
+from hopmeter.core.vocab import Api
 from hopmeter.proxy.tokenizers import load_counter
 
 EVENTS_PER_FLOW = 400
@@ -65,7 +66,7 @@ TEXT = PAYLOAD.decode()
 
 def new_meter() -> FlowMeter:
     return FlowMeter(
-        api="openai.chat", content_type="text/event-stream", content_encoding=None, headers={}
+        api=Api.OPENAI_CHAT, content_type="text/event-stream", content_encoding=None, headers={}
     )
 
 
@@ -105,7 +106,9 @@ def feed_general() -> Callable[[int], object]:
 
 
 def feed_anthropic(general: bool = False) -> Callable[[int], object]:
-    m = FlowMeter(api="anthropic.messages", content_type="text/event-stream", content_encoding=None)
+    m = FlowMeter(
+        api=Api.ANTHROPIC_MESSAGES, content_type="text/event-stream", content_encoding=None
+    )
     if general:
         m._pick_plain_path = lambda: None  # type: ignore[method-assign]
         m._plain = None
@@ -323,7 +326,7 @@ def bytes_per_event(keep_text: bool = True) -> float:
     """Bytes a FlowMeter keeps per event after a 400-event stream (tracemalloc)."""
     tracemalloc.start()
     m = FlowMeter(
-        api="openai.chat",
+        api=Api.OPENAI_CHAT,
         content_type="text/event-stream",
         content_encoding=None,
         headers={},

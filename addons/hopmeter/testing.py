@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
 
 from hopmeter.core.frames import Frame
+from hopmeter.core.wire import Framer
 
 # Inputs longer than this get evenly spaced cut positions instead of every one, so a 300 KB
 # recording yields a few hundred chunkings rather than 300,000.
@@ -19,14 +19,6 @@ DEFAULT_MAX_SPLITS = 256
 # sizes that cut a CRLF, a UTF-8 sequence or a BOM apart.
 _DOUBLE_CUT_WIDTHS = (1, 2, 3)
 _DOUBLE_CUT_POSITIONS = 8
-
-
-class FrameDecoder(Protocol):
-    """The shape every framer in `hopmeter.core` has."""
-
-    def feed(self, data: bytes, now: float) -> list[Frame]: ...
-
-    def close(self, now: float) -> list[Frame]: ...
 
 
 def _cut_positions(size: int, max_splits: int) -> list[int]:
@@ -64,7 +56,7 @@ def split_at(data: bytes, positions: Iterable[int]) -> list[bytes]:
 
 
 def feed_all(
-    decoder: FrameDecoder, chunks: Sequence[bytes], times: Sequence[float] | None = None
+    decoder: Framer, chunks: Sequence[bytes], times: Sequence[float] | None = None
 ) -> list[Frame]:
     """Feed every chunk, then close; return all frames.
 

@@ -1,9 +1,9 @@
 """FlowMeter: everything hopmeter knows about one response, fed chunk by chunk.
 
-The proxy layer calls `feed(chunk, now)` from the stream callable and `close(now, ended)` when the
-flow ends. `feed` does only what must happen per chunk: stamp it, decode a side copy, frame it into
-events and read each event's text. Token counting, figures and detectors run once, in `close`,
-off the per-chunk path.
+The proxy layer calls `feed(chunk, now)` for each chunk the stream callable stamped (a millisecond
+later, from its measure queue) and `close(now)` when the flow ends. `feed` does only what must
+happen per chunk: count it, decode a side copy, frame it into events and read each event's text.
+Token counting, figures and detectors run once at the end (hopmeter.core.record.finish_flow).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload
 from hopmeter.core.decoding import Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.sse import SseDecoder
+from hopmeter.core.vocab import UNKNOWN_APIS, Api
 from hopmeter.core.wire import Framer, is_document, make_framer, refine_api
 from hopmeter.errors import DecodingError
 
@@ -68,8 +69,6 @@ class StreamFacts:
     replacement_chars: int = 0  # U+FFFD in the visible text
     events_incomplete_utf8: int = 0
     decode_error: str | None = None
-    framing_limit_hits: int = 0
-    undeclared_document: bool = False  # an "event stream" that was one JSON document
 
 
 class FlowMeter:
@@ -78,7 +77,7 @@ class FlowMeter:
     def __init__(
         self,
         *,
-        api: str,
+        api: Api,
         content_type: str,
         content_encoding: str | None,
         headers: Mapping[str, str] | None = None,
@@ -121,7 +120,7 @@ class FlowMeter:
         self._malformed_before = 0  # counted by the parsers a sniffed API replaced
         # an unknown SSE/NDJSON stream is sniffed frame by frame until a payload tells its API;
         # a bounded number of tries, so a plain-text stream does not pay for it forever
-        self._sniffs_left = 8 if api in ("sse", "ndjson", "other") else 0
+        self._sniffs_left = 8 if api in UNKNOWN_APIS else 0
         self._plain: SseDecoder | None = None
         self._plain_read: Callable[[bytes], Delta | None] = plain_chat_payload
         self._plain_event = b""  # the `event:` line the plain path's events carry, if any
@@ -202,7 +201,6 @@ class FlowMeter:
             if self.events_seen == 0 and head and _is_json_document(head):
                 # declared an event stream, sent one JSON document: measure it as what it is
                 self._framer = None
-                self.facts.undeclared_document = True
                 self._on_document(bytes(head), now_s)
         elif self._document and not self._document_overflow:
             self._on_document(bytes(self._document), now_s)

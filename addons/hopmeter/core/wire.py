@@ -21,7 +21,7 @@ from hopmeter.core.frames import Frame
 from hopmeter.core.ndjson import NdjsonDecoder
 from hopmeter.core.packed_ids import PackedIdDecoder, width_bits
 from hopmeter.core.sse import SseDecoder
-from hopmeter.core.vocab import UNKNOWN_APIS
+from hopmeter.core.vocab import UNKNOWN_APIS, Api
 
 EVENT_STREAM: Final = "text/event-stream"
 NDJSON_TYPES: Final = frozenset(
@@ -46,15 +46,15 @@ DOCUMENT_TYPES: Final = frozenset({"application/json", ""})
 # GET /v1/responses/{id}?stream=true; Anthropic /v1/messages; Gemini and Vertex
 # models/{m}:streamGenerateContent; Ollama /api/chat and /api/generate; TGI /generate_stream).
 _PATH_RULES: Final = (
-    (re.compile(r"/api/(chat|generate)$"), "ollama"),
+    (re.compile(r"/api/(chat|generate)$"), Api.OLLAMA),
     (
         re.compile(r"/chat/completions$|/v1/completions$|/openai/deployments/[^/]+/completions$"),
-        "openai.chat",
+        Api.OPENAI_CHAT,
     ),
-    (re.compile(r"/responses(/[^/]+)?$"), "openai.responses"),
-    (re.compile(r"/v1/messages$"), "anthropic.messages"),
-    (re.compile(r":(stream)?generatecontent$"), "gemini"),
-    (re.compile(r"/generate(_stream)?$"), "tgi"),
+    (re.compile(r"/responses(/[^/]+)?$"), Api.OPENAI_RESPONSES),
+    (re.compile(r"/v1/messages$"), Api.ANTHROPIC_MESSAGES),
+    (re.compile(r":(stream)?generatecontent$"), Api.GEMINI),
+    (re.compile(r"/generate(_stream)?$"), Api.TGI),
 )
 _MODEL_IN_PATH: Final = re.compile(r"/models/(.+?)(?::[A-Za-z]+$|/v1/|$)")
 
@@ -93,7 +93,7 @@ def detect_api(
     request_headers: Mapping[str, str],
     response_headers: Mapping[str, str],
     content_type: str,
-) -> str:
+) -> Api:
     """The API a response speaks, from its request path and the headers of both sides.
 
     A known path wins; then the `anthropic-version` request header; then `X-Tokenizer` (a token-ID
@@ -106,21 +106,21 @@ def detect_api(
     route, _, query = path.partition("?")
     route = route.rstrip("/").lower()
     if media in PACKED_ID_TYPES or (media == "application/octet-stream" and "x-tokenizer" in resp):
-        return "token_ids"
+        return Api.TOKEN_IDS
     for pattern, api in _PATH_RULES:
         if pattern.search(route):
             return api
     if "anthropic-version" in req:
-        return "anthropic.messages"
+        return Api.ANTHROPIC_MESSAGES
     if "alt=sse" in query.lower() and "/models/" in route:
-        return "gemini"
+        return Api.GEMINI
     if "x-tokenizer" in resp:
-        return "token_ids"
+        return Api.TOKEN_IDS
     if media == EVENT_STREAM:
-        return "sse"
+        return Api.SSE
     if media in NDJSON_TYPES:
-        return "ndjson"
-    return "other"
+        return Api.NDJSON
+    return Api.OTHER
 
 
 def model_from_path(path: str) -> str | None:
@@ -130,7 +130,7 @@ def model_from_path(path: str) -> str | None:
     return match.group(1) if match else None
 
 
-def refine_api(api: str, first_frame_data: str) -> str:
+def refine_api(api: Api, first_frame_data: str) -> Api:
     """Sharpen an unknown API ("sse", "ndjson", "other") from one frame's payload.
 
     Returns `api` unchanged when the payload does not tell (`[DONE]`, an error, plain text): callers
@@ -144,36 +144,36 @@ def refine_api(api: str, first_frame_data: str) -> str:
         return api
     if isinstance(doc, list):
         if doc and all(_is_int(x) for x in doc):
-            return "token_ids"
+            return Api.TOKEN_IDS
         doc = doc[0] if doc and isinstance(doc[0], dict) else None
     if not isinstance(doc, dict):
         return api
     return _sniff(doc) or api
 
 
-def _sniff(doc: dict[str, object]) -> str | None:
+def _sniff(doc: dict[str, object]) -> Api | None:
     kind = doc.get("type")
     if isinstance(kind, str):
         if kind.startswith("response."):
-            return "openai.responses"
+            return Api.OPENAI_RESPONSES
         if kind in _ANTHROPIC_TYPES:
-            return "anthropic.messages"
+            return Api.ANTHROPIC_MESSAGES
     obj = doc.get("object")
     if obj in ("chat.completion.chunk", "chat.completion", "text_completion") or (
         isinstance(doc.get("choices"), list)
     ):
-        return "openai.chat"
+        return Api.OPENAI_CHAT
     if obj == "response":
-        return "openai.responses"
+        return Api.OPENAI_RESPONSES
     if "candidates" in doc or "usageMetadata" in doc or "promptFeedback" in doc:
-        return "gemini"
+        return Api.GEMINI
     token = doc.get("token")
     if isinstance(token, dict) and "id" in token:
-        return "tgi"
+        return Api.TGI
     if "done" in doc and ("message" in doc or "response" in doc or "created_at" in doc):
-        return "ollama"
+        return Api.OLLAMA
     if _int_list(doc.get("token_ids")) is not None or _int_list(doc.get("ids")) is not None:
-        return "token_ids"
+        return Api.TOKEN_IDS
     return None
 
 
@@ -192,9 +192,9 @@ def make_framer(
     media = content_type.split(";", 1)[0].strip().lower()
     if media == EVENT_STREAM:
         return SseDecoder()
-    if media in NDJSON_TYPES or (api == "ollama" and media in ("application/json", "")):
+    if media in NDJSON_TYPES or (api == Api.OLLAMA and media in ("application/json", "")):
         return NdjsonDecoder()
-    if api == "token_ids" and media != "application/json":
+    if api == Api.TOKEN_IDS and media != "application/json":
         return PackedIdDecoder(width_bits(lower_headers(headers or {}), content_type))
     return None
 

@@ -12,8 +12,6 @@ class RecordSink:
     def __init__(self, stream: BinaryIO, *, owned: bool) -> None:
         self._stream = stream
         self._owned = owned
-        self.written = 0
-        self.failed: str | None = None
 
     @classmethod
     def open(cls, path: str) -> RecordSink:
@@ -23,14 +21,9 @@ class RecordSink:
         return cls(open(path, "ab"), owned=True)
 
     def write(self, line: bytes) -> None:
-        """Write one record line; a failure is remembered and raised to the caller once."""
-        try:
-            self._stream.write(line)
-            self._stream.flush()
-            self.written += 1
-        except OSError as exc:
-            self.failed = str(exc)
-            raise
+        """Write one record line and flush it; raises OSError when the file cannot take it."""
+        self._stream.write(line)
+        self._stream.flush()
 
     def close(self) -> None:
         """Flush and close (stdout is only flushed)."""

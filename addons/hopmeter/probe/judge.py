@@ -23,6 +23,7 @@ from hopmeter.core.figures import weighted_quantile
 from hopmeter.core.frames import Frame
 from hopmeter.core.hops import WHOLE_BODY_MIN_SPAN_S, WHOLE_BODY_SHARE
 from hopmeter.core.sse import SseDecoder
+from hopmeter.core.vocab import Api
 from hopmeter.errors import DecodingError, StreamLimitError
 from hopmeter.upstream import formats
 from hopmeter.upstream.scenario import Scenario, apply
@@ -219,7 +220,7 @@ def _frames(decoded: Sequence[tuple[float, bytes]], v: Verdict) -> list[Frame]:
 
 
 def _check_events(spec: Spec, frames: Sequence[Frame], v: Verdict) -> None:
-    parser = make_parser("openai.chat" if spec.api == "openai" else "anthropic.messages")
+    parser = make_parser(Api.OPENAI_CHAT if spec.api == "openai" else Api.ANTHROPIC_MESSAGES)
     deltas = [parser.parse(f) for f in frames]
     text = "".join(d.content for d in deltas)
     expected = len(spec.plan())

@@ -41,7 +41,7 @@ _PARSERS: Final[dict[str, type[ApiParser]]] = {
 }
 
 
-def make_parser(api: str) -> ApiParser:
+def make_parser(api: Api) -> ApiParser:
     """A fresh parser for one flow speaking `api` (unknown names get the heuristic one)."""
     cls = _PARSERS.get(api)
     return cls() if cls is not None else HeuristicParser(api if api in UNKNOWN_APIS else Api.OTHER)

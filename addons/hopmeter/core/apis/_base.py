@@ -8,6 +8,7 @@ from typing import Final, NamedTuple
 import orjson
 
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 
 class Delta(NamedTuple):
@@ -87,7 +88,7 @@ class ApiParser:
     sends such payloads too (Gemini's array form, a token-ID array, an unknown stream's text).
     """
 
-    api = "other"
+    api = Api.OTHER
 
     def __init__(self) -> None:
         self.malformed = 0  # frames whose payload was not what this API sends

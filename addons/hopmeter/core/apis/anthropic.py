@@ -22,6 +22,7 @@ from hopmeter.core.apis._json import (
     _str,
 )
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 # Anthropic content blocks and deltas that carry text: type -> (Delta field, key holding the text).
 # signature_delta and citations_delta carry no text; compaction_delta is a summary of the context
@@ -60,7 +61,7 @@ def plain_anthropic_delta(raw: bytes) -> Delta | None:
 class AnthropicParser(ApiParser):
     """Anthropic Messages events; usage comes in message_start and (cumulative) message_delta."""
 
-    api = "anthropic.messages"
+    api = Api.ANTHROPIC_MESSAGES
 
     def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         kind = _str(doc.get("type")) or frame.kind

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _dumps, _error_text, _int, _list, _model, _str
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 
 class GeminiParser(ApiParser):
@@ -19,7 +20,7 @@ class GeminiParser(ApiParser):
     output = candidatesTokenCount + thoughtsTokenCount. `finishReason` marks the last chunk.
     """
 
-    api = "gemini"
+    api = Api.GEMINI
 
     def parse_other(self, doc: object, frame: Frame) -> Delta:
         """Without alt=sse, one JSON array of chunks: read as one event. An array item that is

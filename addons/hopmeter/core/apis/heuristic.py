@@ -11,6 +11,7 @@ from typing import Final
 from hopmeter.core.apis._base import EMPTY, ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _error_text, _int, _model
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 # Keys the unknown-format heuristic reads text from, most specific first.
 _TEXT_KEYS: Final = (
@@ -30,7 +31,7 @@ _HEURISTIC_DEPTH: Final = 4  # choices[0].delta.content is three levels down
 class HeuristicParser(ApiParser):
     """Unknown SSE or NDJSON: text from common keys; a non-JSON payload is itself the text."""
 
-    def __init__(self, api: str = "sse") -> None:
+    def __init__(self, api: Api = Api.SSE) -> None:
         super().__init__()
         self.api = api
 

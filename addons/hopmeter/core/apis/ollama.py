@@ -5,12 +5,13 @@ from __future__ import annotations
 from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _dumps, _error_text, _int, _list, _model, _str
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 
 class OllamaParser(ApiParser):
     """Ollama `/api/chat` and `/api/generate` NDJSON lines; `done: true` carries eval counts."""
 
-    api = "ollama"
+    api = Api.OLLAMA
 
     def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         msg = _dict(doc.get("message"))

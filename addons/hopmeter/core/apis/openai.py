@@ -22,6 +22,7 @@ from hopmeter.core.apis._json import (
     _str,
 )
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 # Responses API deltas that carry model output, by the Delta field they feed.
 _RESPONSES_DELTAS: Final = {
@@ -106,7 +107,7 @@ class OpenAIChatParser(ApiParser):
     `[DONE]`: Cerebras and TGI end there, and a usage chunk after it adds no text.
     """
 
-    api = "openai.chat"
+    api = Api.OPENAI_CHAT
 
     def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         if frame.kind == "message":
@@ -202,7 +203,7 @@ class OpenAIChatParser(ApiParser):
 class ResponsesParser(ApiParser):
     """OpenAI Responses API events: text, refusal, reasoning and tool-call deltas, usage, errors."""
 
-    api = "openai.responses"
+    api = Api.OPENAI_RESPONSES
 
     def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         kind = _str(doc.get("type")) or frame.kind

@@ -8,12 +8,13 @@ from __future__ import annotations
 from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _error_text, _int, _str
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 
 class TgiParser(ApiParser):
     """TGI `/generate_stream`: one `token` object per event; special tokens are not visible."""
 
-    api = "tgi"
+    api = Api.TGI
 
     def parse_object(self, doc: dict[str, object], frame: Frame) -> Delta:
         token = _dict(doc.get("token"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hopmeter.core.apis._base import ApiParser, Delta
 from hopmeter.core.apis._json import _dict, _error_text, _int, _int_list, _model, _str
 from hopmeter.core.frames import Frame
+from hopmeter.core.vocab import Api
 
 
 class TokenIdsParser(ApiParser):
@@ -19,7 +20,7 @@ class TokenIdsParser(ApiParser):
     `done: true` or a non-null `finish_reason`. The ids are the event's tokens.
     """
 
-    api = "token_ids"
+    api = Api.TOKEN_IDS
 
     def parse_other(self, doc: object, frame: Frame) -> Delta:
         """A JSON array of ids; any other value that is not an object is malformed."""
