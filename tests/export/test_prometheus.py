@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import random
-import socket
 import string
-import urllib.request
 from typing import Any
 
 import pytest
@@ -16,16 +14,8 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from hopmeter.export.prometheus import (
-    ENDINGS,
-    FINDING_KINDS,
-    MAX_NAMES_PER_LABEL,
-    Metrics,
-    MetricsPortError,
-    _observe_weighted,
-    exported_names,
-    serve,
-)
+from hopmeter.export.labels import MAX_NAMES_PER_LABEL
+from hopmeter.export.prometheus import Metrics, _observe_weighted, exported_names
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -262,6 +252,14 @@ def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
     assert any(n == "hopmeter_stalls_total" for n, _ in series)
 
 
+def test_model_and_route_tables_can_be_replaced(registry: CollectorRegistry) -> None:
+    """Metrics labels models and routes with the tables passed to it instead of the defaults."""
+    Metrics(registry, models=["my-model"], routes=[("/infer", "/infer")]).observe_flow(
+        flow_record(model="My-Model-v2", request={"path": "/infer"})
+    )
+    assert value(registry, "hopmeter_flows_total", model="my-model", route="/infer") == 1
+
+
 def test_bytes_split_into_payload_and_framing(registry: CollectorRegistry) -> None:
     """Wire bytes in and out split into visible payload and everything else (framing)."""
     Metrics(registry).observe_flow(
@@ -342,83 +340,10 @@ def test_a_malformed_trace_id_is_no_exemplar(registry: CollectorRegistry) -> Non
     assert "trace_id" not in generate_openmetrics(registry).decode()
 
 
-def test_no_created_series(registry: CollectorRegistry) -> None:
-    """No `_created` series is exported (DESIGN.md §8)."""
-    Metrics(registry).observe_flow(flow_record())
-    assert "_created" not in generate_latest(registry).decode()
-    assert "_created" not in generate_openmetrics(registry).decode()
-
-
-def test_label_tables_follow_the_core() -> None:
-    """Every finding kind the label allows has a fix in the detectors' or the segments' table."""
-    from hopmeter.core.detectors import FIXES
-    from hopmeter.core.hops import SEGMENT_FIXES
-
-    assert frozenset(FIXES) | frozenset(SEGMENT_FIXES) == FINDING_KINDS
-    assert {"complete", "shutdown"} <= ENDINGS
-
-
 def test_the_global_registry_is_left_alone(registry: CollectorRegistry) -> None:
     """Metrics registers only on the registry passed in."""
     Metrics(registry).observe_flow(flow_record())
     assert not any(name.startswith("hopmeter_") for name in REGISTRY._names_to_collectors)
-
-
-@pytest.mark.parametrize(
-    ("model", "label"),
-    [
-        ("gpt-4o-2024-08-06", "gpt-4o"),
-        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
-        ("claude-sonnet-4-5-20250929", "claude-sonnet-4"),
-        ("us.anthropic.claude-3-5-sonnet-20240620-v1:0", "claude-3-5-sonnet"),
-        ("models/gemini-2.5-flash", "gemini-2.5-flash"),
-        ("meta-llama/Meta-Llama-3-8B-Instruct-Turbo", "llama"),
-        ("llama3.2:3b", "llama"),
-        ("deepseek-ai/DeepSeek-R1", "deepseek-r1"),
-        ("phi3", "phi"),
-        ("philosopher-7b", "other"),
-        ("", "none"),
-        (None, "none"),
-    ],
-)
-def test_models_map_to_allow_listed_families(model: str | None, label: str) -> None:
-    """Model ids are normalised and matched by family prefix, else "other"."""
-    assert Metrics(CollectorRegistry()).models.label(model) == label
-
-
-def test_a_custom_model_allow_list_replaces_the_default() -> None:
-    """The constructor's allow-list is used as given."""
-    metrics = Metrics(CollectorRegistry(), models=["my-model"])
-    assert metrics.models.label("My-Model-v2") == "my-model"
-    assert metrics.models.label("gpt-4o") == "other"
-
-
-@pytest.mark.parametrize(
-    ("path", "route"),
-    [
-        ("/v1/chat/completions", "/v1/chat/completions"),
-        ("/v1/chat/completions/", "/v1/chat/completions"),
-        ("/openai/v1/chat/completions", "/v1/chat/completions"),
-        (
-            "/openai/deployments/prod-7/chat/completions",
-            "/openai/deployments/{deployment}/chat/completions",
-        ),
-        ("/v1/messages", "/v1/messages"),
-        ("/v1/responses", "/v1/responses"),
-        ("/api/chat", "/api/chat"),
-        ("/api/generate", "/api/generate"),
-        (
-            "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
-            "/v1beta/models/{model}:streamGenerateContent",
-        ),
-        ("/v1/threads/thread_abc123/runs", "/v1/threads/{thread}/runs"),
-        ("/v1/chat/completions/123e4567-e89b-12d3-a456-426614174000", "other"),
-        ("/users/42", "other"),
-    ],
-)
-def test_paths_map_to_route_templates(path: str, route: str) -> None:
-    """Known LLM routes keep a template with ids collapsed; everything else is "other"."""
-    assert Metrics(CollectorRegistry()).routes.label(path) == route
 
 
 def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
@@ -447,65 +372,6 @@ def test_exported_names_cover_every_family(registry: CollectorRegistry) -> None:
         "hopmeter_hold_seconds_bucket",
         "hopmeter_streams_active",
     } <= names
-
-
-def _get(url: str, accept: str | None = None) -> tuple[int, str, str]:
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return response.status, response.headers["Content-Type"], response.read().decode()
-
-
-def test_serve_binds_loopback_and_answers_metrics_and_healthz(registry: CollectorRegistry) -> None:
-    """serve() binds 127.0.0.1 by default and answers /metrics (both formats) and /healthz."""
-    metrics = Metrics(registry)
-    metrics.observe_flow(flow_record())
-    server = serve(metrics, port=0)
-    try:
-        assert server.host == "127.0.0.1"
-        base = f"http://127.0.0.1:{server.port}"
-        status, ctype, body = _get(f"{base}/healthz")
-        assert (status, body.strip()) == (200, "ok")
-        status, ctype, body = _get(f"{base}/metrics")
-        assert ctype.startswith("text/plain") and "hopmeter_flows_total" in body
-        assert "trace_id" not in body
-        status, ctype, body = _get(
-            f"{base}/metrics", "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
-        )
-        assert ctype.startswith("application/openmetrics-text")
-        assert f'trace_id="{TRACE}"' in body
-    finally:
-        server.close()
-
-
-def test_serve_accepts_a_bare_registry() -> None:
-    """serve() takes a registry as well as a Metrics."""
-    server = serve(CollectorRegistry(), "127.0.0.1", 0)
-    try:
-        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
-    finally:
-        server.close()
-
-
-def test_a_port_in_use_raises_metrics_port_error() -> None:
-    """Binding a taken port raises MetricsPortError naming the port and the fix."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(MetricsPortError) as info:
-            serve(CollectorRegistry(), "127.0.0.1", port)
-    message = str(info.value)
-    assert str(port) in message
-    assert "--metrics HOST:PORT" in message and "--metrics off" in message
-
-
-def test_close_frees_the_port() -> None:
-    """After close() the same port can be served again."""
-    server = serve(CollectorRegistry(), port=0)
-    port = server.port
-    server.close()
-    again = serve(CollectorRegistry(), port=port)
-    again.close()
 
 
 def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
 from hopmeter import __version__
 from hopmeter.errors import OtelConfigError
-from hopmeter.export.prometheus import DEFAULT_ROUTES, OTHER, RouteLabels
+from hopmeter.export.labels import DEFAULT_ROUTES, OTHER, RouteLabels
 from hopmeter.log import get_logger
 
 log = get_logger()
