@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import string
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -77,12 +80,16 @@ def flow_record(**overrides: Any) -> dict[str, Any]:
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of the registry's text exposition, keyed by name and label set."""
+    """Every sample of the registry's text exposition, keyed by name and label set.
+
+    prometheus_client's `_created` series (creation times, left out by the server) are skipped.
+    """
     text = generate_latest(registry).decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
+        if not s.name.endswith("_created")
     }
 
 
@@ -344,6 +351,39 @@ def test_the_global_registry_is_left_alone(registry: CollectorRegistry) -> None:
     """Metrics registers only on the registry passed in."""
     Metrics(registry).observe_flow(flow_record())
     assert not any(name.startswith("hopmeter_") for name in REGISTRY._names_to_collectors)
+
+
+def test_importing_changes_no_global_state() -> None:
+    """Importing the instruments leaves os.environ, prometheus_client's switches and its
+    global registry as they were (a user's own mitmdump keeps its `_created` series)."""
+    code = (
+        "import os, sys\n"
+        "env = dict(os.environ)\n"
+        "import prometheus_client, prometheus_client.metrics as pm\n"
+        "names = set(prometheus_client.REGISTRY._names_to_collectors)\n"
+        "import hopmeter.export.prometheus, hopmeter.export.server, hopmeter.export.labels\n"
+        "assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())\n"
+        "assert pm._use_created is True, 'created series switched off'\n"
+        "assert set(prometheus_client.REGISTRY._names_to_collectors) == names\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_DISABLE_CREATED_SERIES"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and imported first, before prometheus_client: no environment variable set for it either
+    code = (
+        "import os\n"
+        "import hopmeter.export.prometheus, prometheus_client.metrics as pm\n"
+        "assert 'PROMETHEUS_DISABLE_CREATED_SERIES' not in os.environ\n"
+        "assert pm._use_created is True\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:

@@ -9,10 +9,11 @@ import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from hopmeter.errors import PortError, UsageError
 from hopmeter.export.prometheus import Metrics
-from hopmeter.export.server import serve
+from hopmeter.export.server import WithoutCreated, serve
 from tests.export.test_prometheus import TRACE, flow_record
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
@@ -68,6 +69,10 @@ def test_other_paths_are_not_found(metrics: Metrics) -> None:
 
 def test_no_created_series(metrics: Metrics) -> None:
     """No `_created` series is served, in either format (DESIGN.md §8)."""
+    assert "_created" in generate_latest(metrics.registry).decode()  # the registry has them
+    view = WithoutCreated(metrics.registry)
+    assert "_created" not in generate_latest(view).decode()
+    assert "_created" not in generate_openmetrics(view).decode()
     server = serve(metrics, port=0)
     try:
         for accept in (None, OPENMETRICS):
@@ -77,8 +82,20 @@ def test_no_created_series(metrics: Metrics) -> None:
         server.close()
 
 
+def test_the_view_keeps_every_other_sample(metrics: Metrics) -> None:
+    """Leaving out `_created` changes nothing else: same families, samples and exemplars."""
+    families = {f.name: f for f in metrics.registry.collect()}
+    shown = {f.name: f for f in WithoutCreated(metrics.registry).collect()}
+    assert shown.keys() == families.keys()
+    for name, family in families.items():
+        kept = [s for s in family.samples if not s.name.endswith("_created")]
+        assert shown[name].samples == kept, name
+        assert (shown[name].type, shown[name].documentation) == (family.type, family.documentation)
+    assert any(s.exemplar for f in shown.values() for s in f.samples)
+
+
 def test_name_filtering_still_works(metrics: Metrics) -> None:
-    """/metrics?name[]=... serves only the samples named."""
+    """/metrics?name[]=... serves only the samples named, still without `_created`."""
     server = serve(metrics, port=0)
     try:
         url = f"http://127.0.0.1:{server.port}/metrics?name[]=hopmeter_flows_total"
@@ -100,7 +117,7 @@ def test_gzip_is_served_when_asked_for(metrics: Metrics) -> None:
         with urllib.request.urlopen(request, timeout=5) as response:
             assert response.headers["Content-Encoding"] == "gzip"
             body = gzip.decompress(response.read()).decode()
-        assert body == generate_latest(metrics.registry).decode()
+        assert body == generate_latest(WithoutCreated(metrics.registry)).decode()
     finally:
         server.close()
 

@@ -123,6 +123,7 @@ class OtelExporter:
     ) -> None:
         """Send to `endpoint` (a collector's OTLP/HTTP base URL); `exporter` replaces OTLP."""
         self.url = traces_url(endpoint)
+        _quiet_library_logs()
         inner = exporter or OTLPSpanExporter(endpoint=self.url, headers=headers, timeout=timeout_s)
         self._guard = _GuardedExporter(inner, _shown(self.url))
         self._ids = _RecordIds()
@@ -413,7 +414,16 @@ class _LibraryQuiet(logging.Filter):
 
 
 _QUIET = _LibraryQuiet()
-logging.getLogger(OTLPSpanExporter.__module__).addFilter(_QUIET)
+
+
+def _quiet_library_logs() -> None:
+    """Install _QUIET on the OTLP exporter's logger, once however many exporters start.
+
+    Done when an exporter starts, not at import: importing hopmeter changes no logger.
+    """
+    library = logging.getLogger(OTLPSpanExporter.__module__)
+    if _QUIET not in library.filters:
+        library.addFilter(_QUIET)
 
 
 class _GuardedExporter(SpanExporter):

@@ -2,13 +2,14 @@
 
 `Metrics` observes each record (DESIGN.md §4) on a registry the caller passes in, never the
 global one; hopmeter.export.server serves that registry. Label values come bounded from
-hopmeter.export.labels; trace ids travel as exemplars, never as labels.
+hopmeter.export.labels; trace ids travel as exemplars, never as labels. Importing this module
+changes nothing in prometheus_client or the environment: the `_created` series are left out of
+the exposition by the server, not switched off process-wide.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 from bisect import bisect_left
 from collections import Counter as CountOf
@@ -17,12 +18,6 @@ from functools import partial
 from itertools import pairwise
 from typing import Any
 
-# Each `_created` series is one more series per label set, for nothing (DESIGN.md §8). The
-# environment variable only works if set before prometheus_client is first imported anywhere in
-# the process; disable_created_metrics() below covers the case where someone imported it earlier.
-os.environ.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
-
-import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hopmeter.core.figures import Gaps
@@ -41,8 +36,6 @@ from hopmeter.export.labels import (
     status_class,
     vocabulary_label,
 )
-
-prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Tables read better as rows than as one item per line.
 # fmt: off

@@ -2,16 +2,18 @@
 
 /metrics speaks OpenMetrics when the scraper asks for it (so trace-id exemplars show) and the
 classic text format otherwise, and honours `?name[]=` filtering (prometheus_client's WSGI app
-does all three). Binds 127.0.0.1 unless told otherwise.
+does all three). The exposition leaves out prometheus_client's `_created` series without
+touching its process-wide switch (`WithoutCreated`). Binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import socket
 import socketserver
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -19,11 +21,39 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from hopmeter.errors import PortError
 from hopmeter.export.prometheus import Metrics
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class WithoutCreated:
+    """A registry as /metrics shows it: every sample but the `_created` ones (DESIGN.md §8).
+
+    prometheus_client gives every counter and histogram label set a `_created` series, one more
+    series each that nothing of hopmeter's reads. Its switch (an environment variable read at
+    import, or disable_created_metrics()) is process-wide and would change every other registry
+    in a user's own mitmdump, so this view drops the samples from hopmeter's exposition only.
+    """
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str] | None = None) -> None:
+        self._registry = registry
+        self._source: Collector = registry if names is None else registry.restricted_registry(names)
+
+    def collect(self) -> Iterator[Metric]:
+        """The registry's metric families, each without its `_created` samples."""
+        for family in self._source.collect():
+            created = family.name + "_created"
+            kept = copy.copy(family)  # a collector may hand out families it keeps
+            kept.samples = [s for s in family.samples if s.name != created]
+            yield kept
+
+    def restricted_registry(self, names: Iterable[str]) -> WithoutCreated:
+        """The same view of only the samples named (what `/metrics?name[]=...` asks for)."""
+        return WithoutCreated(self._registry, names)
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -48,7 +78,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 def _app(registry: CollectorRegistry) -> WSGIApp:
-    metrics_app: WSGIApp = prometheus_client.make_wsgi_app(registry)
+    metrics_app: WSGIApp = prometheus_client.make_wsgi_app(WithoutCreated(registry))
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
