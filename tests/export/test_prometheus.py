@@ -259,6 +259,22 @@ def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
     assert any(n == "hopmeter_stalls_total" for n, _ in series)
 
 
+def test_malformed_events_are_counted_from_the_stream_facts(registry: CollectorRegistry) -> None:
+    """stream.malformed_events adds to its hop/api counter; absent, the series exists at 0."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(stream={"terminal_seen": True}))
+    assert ("hopmeter_malformed_events_total", frozenset(
+        {("hop", "edge"), ("api", "openai.chat")})) in samples(registry)  # fmt: skip
+    assert value(registry, "hopmeter_malformed_events_total") == 0
+    metrics.observe_flow(flow_record(stream={"malformed_events": 3}))
+    metrics.observe_flow(flow_record(stream={"malformed_events": 2}, api="anthropic.messages"))
+    metrics.observe_flow(flow_record(stream={"malformed_events": "x"}))  # not a count: ignored
+    metrics.observe_flow(flow_record(stream=None))
+    assert value(registry, "hopmeter_malformed_events_total", api="openai.chat", hop="edge") == 3
+    assert value(registry, "hopmeter_malformed_events_total", api="anthropic.messages") == 2
+    assert "hopmeter_malformed_events_total" in set(exported_names(registry))
+
+
 def test_model_and_route_tables_can_be_replaced(registry: CollectorRegistry) -> None:
     """Metrics labels models and routes with the tables passed to it instead of the defaults."""
     Metrics(registry, models=["my-model"], routes=[("/infer", "/infer")]).observe_flow(

@@ -194,6 +194,11 @@ class Metrics:
         self.streams_active = Gauge(
             "hopmeter_streams_active", "Responses being streamed now.", registry=registry
         )
+        self.malformed_events = counter(
+            "malformed_events_total",
+            "Event payloads hopmeter could not read as their API's format (counted, never fatal).",
+            ("hop", "api"),
+        )
 
     # --- observing ------------------------------------------------------------------------------
     def observe_flow(
@@ -249,6 +254,10 @@ class Metrics:
         stalls_child = child(self.stalls, short)  # created at 0: see _initialise
         if stalls:
             stalls_child.inc(stalls, exemplar)
+        malformed = _num((record.get("stream") or {}).get("malformed_events"))
+        malformed_child = child(self.malformed_events, (hop, api))  # created at 0, as stalls
+        if malformed:
+            malformed_child.inc(malformed, exemplar)
         self._initialise(hop, api)
         self._observe_bytes(hop, api, response, figures)
         for finding in record.get("findings") or ():
