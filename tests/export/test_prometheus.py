@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import string
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from hopmeter.export import prometheus
 from hopmeter.export.labels import MAX_NAMES_PER_LABEL
-from hopmeter.export.prometheus import Metrics, _observe_weighted, exported_names
+from hopmeter.export.prometheus import (
+    FLOW_LABELS,
+    GAP_BUCKETS_S,
+    Metrics,
+    WeightedHistogram,
+    exported_names,
+)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -149,15 +158,16 @@ def test_an_event_with_many_tokens_counts_every_token(registry: CollectorRegistr
 
 
 def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry) -> None:
-    """The bucketed fast path exposes exactly what one observe() per token exposes."""
+    """The token-weighted histogram exposes what one Histogram.observe() per token exposes."""
     rng = random.Random(3)
     events, t = [], 0.0
     for i in range(300):
         t += rng.choice([0.0, 0.0004, 0.003, 0.02, 0.1, 0.9])
         events.append([round(t, 6), rng.choice([0, 1, 1, 2, 5, 40]), i])
     Metrics(registry).observe_flow(flow_record(events=events, trace_id=None))
+    name = "hopmeter_inter_token_latency_seconds"
     reference = CollectorRegistry()
-    itl = Metrics(reference).itl.labels(
+    itl = Histogram(name, "-", FLOW_LABELS, registry=reference, buckets=GAP_BUCKETS_S).labels(
         hop="edge", api="openai.chat", model="gpt-4o", route="/v1/chat/completions"
     )
     previous = None
@@ -167,28 +177,58 @@ def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry
                 for _ in range(k):
                     itl.observe(max(0.0, t_s - previous) / k)
             previous = t_s
-    name = "hopmeter_inter_token_latency_seconds"
-    got = {ls: v for (n, ls), v in samples(registry).items() if n.startswith(name)}
-    want = {ls: v for (n, ls), v in samples(reference).items() if n.startswith(name)}
+    got = {key: v for key, v in samples(registry).items() if key[0].startswith(name)}
+    want = {key: v for key, v in samples(reference).items() if key[0].startswith(name)}
     assert got.keys() == want.keys()
-    for labels, expected in want.items():
-        assert got[labels] == pytest.approx(expected), dict(labels)
+    for key, expected in want.items():
+        assert got[key] == pytest.approx(expected), key
 
 
-def test_weighted_observing_falls_back_to_observe_calls() -> None:
-    """Without prometheus_client's bucket internals, each token is one observe() call."""
+BUCKET_TABLES = [v for k, v in vars(prometheus).items() if k.endswith(("_BUCKETS", "_BUCKETS_S"))]
 
-    class Child:
-        def __init__(self) -> None:
-            self.calls: list[tuple[float, dict[str, str] | None]] = []
 
-        def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
-            self.calls.append((value, exemplar))
+@pytest.mark.parametrize("buckets", BUCKET_TABLES)
+def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequence[float]) -> None:
+    """Same observations, same text and OpenMetrics bytes (exemplar times aside) as
+    prometheus_client's Histogram, `_created` aside: names, `le` values, counts, sums."""
+    values = [(0.5, 3), (0.0001, 1), (2.0, 2), (0.125, 1), (1000.0, 1)]  # exact binary sums
+    exemplar = {"trace_id": TRACE}
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    weighted = WeightedHistogram("h_seconds", "Doc.", ("segment",), buckets, ours)
+    histogram = Histogram("h_seconds", "Doc.", ("segment",), registry=theirs, buckets=buckets)
+    WeightedHistogram("empty_seconds", "Doc.", ("segment",), buckets, ours)
+    Histogram("empty_seconds", "Doc.", ("segment",), registry=theirs, buckets=buckets)
+    for segment in ("a>b", "c>d"):
+        weighted.observe((segment,), values, exemplar)
+        child = histogram.labels(segment=segment)
+        child.observe(1000.0, exemplar)  # the widest value carries the exemplar
+        for value, weight in values:
+            for _ in range(weight - (value == 1000.0)):
+                child.observe(value)
 
-    child = Child()
-    _observe_weighted(child, [(0.1, 3), (0.5, 2)], {"trace_id": "ab"})  # type: ignore[arg-type]
-    assert child.calls == [(0.5, {"trace_id": "ab"}), (0.1, None), (0.1, None), (0.1, None),
-                           (0.5, None)]  # fmt: skip
+    def text(registry: CollectorRegistry, generate: Any) -> str:
+        lines = generate(registry).decode().splitlines()
+        return "\n".join(
+            re.sub(r'(# \{trace_id="\w+"\} \S+) \S+$', r"\1 T", line)
+            for line in lines
+            if "_created" not in line
+        )
+
+    assert text(ours, generate_latest) == text(theirs, generate_latest)
+    assert text(ours, generate_openmetrics) == text(theirs, generate_openmetrics)
+
+
+def test_weighted_series_exist_at_zero_from_the_first_flow(registry: CollectorRegistry) -> None:
+    """A flow with no token gaps still creates its inter-token and tokens-per-event series, at 0,
+    and a segment without holds its hold series, as a Histogram's labels() would."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(events=[[0.1, 1, 1]]))
+    metrics.observe_holds("edge>origin", [], None)
+    series = samples(registry)
+    for name in ("hopmeter_inter_token_latency_seconds", "hopmeter_hold_seconds"):
+        assert value(registry, f"{name}_count") == 0
+        assert any(n == f"{name}_bucket" for n, _ in series), name
+    assert value(registry, "hopmeter_event_tokens_count") == 1
 
 
 def test_missing_figures_are_not_observed(registry: CollectorRegistry) -> None:

@@ -2,23 +2,28 @@
 
 `Metrics` observes each record (DESIGN.md §4) on a registry the caller passes in, never the
 global one; hopmeter.export.server serves that registry. Label values come bounded from
-hopmeter.export.labels; trace ids travel as exemplars, never as labels. Importing this module
-changes nothing in prometheus_client or the environment: the `_created` series are left out of
-the exposition by the server, not switched off process-wide.
+hopmeter.export.labels; trace ids travel as exemplars, never as labels. The token-weighted
+histograms are `WeightedHistogram`s: k observations per call, read by the registry as a custom
+collector. Importing this module changes nothing in prometheus_client or the environment: the
+`_created` series are left out of the exposition by the server, not switched off process-wide.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
+import time
 from bisect import bisect_left
 from collections import Counter as CountOf
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
 from hopmeter.errors import PortError
@@ -56,9 +61,6 @@ DURATION_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 
 # reconciled from a usage total (not streamed, or held whole by a hop).
 EVENT_TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)
 
-# An event carrying k tokens is k observations of gap/k. Observing one at a time costs ~2.5 us
-# each on the proxy's event loop (5 ms for a 2,000-token flow, measured here), so weighted values
-# are counted into buckets first and each bucket is incremented once (_observe_weighted).
 # fmt: on
 
 FLOW_LABELS = ("hop", "api", "model", "route")
@@ -109,6 +111,11 @@ class Metrics:
         def hist(name: str, doc: str, buckets: Sequence[float], labels: Sequence[str]) -> Histogram:
             return Histogram(f"hopmeter_{name}", doc, labels, registry=registry, buckets=buckets)
 
+        def weighted(
+            name: str, doc: str, buckets: Sequence[float], labels: Sequence[str]
+        ) -> WeightedHistogram:
+            return WeightedHistogram(f"hopmeter_{name}", doc, labels, buckets, registry)
+
         def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
             return Counter(f"hopmeter_{name}", doc, labels, registry=registry)
 
@@ -130,7 +137,7 @@ class Metrics:
             FIRST_BUCKETS_S,
             FLOW_LABELS,
         )
-        self.itl = hist(
+        self.itl = weighted(
             "inter_token_latency_seconds",
             "Token-weighted inter-token latency: an event of k tokens after a gap g "
             "is k observations of g/k.",
@@ -149,13 +156,13 @@ class Metrics:
             GAP_BUCKETS_S,
             FLOW_LABELS,
         )
-        self.event_tokens = hist(
+        self.event_tokens = weighted(
             "event_tokens",
             "Tokens carried by each token-carrying event.",
             EVENT_TOKEN_BUCKETS,
             FLOW_LABELS,
         )
-        self.hold = hist(
+        self.hold = weighted(
             "hold_seconds",
             "Per-token hold of one segment between two listeners.",
             HOLD_BUCKETS_S,
@@ -315,12 +322,8 @@ class Metrics:
     ) -> None:
         """Events by the tokens they carry (most carry one), and the token-weighted gaps."""
         per_k = CountOf(k for k in event_tokens if k > 0)
-        _observe_weighted(
-            self._child(self.event_tokens, labels),
-            [(float(k), n) for k, n in per_k.items()],
-            None,
-        )
-        _observe_weighted(self._child(self.itl, labels), gaps, exemplar)
+        self.event_tokens.observe(labels, [(float(k), n) for k, n in per_k.items()], None)
+        self.itl.observe(labels, gaps, exemplar)
 
     def _observe_bytes(
         self, hop: str, api: str, response: Mapping[str, Any], figures: Mapping[str, Any]
@@ -340,10 +343,8 @@ class Metrics:
 
     def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
-        child = self.hold.labels(segment=self.segments.label(segment))
-        exemplar = _exemplar(trace_id)
         values = [(v, 1) for v in (_num(h) for h in holds_s) if v is not None]
-        _observe_weighted(child, values, exemplar)
+        self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
 
     def internal_error(self, where: str) -> None:
         """Count one error inside hopmeter's measuring code, by site."""
@@ -370,49 +371,130 @@ def _token_events(events: Iterable[Sequence[Any]]) -> list[tuple[float, int]]:
     return out
 
 
-def _observe_weighted(
-    child: Histogram, values: Sequence[tuple[float, int]], exemplar: dict[str, str] | None
-) -> None:
-    """Observe each value `weight` times, the largest value once with the exemplar.
+class WeightedHistogram:
+    """A labelled histogram that takes each value with a weight: k observations in one call.
 
-    prometheus_client has no "observe n times"; counting into buckets here and incrementing each
-    bucket once gives exactly what n observe() calls give, at a cost per bucket instead of per
-    token. It reads the child's bucket bounds and values, which prometheus_client has kept since
-    0.4; without them it falls back to observe() in a loop. A test compares the two.
+    An event of k tokens after a gap g is k observations of g/k, and a segment's holds are one per
+    token; observe() once per token costs ~2.5 µs on the proxy's event loop (5 ms for a
+    2,000-token flow), and prometheus_client has no "observe n times". So the values are counted
+    into buckets here, under one lock per call, and the registry reads them as a custom collector
+    (client_python's route for values counted elsewhere: docs/content/collector/custom.md). Its
+    samples are those of a prometheus_client Histogram given the same observations one by one,
+    without `_created`; a test compares the two.
     """
-    if not values:
-        return
-    plain = [value for value, _ in values]
-    widest_value = max(plain)
-    widest = plain.index(widest_value)
-    child.observe(widest_value, exemplar)  # the trace worth opening: its widest gap
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if bounds is None or buckets is None or total is None:
-        for i, (value, weight) in enumerate(values):
-            for _ in range(weight - (i == widest)):
-                child.observe(value)
-        return
-    counts = [0] * len(bounds)
-    # the first bucket whose bound is >= each value, found in C (bisect over map)
-    slots = list(map(partial(bisect_left, bounds), plain))
-    weights = [weight for _, weight in values]
-    if len(weights) == sum(weights) and min(weights) == 1:  # one observation each, the usual
-        for slot, n in CountOf(slots).items():
-            counts[slot] += n
-        summed = math.fsum(plain) - widest_value
-    else:
-        summed = 0.0
-        for slot, value, weight in zip(slots, plain, weights, strict=True):
-            counts[slot] += weight
-            summed += value * weight
-        summed -= widest_value
-    counts[slots[widest]] -= 1  # observed above, with the exemplar
-    for bucket, n in zip(buckets, counts, strict=True):
-        if n:
-            bucket.inc(n)
-    total.inc(summed)
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._bounds = (*(float(b) for b in buckets), math.inf)
+        self._le = tuple(_go_float(b) for b in self._bounds)
+        self._lock = threading.Lock()  # observe() on the proxy's side, collect() on a scrape's
+        self._series: dict[tuple[str, ...], _Series] = {}
+        registry.register(self)
+
+    def observe(
+        self,
+        labelvalues: tuple[str, ...],
+        values: Sequence[tuple[float, int]],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        """Observe each (value, weight) `weight` times; the widest value carries the exemplar.
+
+        The label set's series exists from the first call, values or not, as a Histogram's
+        child does from labels(): at 0, so a first increase shows in rate().
+        """
+        counted = self._count(values) if values else None
+        marked = None
+        if counted is not None and exemplar is not None:
+            marked = Exemplar(exemplar, counted.widest_value, time.time())
+        with self._lock:
+            series = self._series.get(labelvalues)
+            if series is None:
+                series = self._series[labelvalues] = _Series(len(self._bounds))
+            if counted is None:
+                return
+            if marked is not None:  # the trace worth opening: the one with the widest gap
+                series.exemplars[counted.widest_slot] = marked
+            series.total += counted.widest_value
+            series.total += counted.rest
+            for slot, n in enumerate(counted.counts):
+                if n:
+                    series.counts[slot] += n
+
+    def _count(self, values: Sequence[tuple[float, int]]) -> _Counted:
+        """Observations per bucket for `values`, without touching any series."""
+        plain = [value for value, _ in values]
+        widest_value = max(plain)
+        counts = [0] * len(self._bounds)
+        # the first bucket whose bound is >= each value, found in C (bisect over map)
+        slots = list(map(partial(bisect_left, self._bounds), plain))
+        weights = [weight for _, weight in values]
+        if len(weights) == sum(weights) and min(weights) == 1:  # one observation each, the usual
+            for slot, n in CountOf(slots).items():
+                counts[slot] += n
+            rest = math.fsum(plain) - widest_value
+        else:
+            rest = 0.0
+            for slot, value, weight in zip(slots, plain, weights, strict=True):
+                counts[slot] += weight
+                rest += value * weight
+            rest -= widest_value
+        widest_slot = slots[plain.index(widest_value)]
+        return _Counted(counts, widest_slot, widest_value, rest)
+
+    def collect(self) -> Iterator[Metric]:
+        """The family with one cumulative bucket list, count and sum per label set."""
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        with self._lock:
+            taken = [
+                (labels, list(s.counts), s.total, list(s.exemplars))
+                for labels, s in self._series.items()
+            ]
+        for labels, counts, total, exemplars in taken:
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+            cumulative = 0.0
+            for le, n, exemplar in zip(self._le, counts, exemplars, strict=True):
+                cumulative += n
+                buckets.append((le, cumulative) if exemplar is None else (le, cumulative, exemplar))
+            family.add_metric(labels, buckets, total)
+        yield family
+
+
+class _Counted(NamedTuple):
+    """One observe() call's values counted into buckets, before they are added to a series."""
+
+    counts: list[int]  # observations per bucket, the widest value's included
+    widest_slot: int
+    widest_value: float
+    rest: float  # the sum of every observation but the widest value
+
+
+class _Series:
+    """One label set of a WeightedHistogram: counts per bucket (not cumulative), sum, exemplars."""
+
+    __slots__ = ("counts", "exemplars", "total")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0] * buckets
+        self.total = 0.0
+        self.exemplars: list[Exemplar | None] = [None] * buckets
+
+
+def _go_float(bound: float) -> str:
+    """A bucket bound as the `le` label prometheus_client writes ("+Inf", else Python's repr).
+
+    Go's format, which prometheus_client follows, switches to an exponent from 1e6 on; no bucket
+    of hopmeter's is that large, and a test compares every bucket table's `le` values.
+    """
+    return "+Inf" if bound == math.inf else repr(bound)
 
 
 def exported_names(registry: CollectorRegistry) -> Iterator[str]:
