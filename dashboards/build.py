@@ -433,6 +433,19 @@ STREAM_HEALTH = [
         "short",
         [Target(f"sum by (source) (rate(hopmeter_tokens_total{{{SEL}}}[{RI}]))", "{{source}}")],
     ),
+    Panel(
+        "Malformed events by hop and API",
+        "Event payloads per second that hopmeter could not read as their API's format: counted "
+        "and skipped, never fatal. A steady rate points at a format change hopmeter does not "
+        "know yet or a hop that rewrites events; the bytes were forwarded unchanged.",
+        "short",
+        [
+            Target(
+                f"sum by (hop, api) (rate(hopmeter_malformed_events_total{{{SEL_HA}}}[{RI}]))",
+                "{{hop}} {{api}}",
+            )
+        ],
+    ),
 ]
 
 

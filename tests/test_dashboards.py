@@ -159,7 +159,7 @@ def counter_agg_errors(expr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
-    """Every sample name metrics.py can expose, read from a real registry."""
+    """Every sample name hopmeter.export.prometheus can expose, read from a real registry."""
     return set(exported_names(Metrics(CollectorRegistry()).registry))
 
 
@@ -326,7 +326,7 @@ def test_the_rule_scanner_catches_what_it_should() -> None:
 
 
 def test_queries_use_only_exported_metrics(exported: set[str]) -> None:
-    """Every metric a panel or variable selects is one metrics.py exports."""
+    """Every metric a panel or variable selects is one hopmeter.export.prometheus exports."""
     queries = [q for _, _, q in all_queries()] + [s for _, _, s in variable_selectors()]
     used: set[str] = set()
     for expr in queries:

@@ -102,7 +102,8 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
 
 
 def test_alerts_only_read_exported_metrics_and_recorded_series() -> None:
-    """Every metric name in the rules is exported by metrics.py or recorded by the rules."""
+    """Every metric name in the rules is exported by hopmeter.export.prometheus or recorded
+    by the rules."""
     from prometheus_client import CollectorRegistry
 
     from hopmeter.export.prometheus import Metrics, exported_names

@@ -469,3 +469,30 @@ def test_hopmeter_runs_without_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_importing_installs_no_logging_filter_and_loads_no_prometheus() -> None:
+    """Importing the module changes no logger and loads no prometheus_client (the route labels
+    come from hopmeter.export.labels)."""
+    code = (
+        "import logging, sys\n"
+        "import hopmeter.export.otel as otel\n"
+        "name = otel.OTLPSpanExporter.__module__\n"
+        "assert logging.getLogger(name).filters == [], logging.getLogger(name).filters\n"
+        "assert 'prometheus_client' not in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_exporters_install_the_logging_filter_once(memory: InMemorySpanExporter) -> None:
+    """Each exporter makes sure the OTLP library's logger is quiet; two install one filter."""
+    library = logging.getLogger(otel.OTLPSpanExporter.__module__)
+    first, second = (OtelExporter("http://127.0.0.1:4318", exporter=memory) for _ in range(2))
+    try:
+        assert library.filters.count(otel._QUIET) == 1
+    finally:
+        first.close()
+        second.close()

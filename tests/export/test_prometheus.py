@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import random
-import socket
+import re
 import string
-import urllib.request
+import subprocess
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from hopmeter.export import prometheus
+from hopmeter.export.labels import MAX_NAMES_PER_LABEL
 from hopmeter.export.prometheus import (
-    ENDINGS,
-    FINDING_KINDS,
-    MAX_NAMES_PER_LABEL,
+    FLOW_LABELS,
+    GAP_BUCKETS_S,
     Metrics,
-    MetricsPortError,
-    _observe_weighted,
+    WeightedHistogram,
     exported_names,
-    serve,
 )
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -87,12 +89,16 @@ def flow_record(**overrides: Any) -> dict[str, Any]:
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of the registry's text exposition, keyed by name and label set."""
+    """Every sample of the registry's text exposition, keyed by name and label set.
+
+    prometheus_client's `_created` series (creation times, left out by the server) are skipped.
+    """
     text = generate_latest(registry).decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
+        if not s.name.endswith("_created")
     }
 
 
@@ -152,15 +158,16 @@ def test_an_event_with_many_tokens_counts_every_token(registry: CollectorRegistr
 
 
 def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry) -> None:
-    """The bucketed fast path exposes exactly what one observe() per token exposes."""
+    """The token-weighted histogram exposes what one Histogram.observe() per token exposes."""
     rng = random.Random(3)
     events, t = [], 0.0
     for i in range(300):
         t += rng.choice([0.0, 0.0004, 0.003, 0.02, 0.1, 0.9])
         events.append([round(t, 6), rng.choice([0, 1, 1, 2, 5, 40]), i])
     Metrics(registry).observe_flow(flow_record(events=events, trace_id=None))
+    name = "hopmeter_inter_token_latency_seconds"
     reference = CollectorRegistry()
-    itl = Metrics(reference).itl.labels(
+    itl = Histogram(name, "-", FLOW_LABELS, registry=reference, buckets=GAP_BUCKETS_S).labels(
         hop="edge", api="openai.chat", model="gpt-4o", route="/v1/chat/completions"
     )
     previous = None
@@ -170,28 +177,58 @@ def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry
                 for _ in range(k):
                     itl.observe(max(0.0, t_s - previous) / k)
             previous = t_s
-    name = "hopmeter_inter_token_latency_seconds"
-    got = {ls: v for (n, ls), v in samples(registry).items() if n.startswith(name)}
-    want = {ls: v for (n, ls), v in samples(reference).items() if n.startswith(name)}
+    got = {key: v for key, v in samples(registry).items() if key[0].startswith(name)}
+    want = {key: v for key, v in samples(reference).items() if key[0].startswith(name)}
     assert got.keys() == want.keys()
-    for labels, expected in want.items():
-        assert got[labels] == pytest.approx(expected), dict(labels)
+    for key, expected in want.items():
+        assert got[key] == pytest.approx(expected), key
 
 
-def test_weighted_observing_falls_back_to_observe_calls() -> None:
-    """Without prometheus_client's bucket internals, each token is one observe() call."""
+BUCKET_TABLES = [v for k, v in vars(prometheus).items() if k.endswith(("_BUCKETS", "_BUCKETS_S"))]
 
-    class Child:
-        def __init__(self) -> None:
-            self.calls: list[tuple[float, dict[str, str] | None]] = []
 
-        def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
-            self.calls.append((value, exemplar))
+@pytest.mark.parametrize("buckets", BUCKET_TABLES)
+def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequence[float]) -> None:
+    """Same observations, same text and OpenMetrics bytes (exemplar times aside) as
+    prometheus_client's Histogram, `_created` aside: names, `le` values, counts, sums."""
+    values = [(0.5, 3), (0.0001, 1), (2.0, 2), (0.125, 1), (1000.0, 1)]  # exact binary sums
+    exemplar = {"trace_id": TRACE}
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    weighted = WeightedHistogram("h_seconds", "Doc.", ("segment",), buckets, ours)
+    histogram = Histogram("h_seconds", "Doc.", ("segment",), registry=theirs, buckets=buckets)
+    WeightedHistogram("empty_seconds", "Doc.", ("segment",), buckets, ours)
+    Histogram("empty_seconds", "Doc.", ("segment",), registry=theirs, buckets=buckets)
+    for segment in ("a>b", "c>d"):
+        weighted.observe((segment,), values, exemplar)
+        child = histogram.labels(segment=segment)
+        child.observe(1000.0, exemplar)  # the widest value carries the exemplar
+        for value, weight in values:
+            for _ in range(weight - (value == 1000.0)):
+                child.observe(value)
 
-    child = Child()
-    _observe_weighted(child, [(0.1, 3), (0.5, 2)], {"trace_id": "ab"})  # type: ignore[arg-type]
-    assert child.calls == [(0.5, {"trace_id": "ab"}), (0.1, None), (0.1, None), (0.1, None),
-                           (0.5, None)]  # fmt: skip
+    def text(registry: CollectorRegistry, generate: Any) -> str:
+        lines = generate(registry).decode().splitlines()
+        return "\n".join(
+            re.sub(r'(# \{trace_id="\w+"\} \S+) \S+$', r"\1 T", line)
+            for line in lines
+            if "_created" not in line
+        )
+
+    assert text(ours, generate_latest) == text(theirs, generate_latest)
+    assert text(ours, generate_openmetrics) == text(theirs, generate_openmetrics)
+
+
+def test_weighted_series_exist_at_zero_from_the_first_flow(registry: CollectorRegistry) -> None:
+    """A flow with no token gaps still creates its inter-token and tokens-per-event series, at 0,
+    and a segment without holds its hold series, as a Histogram's labels() would."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(events=[[0.1, 1, 1]]))
+    metrics.observe_holds("edge>origin", [], None)
+    series = samples(registry)
+    for name in ("hopmeter_inter_token_latency_seconds", "hopmeter_hold_seconds"):
+        assert value(registry, f"{name}_count") == 0
+        assert any(n == f"{name}_bucket" for n, _ in series), name
+    assert value(registry, "hopmeter_event_tokens_count") == 1
 
 
 def test_missing_figures_are_not_observed(registry: CollectorRegistry) -> None:
@@ -260,6 +297,30 @@ def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
     assert set(kinds.values()) == {0.0}
     assert value(registry, "hopmeter_stalls_total", hop="edge") == 0
     assert any(n == "hopmeter_stalls_total" for n, _ in series)
+
+
+def test_malformed_events_are_counted_from_the_stream_facts(registry: CollectorRegistry) -> None:
+    """stream.malformed_events adds to its hop/api counter; absent, the series exists at 0."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(stream={"terminal_seen": True}))
+    assert ("hopmeter_malformed_events_total", frozenset(
+        {("hop", "edge"), ("api", "openai.chat")})) in samples(registry)  # fmt: skip
+    assert value(registry, "hopmeter_malformed_events_total") == 0
+    metrics.observe_flow(flow_record(stream={"malformed_events": 3}))
+    metrics.observe_flow(flow_record(stream={"malformed_events": 2}, api="anthropic.messages"))
+    metrics.observe_flow(flow_record(stream={"malformed_events": "x"}))  # not a count: ignored
+    metrics.observe_flow(flow_record(stream=None))
+    assert value(registry, "hopmeter_malformed_events_total", api="openai.chat", hop="edge") == 3
+    assert value(registry, "hopmeter_malformed_events_total", api="anthropic.messages") == 2
+    assert "hopmeter_malformed_events_total" in set(exported_names(registry))
+
+
+def test_model_and_route_tables_can_be_replaced(registry: CollectorRegistry) -> None:
+    """Metrics labels models and routes with the tables passed to it instead of the defaults."""
+    Metrics(registry, models=["my-model"], routes=[("/infer", "/infer")]).observe_flow(
+        flow_record(model="My-Model-v2", request={"path": "/infer"})
+    )
+    assert value(registry, "hopmeter_flows_total", model="my-model", route="/infer") == 1
 
 
 def test_bytes_split_into_payload_and_framing(registry: CollectorRegistry) -> None:
@@ -342,83 +403,43 @@ def test_a_malformed_trace_id_is_no_exemplar(registry: CollectorRegistry) -> Non
     assert "trace_id" not in generate_openmetrics(registry).decode()
 
 
-def test_no_created_series(registry: CollectorRegistry) -> None:
-    """No `_created` series is exported (DESIGN.md §8)."""
-    Metrics(registry).observe_flow(flow_record())
-    assert "_created" not in generate_latest(registry).decode()
-    assert "_created" not in generate_openmetrics(registry).decode()
-
-
-def test_label_tables_follow_the_core() -> None:
-    """Every finding kind the label allows has a fix in the detectors' or the segments' table."""
-    from hopmeter.core.detectors import FIXES
-    from hopmeter.core.hops import SEGMENT_FIXES
-
-    assert frozenset(FIXES) | frozenset(SEGMENT_FIXES) == FINDING_KINDS
-    assert {"complete", "shutdown"} <= ENDINGS
-
-
 def test_the_global_registry_is_left_alone(registry: CollectorRegistry) -> None:
     """Metrics registers only on the registry passed in."""
     Metrics(registry).observe_flow(flow_record())
     assert not any(name.startswith("hopmeter_") for name in REGISTRY._names_to_collectors)
 
 
-@pytest.mark.parametrize(
-    ("model", "label"),
-    [
-        ("gpt-4o-2024-08-06", "gpt-4o"),
-        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
-        ("claude-sonnet-4-5-20250929", "claude-sonnet-4"),
-        ("us.anthropic.claude-3-5-sonnet-20240620-v1:0", "claude-3-5-sonnet"),
-        ("models/gemini-2.5-flash", "gemini-2.5-flash"),
-        ("meta-llama/Meta-Llama-3-8B-Instruct-Turbo", "llama"),
-        ("llama3.2:3b", "llama"),
-        ("deepseek-ai/DeepSeek-R1", "deepseek-r1"),
-        ("phi3", "phi"),
-        ("philosopher-7b", "other"),
-        ("", "none"),
-        (None, "none"),
-    ],
-)
-def test_models_map_to_allow_listed_families(model: str | None, label: str) -> None:
-    """Model ids are normalised and matched by family prefix, else "other"."""
-    assert Metrics(CollectorRegistry()).models.label(model) == label
-
-
-def test_a_custom_model_allow_list_replaces_the_default() -> None:
-    """The constructor's allow-list is used as given."""
-    metrics = Metrics(CollectorRegistry(), models=["my-model"])
-    assert metrics.models.label("My-Model-v2") == "my-model"
-    assert metrics.models.label("gpt-4o") == "other"
-
-
-@pytest.mark.parametrize(
-    ("path", "route"),
-    [
-        ("/v1/chat/completions", "/v1/chat/completions"),
-        ("/v1/chat/completions/", "/v1/chat/completions"),
-        ("/openai/v1/chat/completions", "/v1/chat/completions"),
-        (
-            "/openai/deployments/prod-7/chat/completions",
-            "/openai/deployments/{deployment}/chat/completions",
-        ),
-        ("/v1/messages", "/v1/messages"),
-        ("/v1/responses", "/v1/responses"),
-        ("/api/chat", "/api/chat"),
-        ("/api/generate", "/api/generate"),
-        (
-            "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
-            "/v1beta/models/{model}:streamGenerateContent",
-        ),
-        ("/v1/threads/thread_abc123/runs", "/v1/threads/{thread}/runs"),
-        ("/v1/chat/completions/123e4567-e89b-12d3-a456-426614174000", "other"),
-        ("/users/42", "other"),
-    ],
-)
-def test_paths_map_to_route_templates(path: str, route: str) -> None:
-    """Known LLM routes keep a template with ids collapsed; everything else is "other"."""
-    assert Metrics(CollectorRegistry()).routes.label(path) == route
+def test_importing_changes_no_global_state() -> None:
+    """Importing the instruments leaves os.environ, prometheus_client's switches and its
+    global registry as they were (a user's own mitmdump keeps its `_created` series)."""
+    code = (
+        "import os, sys\n"
+        "env = dict(os.environ)\n"
+        "import prometheus_client, prometheus_client.metrics as pm\n"
+        "names = set(prometheus_client.REGISTRY._names_to_collectors)\n"
+        "import hopmeter.export.prometheus, hopmeter.export.server, hopmeter.export.labels\n"
+        "assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())\n"
+        "assert pm._use_created is True, 'created series switched off'\n"
+        "assert set(prometheus_client.REGISTRY._names_to_collectors) == names\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_DISABLE_CREATED_SERIES"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and imported first, before prometheus_client: no environment variable set for it either
+    code = (
+        "import os\n"
+        "import hopmeter.export.prometheus, prometheus_client.metrics as pm\n"
+        "assert 'PROMETHEUS_DISABLE_CREATED_SERIES' not in os.environ\n"
+        "assert pm._use_created is True\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
@@ -447,65 +468,6 @@ def test_exported_names_cover_every_family(registry: CollectorRegistry) -> None:
         "hopmeter_hold_seconds_bucket",
         "hopmeter_streams_active",
     } <= names
-
-
-def _get(url: str, accept: str | None = None) -> tuple[int, str, str]:
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return response.status, response.headers["Content-Type"], response.read().decode()
-
-
-def test_serve_binds_loopback_and_answers_metrics_and_healthz(registry: CollectorRegistry) -> None:
-    """serve() binds 127.0.0.1 by default and answers /metrics (both formats) and /healthz."""
-    metrics = Metrics(registry)
-    metrics.observe_flow(flow_record())
-    server = serve(metrics, port=0)
-    try:
-        assert server.host == "127.0.0.1"
-        base = f"http://127.0.0.1:{server.port}"
-        status, ctype, body = _get(f"{base}/healthz")
-        assert (status, body.strip()) == (200, "ok")
-        status, ctype, body = _get(f"{base}/metrics")
-        assert ctype.startswith("text/plain") and "hopmeter_flows_total" in body
-        assert "trace_id" not in body
-        status, ctype, body = _get(
-            f"{base}/metrics", "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
-        )
-        assert ctype.startswith("application/openmetrics-text")
-        assert f'trace_id="{TRACE}"' in body
-    finally:
-        server.close()
-
-
-def test_serve_accepts_a_bare_registry() -> None:
-    """serve() takes a registry as well as a Metrics."""
-    server = serve(CollectorRegistry(), "127.0.0.1", 0)
-    try:
-        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
-    finally:
-        server.close()
-
-
-def test_a_port_in_use_raises_metrics_port_error() -> None:
-    """Binding a taken port raises MetricsPortError naming the port and the fix."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(MetricsPortError) as info:
-            serve(CollectorRegistry(), "127.0.0.1", port)
-    message = str(info.value)
-    assert str(port) in message
-    assert "--metrics HOST:PORT" in message and "--metrics off" in message
-
-
-def test_close_frees_the_port() -> None:
-    """After close() the same port can be served again."""
-    server = serve(CollectorRegistry(), port=0)
-    port = server.port
-    server.close()
-    again = serve(CollectorRegistry(), port=port)
-    again.close()
 
 
 def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:

@@ -22,7 +22,7 @@ import httpx
 import orjson
 import pytest
 
-from hopmeter.export.prometheus import DEFAULT_MODEL_FAMILIES
+from hopmeter.export.labels import DEFAULT_MODEL_FAMILIES
 from tests.harness.procs import free_port, hopmeter, wait_for
 
 pytestmark = pytest.mark.integration

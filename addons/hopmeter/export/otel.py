@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
 from hopmeter import __version__
 from hopmeter.errors import OtelConfigError
-from hopmeter.export.prometheus import DEFAULT_ROUTES, OTHER, RouteLabels
+from hopmeter.export.labels import DEFAULT_ROUTES, OTHER, RouteLabels
 from hopmeter.log import get_logger
 
 log = get_logger()
@@ -123,6 +123,7 @@ class OtelExporter:
     ) -> None:
         """Send to `endpoint` (a collector's OTLP/HTTP base URL); `exporter` replaces OTLP."""
         self.url = traces_url(endpoint)
+        _quiet_library_logs()
         inner = exporter or OTLPSpanExporter(endpoint=self.url, headers=headers, timeout=timeout_s)
         self._guard = _GuardedExporter(inner, _shown(self.url))
         self._ids = _RecordIds()
@@ -413,7 +414,16 @@ class _LibraryQuiet(logging.Filter):
 
 
 _QUIET = _LibraryQuiet()
-logging.getLogger(OTLPSpanExporter.__module__).addFilter(_QUIET)
+
+
+def _quiet_library_logs() -> None:
+    """Install _QUIET on the OTLP exporter's logger, once however many exporters start.
+
+    Done when an exporter starts, not at import: importing hopmeter changes no logger.
+    """
+    library = logging.getLogger(OTLPSpanExporter.__module__)
+    if _QUIET not in library.filters:
+        library.addFilter(_QUIET)
 
 
 class _GuardedExporter(SpanExporter):

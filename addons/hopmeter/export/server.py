@@ -1,0 +1,151 @@
+"""The metrics endpoint: serves a registry on /metrics and answers /healthz, in a daemon thread.
+
+/metrics speaks OpenMetrics when the scraper asks for it (so trace-id exemplars show) and the
+classic text format otherwise, and honours `?name[]=` filtering (prometheus_client's WSGI app
+does all three). The exposition leaves out prometheus_client's `_created` series without
+touching its process-wide switch (`WithoutCreated`). Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+import prometheus_client
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from hopmeter.errors import PortError
+from hopmeter.export.prometheus import Metrics
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class WithoutCreated:
+    """A registry as /metrics shows it: every sample but the `_created` ones (DESIGN.md §8).
+
+    prometheus_client gives every counter and histogram label set a `_created` series, one more
+    series each that nothing of hopmeter's reads. Its switch (an environment variable read at
+    import, or disable_created_metrics()) is process-wide and would change every other registry
+    in a user's own mitmdump, so this view drops the samples from hopmeter's exposition only.
+    """
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str] | None = None) -> None:
+        self._registry = registry
+        self._source: Collector = registry if names is None else registry.restricted_registry(names)
+
+    def collect(self) -> Iterator[Metric]:
+        """The registry's metric families, each without its `_created` samples."""
+        for family in self._source.collect():
+            created = family.name + "_created"
+            kept = copy.copy(family)  # a collector may hand out families it keeps
+            kept.samples = [s for s in family.samples if s.name != created]
+            yield kept
+
+    def restricted_registry(self, names: Iterable[str]) -> WithoutCreated:
+        """The same view of only the samples named (what `/metrics?name[]=...` asks for)."""
+        return WithoutCreated(self._registry, names)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds are not news; stay silent."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight must not keep the process alive
+    block_on_close = False
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind looks up the host's FQDN, a DNS query per start; nothing here
+        # needs a server name, so bind and set the WSGI environment without it.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper that hangs up mid-response is not an error worth a traceback."""
+
+
+def _app(registry: CollectorRegistry) -> WSGIApp:
+    metrics_app: WSGIApp = prometheus_client.make_wsgi_app(WithoutCreated(registry))
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics or /healthz\n"]
+
+    return app
+
+
+@dataclass(slots=True)
+class MetricsServer:
+    """A running metrics endpoint; `close()` stops it and frees the port."""
+
+    host: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        """Where /metrics is served."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(
+    target: Metrics | CollectorRegistry, host: str = "127.0.0.1", port: int = 9464
+) -> MetricsServer:
+    """Serve /metrics and /healthz on host:port (0 picks a free port) in a daemon thread.
+
+    Raises PortError, naming the address and the fix, when the address does not resolve or
+    cannot be bound.
+    """
+    registry = target.registry if isinstance(target, Metrics) else target
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PortError(
+            f"metrics address {host}:{port} does not resolve ({exc.strerror}); choose another "
+            "with --metrics HOST:PORT or turn the endpoint off with --metrics off"
+        ) from exc
+    family, _, _, _, sockaddr = infos[0]
+    address = str(sockaddr[0])
+
+    class Server(_Server):
+        address_family = family
+
+    try:
+        server = Server((address, port), _QuietHandler)
+    except OSError as exc:
+        what = "is already in use" if exc.errno == errno.EADDRINUSE else f"failed: {exc.strerror}"
+        raise PortError(
+            f"metrics port {port} on {host} {what}; choose another with --metrics HOST:PORT "
+            "or turn the endpoint off with --metrics off"
+        ) from exc
+    server.set_app(_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="hopmeter-metrics", daemon=True)
+    thread.start()
+    return MetricsServer(host=host, port=server.server_address[1], _server=server, _thread=thread)

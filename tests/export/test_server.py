@@ -1,0 +1,170 @@
+"""Tests for hopmeter.export.server: /metrics and /healthz over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from hopmeter.errors import PortError, UsageError
+from hopmeter.export.prometheus import Metrics
+from hopmeter.export.server import WithoutCreated, serve
+from tests.export.test_prometheus import TRACE, flow_record
+
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+
+
+def _get(url: str, accept: str | None = None) -> tuple[int, str, str]:
+    """Status, content type and body of one GET."""
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.status, response.headers["Content-Type"], response.read().decode()
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    """Metrics on a fresh registry, with one flow and one segment's holds observed."""
+    metrics = Metrics(CollectorRegistry())
+    metrics.observe_flow(flow_record())
+    metrics.observe_holds("edge>origin", [0.001, 0.5], TRACE)
+    return metrics
+
+
+def test_serve_binds_loopback_and_answers_metrics_and_healthz(metrics: Metrics) -> None:
+    """serve() binds 127.0.0.1 by default and answers /metrics (both formats) and /healthz."""
+    server = serve(metrics, port=0)
+    try:
+        assert server.host == "127.0.0.1"
+        assert server.url == f"http://127.0.0.1:{server.port}/metrics"
+        base = f"http://127.0.0.1:{server.port}"
+        status, ctype, body = _get(f"{base}/healthz")
+        assert (status, body.strip()) == (200, "ok")
+        status, ctype, body = _get(f"{base}/metrics")
+        assert ctype.startswith("text/plain") and "hopmeter_flows_total" in body
+        assert "trace_id" not in body
+        status, ctype, body = _get(f"{base}/metrics", OPENMETRICS)
+        assert ctype.startswith("application/openmetrics-text")
+        assert f'trace_id="{TRACE}"' in body
+        assert body.endswith("# EOF\n")
+    finally:
+        server.close()
+
+
+def test_other_paths_are_not_found(metrics: Metrics) -> None:
+    """A path other than /metrics and /healthz is a 404 naming the two."""
+    server = serve(metrics, port=0)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            _get(f"http://127.0.0.1:{server.port}/")
+        assert info.value.code == 404
+        assert b"/metrics" in info.value.read()
+    finally:
+        server.close()
+
+
+def test_no_created_series(metrics: Metrics) -> None:
+    """No `_created` series is served, in either format (DESIGN.md §8)."""
+    assert "_created" in generate_latest(metrics.registry).decode()  # the registry has them
+    view = WithoutCreated(metrics.registry)
+    assert "_created" not in generate_latest(view).decode()
+    assert "_created" not in generate_openmetrics(view).decode()
+    server = serve(metrics, port=0)
+    try:
+        for accept in (None, OPENMETRICS):
+            body = _get(f"http://127.0.0.1:{server.port}/metrics", accept)[2]
+            assert "hopmeter_flows_total" in body and "_created" not in body
+    finally:
+        server.close()
+
+
+def test_the_view_keeps_every_other_sample(metrics: Metrics) -> None:
+    """Leaving out `_created` changes nothing else: same families, samples and exemplars."""
+    families = {f.name: f for f in metrics.registry.collect()}
+    shown = {f.name: f for f in WithoutCreated(metrics.registry).collect()}
+    assert shown.keys() == families.keys()
+    for name, family in families.items():
+        kept = [s for s in family.samples if not s.name.endswith("_created")]
+        assert shown[name].samples == kept, name
+        assert (shown[name].type, shown[name].documentation) == (family.type, family.documentation)
+    assert any(s.exemplar for f in shown.values() for s in f.samples)
+
+
+def test_name_filtering_still_works(metrics: Metrics) -> None:
+    """/metrics?name[]=... serves only the samples named, still without `_created`."""
+    server = serve(metrics, port=0)
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics?name[]=hopmeter_flows_total"
+        for accept in (None, OPENMETRICS):
+            body = _get(f"{url}&name[]=hopmeter_flows_created", accept)[2]
+            names = {line.split("{")[0] for line in body.splitlines() if line[:1] not in "#"}
+            assert names == {"hopmeter_flows_total"}, body
+    finally:
+        server.close()
+
+
+def test_gzip_is_served_when_asked_for(metrics: Metrics) -> None:
+    """A scraper that accepts gzip gets the same exposition compressed."""
+    server = serve(metrics, port=0)
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics", headers={"Accept-Encoding": "gzip"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            body = gzip.decompress(response.read()).decode()
+        assert body == generate_latest(WithoutCreated(metrics.registry)).decode()
+    finally:
+        server.close()
+
+
+def test_serve_accepts_a_bare_registry() -> None:
+    """serve() takes a registry as well as a Metrics."""
+    server = serve(CollectorRegistry(), "127.0.0.1", 0)
+    try:
+        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.close()
+
+
+def test_a_port_in_use_raises_port_error() -> None:
+    """Binding a taken port raises PortError (a UsageError) naming the port and the fix."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(PortError) as info:
+            serve(CollectorRegistry(), "127.0.0.1", port)
+    assert isinstance(info.value, UsageError)
+    message = str(info.value)
+    assert f"metrics port {port} on 127.0.0.1 is already in use" in message
+    assert "--metrics HOST:PORT" in message and "--metrics off" in message
+
+
+def test_an_address_that_does_not_resolve_raises_port_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host name that does not resolve raises PortError naming the address and the fix."""
+
+    def unknown(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    with pytest.raises(PortError) as info:
+        serve(CollectorRegistry(), "llm-metrics.internal", 9464)
+    message = str(info.value)
+    assert message.startswith("metrics address llm-metrics.internal:9464 does not resolve")
+    assert "--metrics HOST:PORT" in message and "--metrics off" in message
+
+
+def test_close_frees_the_port() -> None:
+    """After close() the same port can be served again."""
+    server = serve(CollectorRegistry(), port=0)
+    port = server.port
+    server.close()
+    again = serve(CollectorRegistry(), port=port)
+    again.close()
