@@ -333,7 +333,7 @@ STREAM_HEALTH = [
     ),
     Panel(
         "Findings by kind",
-        "Detector findings per interval, by kind (DESIGN.md §7).",
+        "Detector findings per interval, by kind (docs/design.md §7).",
         "short",
         [Target(f"sum by (kind) (increase({FINDINGS}{{{SEL_HA}}}[{RI}]))", "{{kind}}")],
     ),

@@ -334,7 +334,7 @@ def test_queries_use_only_exported_metrics(exported: set[str]) -> None:
         assert names, f"no hopmeter metric in {expr}"
         assert names <= exported, f"{names - exported} not exported (in {expr})"
         used |= names
-    # every family shows up somewhere (the dashboards cover the whole of DESIGN.md §8)
+    # every family shows up somewhere (the dashboards cover the whole of docs/design.md §8)
     families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in used}
     missing = {re.sub(r"_(bucket|count|sum)$", "", n) for n in exported} - families
     assert missing == set(), f"metrics on no dashboard: {missing}"

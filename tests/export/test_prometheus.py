@@ -33,7 +33,7 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def flow_record(**overrides: Any) -> dict[str, Any]:
-    """A finished OpenAI chat stream as the addon writes it (DESIGN.md §4)."""
+    """A finished OpenAI chat stream as the addon writes it (docs/design.md §4)."""
     record: dict[str, Any] = {
         "schema": "hopmeter.flow/1",
         "trace_id": TRACE,

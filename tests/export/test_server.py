@@ -68,7 +68,7 @@ def test_other_paths_are_not_found(metrics: Metrics) -> None:
 
 
 def test_no_created_series(metrics: Metrics) -> None:
-    """No `_created` series is served, in either format (DESIGN.md §8)."""
+    """No `_created` series is served, in either format (docs/design.md §8)."""
     assert "_created" in generate_latest(metrics.registry).decode()  # the registry has them
     view = WithoutCreated(metrics.registry)
     assert "_created" not in generate_latest(view).decode()

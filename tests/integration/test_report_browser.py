@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from hopmeter.export.records import read_records
 from hopmeter.report import command as report
-from hopmeter.report.join import read_records
 from tests.harness import chromium, nginx
 from tests.harness.chromium import Chromium
 from tests.report.records import EMOJI_CRLF, HELD, STALLED, demo_records, two_hop_records

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from hopmeter.errors import HopmeterError
+from hopmeter.export.records import read_records
 from hopmeter.report import command as report
-from hopmeter.report.join import read_records
 
 
 def _args(*argv: str) -> argparse.Namespace:

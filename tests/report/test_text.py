@@ -14,9 +14,9 @@ import pytest
 
 from hopmeter.core.figures import token_gaps, weighted_quantile
 from hopmeter.core.vocab import SEVERITY_ORDER
+from hopmeter.export.records import read_records
 from hopmeter.report import command as report
 from hopmeter.report.fleet import latency
-from hopmeter.report.join import read_records
 from hopmeter.report.text import clean, ms
 from tests.harness.procs import HOPMETER
 

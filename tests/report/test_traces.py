@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hopmeter.report.join import read_records
+from hopmeter.export.records import read_records
 from hopmeter.report.traces import build, group, severity, stall_threshold
 
 T0 = 1796000000.0

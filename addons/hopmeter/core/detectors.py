@@ -3,7 +3,7 @@
 Streaming faults never raise an error: a hop that forwards the body in one piece at the end has
 produced a correct HTTP response. These detectors read timing and content evidence instead. The
 "where to look first" table of the seed article "GPU to pixel" and the "five places a token can be
-held" of "Streaming responses and buffering" are their specification (DESIGN.md §7).
+held" of "Streaming responses and buffering" are their specification (docs/design.md §7).
 """
 
 from __future__ import annotations

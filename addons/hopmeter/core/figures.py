@@ -1,6 +1,6 @@
 """The figures users promise on, computed from a flow's event times and token counts.
 
-Definitions follow DESIGN.md §6 and the seed article "Streaming responses and buffering":
+Definitions follow docs/design.md §6 and the seed article "Streaming responses and buffering":
 inter-token latency is token-weighted (an event carrying k tokens after a gap g contributes k
 observations of g/k), stalls are gaps at or above a threshold, and the first *visible* token is told
 apart from the first byte and the first event.

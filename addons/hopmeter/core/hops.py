@@ -3,7 +3,7 @@
 Two flow records that share a trace id saw the same stream at two points of its path. Their events
 carry `content_offset` (visible characters so far), which is the same at both points whatever the
 framing, chunking or compression in between; aligning them by it gives, for every token, the time
-the segment between the two points held it: `hold = t_outer - t_inner` (DESIGN.md §5).
+the segment between the two points held it: `hold = t_outer - t_inner` (docs/design.md §5).
 
 The same function serves the live case (two listeners of one process, one wall clock) and
 `hopmeter join` on records from separate hosts, where the clocks may disagree: the skew between
@@ -92,7 +92,7 @@ class Segment:
     findings: tuple[dict[str, Any], ...]
 
     def as_dict(self) -> dict[str, Any]:
-        """The `hops` entry of the outer record (DESIGN.md §4)."""
+        """The `hops` entry of the outer record (docs/design.md §4)."""
         w = [1] * len(self.holds_s)
 
         def q(p: float) -> float | None:

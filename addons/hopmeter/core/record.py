@@ -1,4 +1,4 @@
-"""The flow record (DESIGN.md §4, schema "hopmeter.flow/1") and its one-line human summary."""
+"""The flow record (docs/design.md §4, schema "hopmeter.flow/1") and its one-line human summary."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Models go through an allow-list of family prefixes, paths through a table of known LLM routes,
 hop, segment and error-site names through a cap on how many distinct ones are kept, and values
-read from records through hopmeter's own vocabulary (DESIGN.md §8). Anything else is "other", so
-no traffic can grow the number of series. No exporter library is imported here: Prometheus and
-OpenTelemetry both read these tables.
+read from records through hopmeter's own vocabulary (docs/design.md §8). Anything else is
+"other", so no traffic can grow the number of series. No exporter library is imported here:
+Prometheus and OpenTelemetry both read these tables.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ GEN_AI_PROVIDERS = {
     "anthropic.messages": "anthropic",
     "gemini": "gcp.gemini",
 }
-# figures -> hopmeter.<name>: seconds, counts and the token source (DESIGN.md §4, §6).
+# figures -> hopmeter.<name>: seconds, counts and the token source (docs/design.md §4, §6).
 FIGURES = (
     "ttfb_s",
     "ttfe_s",
@@ -144,7 +144,7 @@ class OtelExporter:
         self.dropped = 0  # spans not queued because the queue was full
 
     def observe(self, result: Any) -> None:
-        """Export the span of one finished flow (`result.record`, DESIGN.md §4)."""
+        """Export the span of one finished flow (`result.record`, docs/design.md §4)."""
         if self._closed:
             return
         if not self._guard.reserve():

@@ -1,6 +1,6 @@
-"""Prometheus instruments: finished flow records in, histograms and counters out (DESIGN.md §8).
+"""Prometheus instruments: finished flow records in, histograms and counters out (design §8).
 
-`Metrics` observes each record (DESIGN.md §4) on a registry the caller passes in, never the
+`Metrics` observes each record (docs/design.md §4) on a registry the caller passes in, never the
 global one; hopmeter.export.server serves that registry. Label values come bounded from
 hopmeter.export.labels; trace ids travel as exemplars, never as labels. The token-weighted
 histograms are `WeightedHistogram`s: k observations per call, read by the registry as a custom
@@ -26,7 +26,6 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
-from hopmeter.errors import PortError
 from hopmeter.export.labels import (
     APIS,
     DEFAULT_MODEL_FAMILIES,
@@ -44,7 +43,7 @@ from hopmeter.export.labels import (
 
 # Tables read better as rows than as one item per line.
 # fmt: off
-# --- buckets (seconds unless named otherwise), DESIGN.md §8 ------------------------------------
+# --- buckets (seconds unless named otherwise), docs/design.md §8 -------------------------------
 # vLLM's TTFT list truncated at 160 s; its first 16 entries are OpenTelemetry GenAI's.
 FIRST_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
@@ -88,7 +87,7 @@ def _num(value: object) -> float | None:
 
 
 class Metrics:
-    """hopmeter's metrics on an explicit registry (DESIGN.md §8)."""
+    """hopmeter's metrics on an explicit registry (docs/design.md §8)."""
 
     def __init__(
         self,
@@ -215,7 +214,7 @@ class Metrics:
         gaps: Gaps | None = None,
         event_tokens: Sequence[int] | None = None,
     ) -> None:
-        """Observe one finished flow record (DESIGN.md §4).
+        """Observe one finished flow record (docs/design.md §4).
 
         `gaps` and `event_tokens` (the token-weighted gaps and the tokens of each event, as
         finish_flow computed them) spare reading them again from the record's events.
@@ -304,7 +303,7 @@ class Metrics:
         exemplar: dict[str, str] | None,
     ) -> None:
         # (time, tokens) of each event that carries tokens; the others are transparent
-        # (DESIGN.md §6). Records hopmeter writes take the comprehension; anything odd in a
+        # (docs/design.md §6). Records hopmeter writes take the comprehension; anything odd in a
         # record read from elsewhere, the careful loop.
         try:
             pts = [(float(t), k) for t, k, *_ in events if type(k) is int and k > 0 and t >= 0]
@@ -503,17 +502,3 @@ def exported_names(registry: CollectorRegistry) -> Iterator[str]:
     for family in registry.collect():
         for suffix in suffixes.get(family.type, ("",)):
             yield family.name + suffix
-
-
-# --- the names this module exported before the endpoint moved ---------------------------------
-# hopmeter.proxy.outputs still imports `serve` and `MetricsPortError` from here; they live in
-# hopmeter.export.server and hopmeter.errors (PortError) now. Remove this once it imports those.
-MetricsPortError = PortError
-
-
-def __getattr__(name: str) -> Any:
-    if name == "serve":  # looked up late: hopmeter.export.server imports this module
-        from hopmeter.export.server import serve  # noqa: PLC0415
-
-        return serve
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

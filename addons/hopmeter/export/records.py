@@ -1,9 +1,19 @@
-"""Where finished flow records go: a JSON-lines file, or stdout."""
+"""Flow records as JSON lines: written as flows finish (`RecordSink`), read back (`read_records`).
+
+A record is one line, flushed as it is written, so a reader (or a crash) loses nothing.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import BinaryIO
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from hopmeter.core.record import SCHEMA
+from hopmeter.errors import HopmeterError
 
 
 class RecordSink:
@@ -32,3 +42,21 @@ class RecordSink:
         finally:
             if self._owned:
                 self._stream.close()
+
+
+def read_records(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Every `hopmeter.flow/1` record in the given JSON-lines files ("-" = stdin)."""
+    for path in paths:
+        try:
+            data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        except OSError as exc:
+            raise HopmeterError(f"cannot read records from {path}: {exc.strerror}") from None
+        for n, line in enumerate(data.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                raise HopmeterError(f"{path}:{n} is not a JSON record") from None
+            if isinstance(rec, dict) and rec.get("schema") == SCHEMA:
+                yield rec

@@ -31,7 +31,7 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class WithoutCreated:
-    """A registry as /metrics shows it: every sample but the `_created` ones (DESIGN.md §8).
+    """A registry as /metrics shows it: every sample but the `_created` ones (docs/design.md §8).
 
     prometheus_client gives every counter and histogram label set a `_created` series, one more
     series each that nothing of hopmeter's reads. Its switch (an environment variable read at

@@ -28,8 +28,8 @@ from hopmeter.errors import DecodingError, StreamLimitError
 from hopmeter.upstream import formats
 from hopmeter.upstream.scenario import Scenario, apply
 
-# A token held longer than this on its way is a failure: the stall threshold (DESIGN.md §3), the
-# gap a reader notices. A streaming nginx holds ~0.2 ms (docs/nginx-holds.md).
+# A token held longer than this on its way is a failure: the stall threshold (docs/design.md §3),
+# the gap a reader notices. A streaming nginx holds ~0.2 ms (docs/nginx-holds.md).
 MAX_HOLD_S = 0.5
 # The scenario key asking the upstream to cut each event's write at random byte offsets (not yet
 # known to every upstream: the probe falls back to the fixed cut of `split_writes`).

@@ -15,12 +15,13 @@ from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.record import FlowResult
-from hopmeter.errors import OtelConfigError, UsageError
+from hopmeter.errors import OtelConfigError, PortError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.export.console import MODES as CONSOLE_MODES
 from hopmeter.export.console import Console
-from hopmeter.export.prometheus import Metrics, MetricsPortError, MetricsServer, new_registry, serve
+from hopmeter.export.prometheus import Metrics, new_registry
 from hopmeter.export.records import RecordSink
+from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import parse_hostport
@@ -193,7 +194,7 @@ class MetricsOutput(FlowObserver):
             )
         try:
             self.server = serve(self.metrics, host, port)
-        except MetricsPortError as exc:
+        except PortError as exc:
             raise exceptions.OptionsError(str(exc)) from None
 
     def done(self) -> None:

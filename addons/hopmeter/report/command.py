@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from hopmeter.errors import HopmeterError
+from hopmeter.export.records import read_records
 from hopmeter.report.fleet import summarise
 from hopmeter.report.html import render as render_html
-from hopmeter.report.join import read_records
 from hopmeter.report.text import render as render_text
 from hopmeter.report.traces import build, group, stall_threshold
 

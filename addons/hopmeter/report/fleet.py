@@ -1,8 +1,8 @@
 """The fleet summary: what every record says together, for the text and the HTML report alike.
 
 TTFB and TTFT quantiles are over flows (one value each); inter-token latency is pooled over every
-token of every flow, token-weighted as a flow's own figure is (DESIGN.md §6), so one long stream
-weighs more than one short one, as it does in the Prometheus histogram.
+token of every flow, token-weighted as a flow's own figure is (docs/design.md §6), so one long
+stream weighs more than one short one, as it does in the Prometheus histogram.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The inter-token gap histogram as inline SVG, one bar per hop in each bucket.
 
-Gaps are token-weighted (an event carrying k tokens after a gap g counts k gaps of g/k, DESIGN.md
-§6) and bucketed on the inter-token-latency grid of the Prometheus histogram (DESIGN.md §8), so the
-picture matches the dashboards. A buffering hop shows as a heap of sub-millisecond gaps (tokens
-released together) beside a few long ones; buckets at or above the stall threshold are orange.
+Gaps are token-weighted (an event carrying k tokens after a gap g counts k gaps of g/k,
+docs/design.md §6) and bucketed on the inter-token-latency grid of the Prometheus histogram
+(docs/design.md §8), so the picture matches the dashboards. A buffering hop shows as a heap of
+sub-millisecond gaps (tokens released together) beside a few long ones; buckets at or above the
+stall threshold are orange.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hopmeter.core.figures import token_gaps
 from hopmeter.report.text import clean
 from hopmeter.report.traces import Lane
 
-# DESIGN.md §8, inter-token latency buckets (upper bounds, seconds); one more bucket above the last.
+# docs/design.md §8, inter-token latency buckets (upper bounds, seconds); one more above the last.
 BOUNDS_S = (
     *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75),
     *(1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),

@@ -10,32 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
 from hopmeter.core.hops import chain
-from hopmeter.errors import HopmeterError
-
-
-def read_records(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Every `hopmeter.flow/1` record in the given JSON-lines files ("-" = stdin)."""
-    for path in paths:
-        try:
-            data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-        except OSError as exc:
-            raise HopmeterError(f"cannot read records from {path}: {exc.strerror}") from None
-        for n, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise HopmeterError(f"{path}:{n} is not a JSON record") from None
-            if isinstance(rec, dict) and rec.get("schema") == "hopmeter.flow/1":
-                yield rec
+from hopmeter.export.records import read_records
 
 
 def join(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

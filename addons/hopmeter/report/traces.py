@@ -4,7 +4,7 @@ A trace is every record that shares a trace id: the same stream seen at one or m
 are ordered outermost first (the hop whose request started first is nearest the client). Between
 two neighbouring lanes lies a segment; aligning the two records' events by `content_offset` gives,
 for each token event, when the inner hop saw it and when the outer hop did: the run between is the
-time the segment held it (DESIGN.md §5). Inside one lane, a gap between tokens at or above the
+time the segment held it (docs/design.md §5). Inside one lane, a gap between tokens at or above the
 stall threshold is a run too: the token was held somewhere before this hop.
 
 Times here are seconds since the trace's origin (the outermost request start), on the outermost
@@ -25,7 +25,7 @@ from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, Severity
 
 Record = Mapping[str, Any]
 
-# The stall threshold when no record says which one it was measured with (DESIGN.md §3 default).
+# The stall threshold when no record says which one it was measured with (docs/design.md §3).
 DEFAULT_STALL_THRESHOLD_S = 0.5
 # A segment finding names no severity; a hold it introduced is as bad as the flow's own.
 SEGMENT_SEVERITY: Mapping[str, Severity] = {
