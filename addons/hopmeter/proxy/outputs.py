@@ -91,9 +91,13 @@ class RecordsOutput(FlowObserver):
 
     def _close(self) -> None:
         self.meter.remove_observer(self)
-        if self.sink is not None:
-            self.sink.close()
-            self.sink = None
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            try:
+                sink.close()
+            except OSError as exc:  # the last lines were still buffered: a full disk, say
+                self.lost += 1
+                log.error("hopmeter: ERROR closing the records file", error=str(exc))
 
 
 class ConsoleOutput(FlowObserver):
@@ -198,6 +202,7 @@ class MetricsOutput(FlowObserver):
             raise exceptions.OptionsError(str(exc)) from None
 
     def done(self) -> None:
+        self.meter.remove_observer(self)
         self._stop()
 
     def _stop(self) -> None:
