@@ -15,8 +15,8 @@ headers only with the first event; it renames every upstream response header `ll
 and forwards no client `x-*` header (nor `traceparent`) unless told to.
 
 Starting it costs 13-60 s (importing its proxy server alone takes ~12 s), so tests share one per
-session (tests/integration/conftest.py). It needs a master key (it refuses to start without one,
-and refuses the well-known sk-1234), reads its cost map from the wheel
+session: the `litellm_gateway` fixture in tests/conftest.py. It needs a master key (it refuses to
+start without one, and refuses the well-known sk-1234), reads its cost map from the wheel
 (LITELLM_LOCAL_MODEL_COST_MAP: no outbound connection), and its first request after start is slow
 and bursty (~0.7 s on the request path, then a burst): `start()` sends warm-up requests before it
 returns, so no test measures the cold path by accident.
@@ -186,3 +186,20 @@ class LiteLLM:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """The running gateway and the hopmeter upstream behind it.
+
+    Routes: `demo` as LiteLLM ships (client x-* headers dropped: the upstream plays its default
+    script) and `demo-fwd`, which forwards them (X-Hopmeter-Scenario reaches the upstream).
+    """
+
+    litellm: LiteLLM
+    upstream_port: int
+
+    @property
+    def upstream_url(self) -> str:
+        """The hopmeter upstream's own address (its send log is at /_hopmeter/sends/ID)."""
+        return f"http://127.0.0.1:{self.upstream_port}"

@@ -18,7 +18,7 @@ import pytest
 
 from hopmeter.errors import HopmeterError
 from hopmeter.probe import command as probe
-from tests.integration.conftest import Gateway
+from tests.harness.litellm import Gateway
 
 pytestmark = pytest.mark.integration
 SHORT = ["--tokens", "20", "--rate", "20"]  # a 1 s canary, long enough to see a hold

@@ -190,7 +190,7 @@ class UpstreamServer:
             return True
         else:
             plan, ctype = _plan(api, s, model, doc, req.path)
-        return await self._stream(w, s, plan, ctype, log, _own_headers(req, rid))
+        return await self._stream(w, s, plan, ctype, log, own=_own_headers(req, rid))
 
     async def _stream(
         self,
@@ -199,6 +199,7 @@ class UpstreamServer:
         plan: list[formats.Planned],
         ctype: str,
         log: SendLog,
+        *,
         own: dict[str, str],
     ) -> bool:
         headers = {"content-type": ctype, **own}

@@ -1,4 +1,4 @@
-"""What integration tests share across files: one LiteLLM gateway per session.
+"""What tests share across files: one LiteLLM gateway per session.
 
 LiteLLM costs 13-60 s to start (tests/harness/litellm.py), so the session starts it once, the
 first time a test asks for it, in front of one `hopmeter upstream`.
@@ -7,30 +7,12 @@ first time a test asks for it, in front of one `hopmeter upstream`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from tests.harness import litellm
-from tests.harness.litellm import LiteLLM, Route
+from tests.harness.litellm import Gateway, LiteLLM, Route
 from tests.harness.procs import free_port, hopmeter
-
-
-@dataclass(frozen=True, slots=True)
-class Gateway:
-    """The running gateway and the hopmeter upstream behind it.
-
-    Routes: `demo` as LiteLLM ships (client x-* headers dropped: the upstream plays its default
-    script) and `demo-fwd`, which forwards them (X-Hopmeter-Scenario reaches the upstream).
-    """
-
-    litellm: LiteLLM
-    upstream_port: int
-
-    @property
-    def upstream_url(self) -> str:
-        """The hopmeter upstream's own address (its send log is at /_hopmeter/sends/ID)."""
-        return f"http://127.0.0.1:{self.upstream_port}"
 
 
 @pytest.fixture(scope="session")
