@@ -12,7 +12,8 @@ Loaded with the other addons (`mitmweb -s "$(hopmeter --addon-path)"`), `HopView
   not kept and no view could show it.
 
 In `hopmeter run` and a plain mitmdump it does nothing per flow (no UI, no cost), unless mitmdump
-saves flows (`-w`): then the record is kept in each saved flow, for mitmweb to show later.
+saves flows (`-w`): then each saved flow keeps its record and its streamed body, for mitmweb to
+show later.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ STREAM_TYPES = frozenset(
 AUTO_PRIORITY = 2.0
 # Options that exist only in mitmweb and in the console: their presence says a person is looking.
 INTERACTIVE_OPTIONS = ("web_port", "console_layout")
+
+
+def _saving() -> bool:
+    """Whether flows are written to a file as they finish (`mitmdump -w`)."""
+    return bool(getattr(ctx.options, "save_stream_file", None))
 
 
 def record_of(f: flow.Flow | None) -> dict[str, Any] | None:
@@ -153,7 +159,7 @@ class HopView(FlowObserver):
     def running(self) -> None:
         self.interactive = any(hasattr(ctx.options, name) for name in INTERACTIVE_OPTIONS)
         keeps = getattr(ctx.options, "store_streamed_bodies", None)  # the proxy server's option
-        if self.interactive and keeps is False:
+        if (self.interactive or _saving()) and keeps is False:
             # hopmeter streams every body, and mitmproxy keeps a streamed body only when told:
             # without this, mitmweb shows "Content is missing." and no view can render
             ctx.options.update(store_streamed_bodies=True)
@@ -166,8 +172,7 @@ class HopView(FlowObserver):
 
     def _activate(self) -> None:
         """Listen to the meter only where someone will look: an interface, or saved flows."""
-        saving = bool(getattr(ctx.options, "save_stream_file", None))
-        self.active = self.interactive or saving
+        self.active = self.interactive or _saving()
         if self.active:
             self.meter.add_flow_listener(self.recorded)
             self.meter.add_observer(self)
