@@ -109,7 +109,9 @@ def test_a_stall_is_marked_on_its_row_and_found() -> None:
     rec = measure(chunks)
     text = timeline.render(body(chunks), rec, content_type="text/event-stream")
     assert text.splitlines()[1].startswith("▲ TTFT") and text.splitlines()[1].endswith("stall")
-    assert "  ▲ stall (warning): stalls=1" in text and "fix: A gap above the stall" in text
+    (found,) = [line for line in text.splitlines() if line.startswith("  ▲ stall (warning): ")]
+    assert found.endswith("max_gap_s=0.8 stalls=1 threshold_s=0.5")  # evidence sorted by name
+    assert "fix: A gap above the stall" in text
     stalled = [row for row in rows(text) if "STALL" in row]
     assert len(stalled) == 1 and '" friend"' in stalled[0] and "◀ ▲ STALL 0.800 s" in stalled[0]
     assert "█" * timeline.BAR_CELLS in stalled[0]
