@@ -116,17 +116,6 @@ def test_without_a_ui_nothing_happens_per_flow(dump: Ui) -> None:
     assert dump.meter.flow_listeners == [] and dump.view not in dump.meter.observers
 
 
-def test_mitmdump_saving_flows_keeps_the_record_without_marking(dump: Ui) -> None:
-    """With save_stream_file set (mitmdump -w), the saved flows carry their records and bodies."""
-    dump.tctx.options.add_option("save_stream_file", str | None, None, "the Save addon's")
-    dump.tctx.options.update(save_stream_file="flows.mitm")
-    dump.view.running()
-    f = streamed(dump)
-    assert record_of(f) is not None and not f.marked and not f.comment
-    assert dump.tctx.options.store_streamed_bodies  # the saved flows keep their bodies too
-    assert dump.updates.flows == []
-
-
 def test_a_users_mark_and_comment_are_kept(web: Ui) -> None:
     """A mark or comment set before the record arrives is not overwritten."""
     f = tflow.tflow(resp=True)

@@ -11,9 +11,9 @@ Loaded with the other addons (`mitmweb -s "$(hopmeter --addon-path)"`), `HopView
 - turns on `store_streamed_bodies` in mitmweb and the console, where a streamed body is otherwise
   not kept and no view could show it.
 
-In `hopmeter run` and a plain mitmdump it does nothing per flow (no UI, no cost), unless mitmdump
-saves flows (`-w`): then each saved flow keeps its record and its streamed body, for mitmweb to
-show later.
+In `hopmeter run` and a plain mitmdump it does nothing per flow: no UI, no cost. (`mitmdump -w`
+would not keep the record anyway: mitmproxy writes a flow to the file in its `response` hook, and
+the record is built just after it.)
 """
 
 from __future__ import annotations
@@ -55,11 +55,6 @@ STREAM_TYPES = frozenset(
 AUTO_PRIORITY = 2.0
 # Options that exist only in mitmweb and in the console: their presence says a person is looking.
 INTERACTIVE_OPTIONS = ("web_port", "console_layout")
-
-
-def _saving() -> bool:
-    """Whether flows are written to a file as they finish (`mitmdump -w`)."""
-    return bool(getattr(ctx.options, "save_stream_file", None))
 
 
 def record_of(f: flow.Flow | None) -> dict[str, Any] | None:
@@ -135,7 +130,6 @@ class HopView(FlowObserver):
 
     def __init__(self, meter: HopMeter) -> None:
         self.meter = meter
-        self.active = False
         self.interactive = False
         # flows whose record may still gain hops from pairing, by flow id
         self.flows: weakref.WeakValueDictionary[str, http.HTTPFlow] = weakref.WeakValueDictionary()
@@ -152,33 +146,21 @@ class HopView(FlowObserver):
         contentviews.add(HopmeterContentview(self.meter))
         contentviews.add(HopmeterRecordContentview())
 
-    def configure(self, updated: set[str]) -> None:
-        if "save_stream_file" in updated or "hopmeter_mark" in updated:
-            self._activate()
-
     def running(self) -> None:
         self.interactive = any(hasattr(ctx.options, name) for name in INTERACTIVE_OPTIONS)
         keeps = getattr(ctx.options, "store_streamed_bodies", None)  # the proxy server's option
-        if (self.interactive or _saving()) and keeps is False:
+        if self.interactive and keeps is False:
             # hopmeter streams every body, and mitmproxy keeps a streamed body only when told:
             # without this, mitmweb shows "Content is missing." and no view can render
             ctx.options.update(store_streamed_bodies=True)
             log.info("hopmeter: store_streamed_bodies turned on, so streamed bodies can be shown")
-        self._activate()
+        if self.interactive:  # elsewhere nobody looks at flows: no listener, no cost per flow
+            self.meter.add_flow_listener(self.recorded)
+            self.meter.add_observer(self)
 
     def done(self) -> None:
         self.meter.remove_flow_listener(self.recorded)
         self.meter.remove_observer(self)
-
-    def _activate(self) -> None:
-        """Listen to the meter only where someone will look: an interface, or saved flows."""
-        self.active = self.interactive or _saving()
-        if self.active:
-            self.meter.add_flow_listener(self.recorded)
-            self.meter.add_observer(self)
-        else:
-            self.meter.remove_flow_listener(self.recorded)
-            self.meter.remove_observer(self)
 
     # -- the meter's callbacks -----------------------------------------------------------------
     def recorded(self, f: http.HTTPFlow, result: FlowResult) -> None:
@@ -196,15 +178,14 @@ class HopView(FlowObserver):
     def _show(self, f: http.HTTPFlow, record: Mapping[str, Any]) -> None:
         before = record_of(f)
         f.metadata[META_KEY] = json_safe(record)
-        if self.interactive and ctx.options.hopmeter_mark and timeline.measured(record):
+        if ctx.options.hopmeter_mark and timeline.measured(record):
             mine = before is not None and timeline.measured(before)
             if not f.marked or (mine and f.marked in (*MARKS.values(), UNMEASURED_MARK)):
                 figures = record.get("figures")
                 f.marked = MARKS[timeline.worst_severity(record)] if figures else UNMEASURED_MARK
             if not f.comment or (mine and f.comment == timeline.verdict(before or {})):
                 f.comment = timeline.verdict(record)
-        if self.interactive:
-            ctx.master.addons.trigger(hooks.UpdateHook([f]))
+        ctx.master.addons.trigger(hooks.UpdateHook([f]))  # mitmweb and the console redraw it
 
     # -- commands ------------------------------------------------------------------------------
     @command.command("hopmeter.report")
