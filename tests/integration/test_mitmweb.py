@@ -200,3 +200,15 @@ def test_screenshot_of_the_view_in_chromium(captured: Captured, tmp_path: Path) 
     )
     assert sum(c.startswith("TTFT ") for c in seen["comments"]) == 3
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_measured_flow_can_be_edited_and_duplicated_in_the_ui(captured: Captured) -> None:
+    """Editing a comment and duplicating a flow work (live state never sits in the flow), and a
+    comment edited by hand survives."""
+    api = captured.web.api
+    clean = captured.flows["clean"]["id"]
+    assert api.request("PUT", f"/flows/{clean}", {"comment": "looked at it"}).status_code == 200
+    assert api.request("POST", f"/flows/{clean}/duplicate").status_code == 200
+    flows = api.flows()
+    assert len(flows) == len(STREAMS) + 1
+    assert next(f for f in flows if f["id"] == clean)["comment"] == "looked at it"
