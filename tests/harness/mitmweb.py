@@ -25,8 +25,6 @@ from tests.harness.procs import Proc, free_port
 
 MITMWEB = str(Path(sys.executable).with_name("mitmweb"))
 START_TIMEOUT_S = 60.0  # mitmweb starts in ~3 s here; generous for a loaded CI box
-# The flow list's columns, with the comment column where hopmeter's verdict shows.
-COLUMNS = ("tls", "icon", "path", "method", "status", "size", "time", "comment")
 # mitmweb 12.3.1's packaged index.html links a stylesheet it does not serve: its own console
 # error on every page load, nothing to do with hopmeter.
 KNOWN_CONSOLE_ERROR_PATH = "/src/css/vendor.less"
@@ -102,7 +100,6 @@ class MitmWeb:
             *("-s", str(addon_path())),
             *("--set", f"web_password={self.password}", "--set", f"confdir={tmp / 'mitm'}"),
             *("--set", "hopmeter_metrics=off", "--set", "hopmeter_console=off"),
-            *(arg for column in COLUMNS for arg in ("--set", f"web_columns={column}")),
             *args,
         ]
         self.log = tmp / f"{name}.log"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io as stdio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,9 @@ def _context(interactive: bool) -> Iterator[Ui]:
     with taddons.context(meter, view, updates) as tctx:
         # declared by mitmproxy's proxy server addon, which the test context does not load
         tctx.options.add_option("store_streamed_bodies", bool, False, "keep streamed bodies")
-        if interactive:  # the option mitmweb's own addon declares
+        if interactive:  # the options mitmweb's own addon declares
             tctx.options.add_option("web_port", int, 8081, "mitmweb's port")
+            tctx.options.add_option("web_columns", Sequence[str], ["path", "size"], "columns")
         tctx.configure(meter, hopmeter_hop="edge")
         view.running()
         yield Ui(tctx, meter, view, updates)
@@ -106,6 +107,14 @@ def test_store_streamed_bodies_is_turned_on_in_a_ui_only(web: Ui, dump: Ui) -> N
     """mitmweb and the console keep streamed bodies; `hopmeter run` and mitmdump do not."""
     assert web.tctx.options.store_streamed_bodies
     assert not dump.tctx.options.store_streamed_bodies
+
+
+def test_the_comment_column_is_added_unless_columns_were_chosen(web: Ui) -> None:
+    """mitmweb's default columns gain the comment; columns a user chose are left as they are."""
+    assert web.tctx.options.web_columns == ["path", "size", "comment"]
+    web.tctx.options.update(web_columns=["path"])
+    web.view.running()
+    assert web.tctx.options.web_columns == ["path"]
 
 
 def test_without_a_ui_nothing_happens_per_flow(dump: Ui) -> None:

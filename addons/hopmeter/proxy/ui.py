@@ -9,7 +9,8 @@ Loaded with the other addons (`mitmweb -s "$(hopmeter --addon-path)"`), `HopView
   automatically for event streams) and "hopmeter-record" (the record as JSON, to copy);
 - adds the commands hopmeter.report, hopmeter.record and hopmeter.record.clip;
 - turns on `store_streamed_bodies` in mitmweb and the console, where a streamed body is otherwise
-  not kept and no view could show it.
+  not kept and no view could show it, and adds the comment column to mitmweb's flow list when
+  the user has not chosen its columns.
 
 In `hopmeter run` and a plain mitmdump it does nothing per flow: no UI, no cost. (`mitmdump -w`
 would not keep the record anyway: mitmproxy writes a flow to the file in its `response` hook, and
@@ -154,6 +155,10 @@ class HopView(FlowObserver):
             # without this, mitmweb shows "Content is missing." and no view can render
             ctx.options.update(store_streamed_bodies=True)
             log.info("hopmeter: store_streamed_bodies turned on, so streamed bodies can be shown")
+        columns = getattr(ctx.options, "web_columns", None)
+        if columns is not None and not ctx.options.has_changed("web_columns"):
+            # mitmweb's default flow list has no comment column: add it, where the verdict shows
+            ctx.options.update(web_columns=[*columns, "comment"])
         if self.interactive:  # elsewhere nobody looks at flows: no listener, no cost per flow
             self.meter.add_flow_listener(self.recorded)
             self.meter.add_observer(self)
