@@ -132,7 +132,8 @@ class HopView(FlowObserver):
     def __init__(self, meter: HopMeter) -> None:
         self.meter = meter
         self.interactive = False
-        # flows whose record may still gain hops from pairing, by flow id
+        # flows whose record may still gain hops from pairing, by flow id; weak references, so
+        # bounded by the flows mitmproxy itself keeps, and each is dropped when pairing emits it
         self.flows: weakref.WeakValueDictionary[str, http.HTTPFlow] = weakref.WeakValueDictionary()
 
     def load(self, loader: Loader) -> None:
