@@ -21,17 +21,24 @@ from hopmeter.proxy.runner import (
     drop_legacy_log_events,
     quiet_mitmproxy_logs,
 )
+from hopmeter.proxy.ui import HopView
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
 DONE = b"data: [DONE]\n\n"
 
 
 def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
-    """The list is the HopMeter addon, then metrics, records, console and spans, each observing
-    that same HopMeter; nothing that changes the whole process is in it."""
+    """The list is the HopMeter addon, then metrics, records, console, spans and what mitmweb
+    shows, each observing that same HopMeter; nothing that changes the whole process is in it."""
     meter, *outputs = default_addons()
     assert type(meter) is HopMeter
-    assert [type(o) for o in outputs] == [MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput]
+    assert [type(o) for o in outputs] == [
+        MetricsOutput,
+        RecordsOutput,
+        ConsoleOutput,
+        OtelOutput,
+        HopView,
+    ]
     assert all(o.meter is meter for o in outputs)
     assert not any(isinstance(a, FreezeAtStart) for a in [meter, *outputs])
 
@@ -40,7 +47,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
     """Loaded together and configured, each output that has somewhere to write observes the
     meter, and one streamed flow reaches the records file and the metrics."""
     addons = default_addons()
-    meter, metrics, records, console, _otel = addons
+    meter, metrics, records, console, _otel, _view = addons
     path = tmp_path / "records.jsonl"
     with taddons.context(*addons) as tctx:
         tctx.options.update(

@@ -93,3 +93,11 @@ class FindingKind(StrEnum):
     STALL = "stall"
     SLOW_FIRST_TOKEN = "slow_first_token"
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
+
+
+class ProbeCheck(StrEnum):
+    """How strictly `hopmeter probe` could judge a reply (the `check` of each probe stream)."""
+
+    BYTES = "bytes"  # a hopmeter upstream played the canary: every byte, event and hold checked
+    TEXT = "text"  # ... behind a gateway that re-frames events: text and holds, not bytes
+    TIMING = "timing"  # the origin does not play the canary: the detectors on timing alone

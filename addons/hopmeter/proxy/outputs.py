@@ -24,7 +24,7 @@ from hopmeter.export.records import RecordSink
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
-from hopmeter.proxy.config import parse_hostport
+from hopmeter.proxy.config import parse_hostport, parse_seconds
 
 if TYPE_CHECKING:
     from hopmeter.export.otel import OtelExporter
@@ -118,9 +118,9 @@ class ConsoleOutput(FlowObserver):
         )
         loader.add_option(
             "hopmeter_summary_interval",
-            float,
-            60.0,
-            "Seconds between compact console summaries (0 = none).",
+            str,  # seconds as text: mitmproxy's --set cannot set a float option
+            "60",
+            "Seconds between compact console summaries (0 = none; e.g. 60 or 500ms).",
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -131,9 +131,12 @@ class ConsoleOutput(FlowObserver):
             raise exceptions.OptionsError(
                 f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
             )
-        interval_s = ctx.options.hopmeter_summary_interval
-        if interval_s < 0:
-            raise exceptions.OptionsError("hopmeter_summary_interval must be 0 or more seconds")
+        try:
+            interval_s = parse_seconds(
+                ctx.options.hopmeter_summary_interval, "hopmeter_summary_interval", zero_ok=True
+            )
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         running = self.console is not None and self.console.started
         self._stop()
         self.console = Console(mode, interval_s)

@@ -18,13 +18,15 @@ from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
+from hopmeter.proxy.ui import HopView
 
 
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
-    the measuring addon, then the outputs that observe it."""
+    the measuring addon, then the outputs that observe it, then what mitmweb and the console
+    show (idle elsewhere)."""
     meter = HopMeter()
-    outputs = (MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput)
+    outputs = (MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput, HopView)
     return [meter, *(output(meter) for output in outputs)]
 
 
@@ -62,7 +64,7 @@ async def run_proxy(
             hopmeter_listeners=cfg.listener_names,
             hopmeter_records=cfg.records,
             hopmeter_metrics=cfg.metrics,
-            hopmeter_stall_threshold=cfg.stall_threshold_s,
+            hopmeter_stall_threshold=repr(cfg.stall_threshold_s),
             hopmeter_tokenizer=cfg.tokenizer,
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
@@ -70,7 +72,7 @@ async def run_proxy(
             hopmeter_chaos=cfg.chaos,
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
-            hopmeter_summary_interval=cfg.summary_interval_s,
+            hopmeter_summary_interval=repr(cfg.summary_interval_s),
         )
         if cfg.extra:
             opts.set(*cfg.extra)
