@@ -76,10 +76,11 @@ def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Pat
         proxy, records, port = path.proxy, path.records, path.port
         if shutil.which("ss"):  # both workers listen, each with the deep accept queue
             # the first worker's listener answers before the second's is up: wait for both
-            backlogs = wait_for(
-                lambda: (b := listen_backlogs(port)) if len(b) == 2 else None,
-                what="both workers listening",
-            )
+            def both() -> list[int] | None:
+                backlogs = listen_backlogs(port)
+                return backlogs if len(backlogs) == 2 else None
+
+            backlogs = wait_for(both, what="both workers listening")
             assert backlogs == [expected_backlog()] * 2
         for _ in range(FLOWS):
             r = httpx.post(
