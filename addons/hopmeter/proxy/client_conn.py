@@ -18,6 +18,7 @@ escape: mitmproxy catches an exception there and skips the rest of that event's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import math
 import socket
@@ -285,13 +286,19 @@ class ConnTracker:
             self.broken = why
 
     def fail(self, where: str, exc: BaseException) -> None:
-        """A bug in following: give the transport its own write and close back, and say so."""
-        try:
+        """A bug in following: give the transport its own write and close back, and say so.
+
+        Called from inside mitmproxy's write and close, so nothing here may raise either.
+        """
+        with contextlib.suppress(Exception):
             d = self.transport.__dict__
             d.pop("write", None)
             d.pop("close", None)
-            self.give_up(f"following the client's bytes failed ({where})", self.last_poll)
-        finally:
+        if self.broken is None:
+            self.broken = f"following the client's bytes failed ({where})"
+        with contextlib.suppress(Exception):
+            self.ledger.give_up(self.broken, self.last_poll)
+        with contextlib.suppress(Exception):
             self.on_fail("delivery", exc)
 
     def _user_bytes(self) -> int:
