@@ -194,8 +194,8 @@ class ConnTracker:
                 now = _monotonic()
                 buf = self._buf
                 buffered = bool(buf) if buf is not None else self._user_bytes() > 0
-                if led.wrote(len(data), now, buffered):
-                    self.want(self, now, buffered)
+                if led.wrote(len(data), now, buffered) and (buffered or not self.active):
+                    self.want(self, now, buffered)  # a look soon; already due otherwise
             if led.held:
                 self._released(_monotonic())
         except Exception as exc:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from mitmproxy import http
 
 from hopmeter.core.delivery import DeliverySeen
-from hopmeter.core.ledger import FlowChunks
+from hopmeter.core.ledger import GONE, NO_WRITE, FlowChunks
 from hopmeter.core.meter import MAX_CHUNKS
 from hopmeter.proxy.client_conn import (
     POLL_FAST_S,
@@ -134,8 +134,11 @@ class FlowOut:
         c = [n, now, -1, None, None, None, None, None, False, 0]  # core.ledger.new_chunk
         self.chunks.live.append(c)
         try:  # free unless it raises; it runs inside the stream callable, so nothing may escape
-            if self.sid is None:
-                conn.ledger.arm(c)
+            if self.sid is None:  # Ledger.arm, inlined: this runs once per chunk of every stream
+                led = conn.ledger
+                if led.armed is not None:
+                    led.armed[GONE] = NO_WRITE
+                led.armed = c
             else:
                 conn.h2_chunk(c, self.sid)
         except Exception as exc:
