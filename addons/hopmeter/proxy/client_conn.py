@@ -33,7 +33,7 @@ from typing import Any
 
 from mitmproxy import ctx, http, version
 
-from hopmeter.core.ledger import GONE, Ledger, N
+from hopmeter.core.ledger import GONE, T_IN, Ledger, N
 
 # Linux ioctls on a TCP socket (include/uapi/linux/sockios.h): bytes in the send queue that the
 # peer has not acknowledged (SIOCOUTQ, = TIOCOUTQ), and those not yet sent at all (SIOCOUTQNSD).
@@ -165,6 +165,7 @@ class ConnTracker:
         self.ledger = Ledger()
         self.h2conn = h2conn
         self.handed: dict[int, int] = {}  # HTTP/2 stream id -> bytes returned by its callable
+        self._buffer_looks: dict[int, tuple[int, int]] = {}  # stream id -> (pieces, first's id)
         self.want = want  # the poller: look at this connection soon
         self.on_fail = on_fail
         self.outs: list[Any] = []  # FlowOuts of this connection not yet summarised
@@ -233,22 +234,36 @@ class ConnTracker:
             return
         led.hold(c, sid, handed)
         if c[GONE] is None:
-            self.want(self, c[1], False)
+            self.want(self, c[T_IN], False)
 
     def _released(self, now: float) -> None:
-        """After a write: which held chunks did mitmproxy's stream buffers release into it?"""
+        """After a write: which held chunks did mitmproxy's stream buffers release into it?
+
+        A buffer that still has as many pieces, the same one first, released nothing: only a
+        changed buffer is summed (it can hold hundreds of pieces behind a slow reader, and this
+        runs on every write of the connection while something is held).
+        """
         h2c = self.h2conn
         buffers = h2c.stream_buffers
         led = self.ledger
+        looked = self._buffer_looks
         for sid in list(led.held):
-            if sid not in buffers and _stream_reset(h2c, sid):
+            pieces = buffers.get(sid)
+            if pieces is None and _stream_reset(h2c, sid):
                 # a reset drops the buffer unsent (BufferedH2Connection.reset_stream): never
                 # infer "sent" from an empty buffer without knowing how the stream closed
                 led.drop_stream(sid, "the HTTP/2 stream was reset with bytes held", now)
+                looked.pop(sid, None)
                 continue
-            queued = sum(len(piece.data) for piece in buffers.get(sid, ()))
+            look = (len(pieces), id(pieces[0])) if pieces else (0, 0)
+            if looked.get(sid) == look:
+                continue
+            looked[sid] = look
+            queued = sum(len(piece.data) for piece in pieces) if pieces else 0
             if led.release(sid, self.handed.get(sid, 0) - queued, now):
                 self.want(self, now, True)
+            if sid not in led.held:
+                looked.pop(sid, None)
 
     def stream_queued(self, sid: int) -> int:
         """Bytes of stream `sid` in mitmproxy's HTTP/2 stream buffer."""
