@@ -147,7 +147,7 @@ def rwnd_limited_us(sock: Sock) -> int | None:
 class ConnTracker:
     """One client connection: its transport's write and close wrapped, its chunks followed.
 
-    `poll` is called by hopmeter.proxy.delivery.Poller; everything else by mitmproxy's own calls.
+    `poll` is called by hopmeter.proxy.delivery.Delivery (the poller); the rest by mitmproxy.
     """
 
     def __init__(
