@@ -121,6 +121,8 @@ TTFB = "hopmeter_time_to_first_byte_seconds"
 TTFE = "hopmeter_time_to_first_event_seconds"
 ITL = "hopmeter_inter_token_latency_seconds"
 HOLD = "hopmeter_hold_seconds"
+OWN_HOLD = "hopmeter_own_hold_seconds"
+CLIENT_WAIT = "hopmeter_client_wait_seconds"
 FLOWS = "hopmeter_flows_total"
 FINDINGS = "hopmeter_findings_total"
 BYTES = "hopmeter_bytes_total"
@@ -222,6 +224,7 @@ OVERVIEW = [
 
 WHOLE_BODY = f'kind="whole_body_hold", {SEL_HA}'
 HOLDING_KINDS = 'kind=~"whole_body_hold|burst_gaps|compression_on_stream|buffering_headers"'
+DELIVERY_KINDS = 'kind=~"slow_client|proxy_hold"'
 SEG = 'segment=~"$segment"'
 
 HOPS = [
@@ -264,6 +267,34 @@ HOPS = [
         "Per-token holds of the selected segments over time; a band at seconds is a buffering hop.",
         HOLD,
         SEG,
+    ),
+    Panel(
+        "Each hop's own hold per token",
+        "How long a hop's own process held each token: from reading it to handing it to the "
+        "client's socket. A tenth of a millisecond is mitmproxy and hopmeter at work; "
+        "milliseconds and up are a busy or starved proxy (proxy_hold).",
+        "s",
+        p50_p99(OWN_HOLD),
+    ),
+    Panel(
+        "Client wait per flow by hop",
+        "How long each flow's bytes waited on the client to take them (its reads, its receive "
+        "buffer, its HTTP/2 window). High here with a low own hold: the client set the pace, "
+        "not the path.",
+        "s",
+        p50_p99(CLIENT_WAIT),
+    ),
+    Panel(
+        "Slow clients and proxy holds by hop",
+        "Flows per interval where the client set the pace (slow_client) or the hop's own "
+        "process held bytes (proxy_hold).",
+        "short",
+        [
+            Target(
+                f"sum by (kind, hop) (increase({FINDINGS}{{{DELIVERY_KINDS}, {SEL_HA}}}[{RI}]))",
+                "{{kind}} at {{hop}}",
+            )
+        ],
     ),
     Panel(
         "Time to first token, p99 by hop",
@@ -587,7 +618,8 @@ def dashboards() -> dict[str, dict[str, Any]]:
         "hopmeter-hops.json": dashboard(
             "hopmeter-hops",
             "hopmeter / Hops",
-            "How long each segment between two listeners holds each token.",
+            "How long each segment between two listeners holds each token, each hop's own hold, "
+            "and how long clients kept the bytes waiting.",
             HOPS,
             [segment, *flow_variables()],
         ),

@@ -520,3 +520,23 @@ def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
     for key, v in a.items():
         assert b[key] == pytest.approx(v, rel=1e-9, abs=1e-9), key
     assert value(passed, "hopmeter_inter_token_latency_seconds_count") > 100
+
+
+def test_client_wait_per_flow_and_own_hold_per_token(registry: CollectorRegistry) -> None:
+    """A followed flow adds one client wait and one own-hold observation per token."""
+    rec = flow_record(delivery={"measured": True, "client_wait_s": 1.7})
+    Metrics(registry).observe_flow(rec, own_holds=[(0.00008, 1), (0.0004, 3), (0.06, 2)])
+    labels = {"hop": "edge", "api": "openai.chat", "route": "/v1/chat/completions"}
+    assert value(registry, "hopmeter_client_wait_seconds_count", **labels) == 1
+    assert value(registry, "hopmeter_client_wait_seconds_bucket", le="2.5", **labels) == 1
+    assert value(registry, "hopmeter_client_wait_seconds_bucket", le="1.0", **labels) == 0
+    assert value(registry, "hopmeter_own_hold_seconds_count", **labels) == 6
+    assert value(registry, "hopmeter_own_hold_seconds_bucket", le="0.0005", **labels) == 4
+
+
+def test_flows_not_followed_add_no_delivery_observation(registry: CollectorRegistry) -> None:
+    """A flow whose bytes were not followed to the client says nothing about client wait."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(delivery={"measured": False, "client_wait_s": None}))
+    metrics.observe_flow(flow_record())
+    assert value(registry, "hopmeter_client_wait_seconds_count", hop="edge") == 0

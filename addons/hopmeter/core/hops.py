@@ -4,6 +4,9 @@ Two flow records that share a trace id saw the same stream at two points of its 
 carry `content_offset` (visible characters so far), which is the same at both points whatever the
 framing, chunking or compression in between; aligning them by it gives, for every token, the time
 the segment between the two points held it: `hold = t_outer - t_inner` (docs/design.md §5).
+Where the inner hop followed its bytes out (`chunks_out`), that hold splits in two: the inner
+hop's own (read -> left its process) and the wire between the hops (left the inner hop -> read
+by the outer one), reported apart.
 
 The same function serves the live case (two listeners of one process, one wall clock) and
 `hopmeter join` on records from separate hosts, where the clocks may disagree: the skew between
@@ -14,12 +17,12 @@ before the outer one sees it) and estimated within those bounds.
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopmeter.core.figures import weighted_quantile
+from hopmeter.core.figures import weighted_quantile, weighted_quantiles
 from hopmeter.core.vocab import FindingKind
 
 # A segment that released its first token after this share of the inner hop's token span had
@@ -61,21 +64,47 @@ class HopView:
     ttft_s: float | None
     itl_p50_s: float | None
     finding_kinds: frozenset[str]
+    out_s: Sequence[float | None] = ()  # per event: when it left this hop's process, if known
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> HopView:
         """The view of a `hopmeter.flow/1` record."""
         fig = rec.get("figures") or {}
         resp = rec.get("response") or {}
+        events = rec.get("events") or []
         return cls(
             hop=str(rec.get("hop", "")),
             t_start=float(rec["request"]["t_start"]),
             t_first_byte=resp.get("t_first_byte"),
-            events=rec.get("events") or [],
+            events=events,
             ttft_s=fig.get("ttft_s"),
             itl_p50_s=fig.get("itl_p50_s"),
             finding_kinds=frozenset(f["kind"] for f in rec.get("findings") or []),
+            out_s=events_out(events, rec.get("chunks") or [], rec.get("chunks_out") or []),
         )
+
+
+def events_out(
+    events: Sequence[Sequence[Any]],
+    chunks: Sequence[Sequence[Any]],
+    chunks_out: Sequence[Sequence[Any]],
+) -> list[float | None]:
+    """When each event left the hop's process: the out time of the chunk that completed it.
+
+    An event's time is the read time of the chunk that ended it, to the same microsecond in the
+    record, so the match is exact; an event past the listed chunks (or in a record without
+    `chunks_out`) has none.
+    """
+    if not chunks_out or len(chunks_out) != len(chunks):
+        return []
+    times = [float(c[0]) for c in chunks]
+    out: list[float | None] = []
+    for ev in events:
+        t = float(ev[0])
+        i = bisect_right(times, t) - 1
+        row = chunks_out[i] if i >= 0 and times[i] == t else None
+        out.append(float(row[0]) if row and row[0] is not None else None)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +119,8 @@ class Segment:
     skew_s: float  # inner clock minus outer clock, as estimated
     skew_bounds_s: tuple[float | None, float | None]
     findings: tuple[dict[str, Any], ...]
+    inner_holds_s: tuple[float, ...] = ()  # per token the inner hop followed out: read -> out
+    wire_holds_s: tuple[float, ...] = ()  # ... and left the inner hop -> read by the outer one
 
     def as_dict(self) -> dict[str, Any]:
         """The `hops` entry of the outer record (docs/design.md §4)."""
@@ -99,7 +130,7 @@ class Segment:
             v = weighted_quantile(self.holds_s, w, p)
             return None if v is None else round(v, 6)
 
-        return {
+        out: dict[str, Any] = {
             "segment": self.segment,
             "inner_hop": self.inner_hop,
             "first_token_hold_s": None
@@ -114,11 +145,38 @@ class Segment:
             "skew_bounds_s": [None if b is None else round(b, 6) for b in self.skew_bounds_s],
             "findings": list(self.findings),
         }
+        # the hold split where the inner hop followed its bytes out: its own, and the wire's
+        out.update(_quantiles("inner_hold", self.inner_holds_s))
+        out.update(_quantiles("wire_hold", self.wire_holds_s))
+        out["tokens_out"] = len(self.wire_holds_s)
+        return out
+
+
+def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
+    """`{name}_p50_s`, `{name}_p99_s` and `{name}_max_s` of per-token values (None when none)."""
+    p50, p99 = weighted_quantiles(values, [1] * len(values), (0.5, 0.99))
+    top = max(values) if values else None
+    return {
+        f"{name}_p50_s": None if p50 is None else round(p50, 6),
+        f"{name}_p99_s": None if p99 is None else round(p99, 6),
+        f"{name}_max_s": None if top is None else round(top, 6),
+    }
 
 
 def _token_times(v: HopView) -> list[tuple[float, int, int]]:
     """(absolute time, tokens, content offset) of each token-carrying event."""
     return [(v.t_start + float(t), int(k), int(c)) for t, k, c, *_ in v.events if k > 0]
+
+
+def _token_outs(v: HopView) -> list[float | None]:
+    """When each token-carrying event left the hop (absolute), aligned with `_token_times`."""
+    if not v.out_s:
+        return []
+    return [
+        None if out is None else v.t_start + out
+        for (_, k, *_), out in zip(v.events, v.out_s, strict=True)
+        if k > 0
+    ]
 
 
 def _first_reaching(offsets: Sequence[int], times: Sequence[float], target: int) -> float | None:
@@ -158,12 +216,20 @@ def align(outer: HopView, inner: HopView) -> Segment:
     out_offsets = [c for _, _, c in out]
     out_times = [t for t, _, _ in out]
     holds: list[float] = []
+    own: list[float] = []
+    wire: list[float] = []
     inner_tokens = _token_times(inner)
-    for t_in, k, c in inner_tokens:
+    inner_outs = _token_outs(inner)
+    for i, (t_in, k, c) in enumerate(inner_tokens):
         t_out = _first_reaching(out_offsets, out_times, c)
         if t_out is None:
             continue
         holds.extend([t_out - (t_in - skew)] * k)
+        left = inner_outs[i] if inner_outs else None
+        if left is not None:
+            own.extend([left - t_in] * k)
+            # a left time seen by a poll may be late by its interval: never below zero
+            wire.extend([max(0.0, t_out - (left - skew))] * k)
     first = holds[0] if holds else None
     whole = False
     if inner_tokens and out and first is not None:
@@ -174,6 +240,8 @@ def align(outer: HopView, inner: HopView) -> Segment:
         inner_hop=inner.hop,
         holds_s=tuple(holds),
         first_token_hold_s=first,
+        inner_holds_s=tuple(own),
+        wire_holds_s=tuple(wire),
         whole_body=whole,
         skew_s=skew,
         skew_bounds_s=(lower, upper),

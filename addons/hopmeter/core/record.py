@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from hopmeter.core.delivery import Delivery, DeliverySeen, summarize
 from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
@@ -78,6 +79,7 @@ class FlowResult:
     figures: Figures | None
     tokens: TokenAccount | None
     segments: tuple[Any, ...] = ()  # hops.Segment per segment, on the outermost flow of a trace
+    delivery: Delivery | None = None  # the bytes' way to the client, when the proxy followed it
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -101,8 +103,13 @@ def finish_flow(
     stall_threshold_s: float,
     log_content: bool = False,
     measuring_error: str | None = None,
+    delivery: DeliverySeen | None = None,
 ) -> FlowResult:
-    """Build the record of a finished flow: tokens, figures and (later) findings."""
+    """Build the record of a finished flow: tokens, figures and findings.
+
+    `delivery` is what the proxy saw of the bytes going out to the client (hopmeter.core.delivery);
+    without it (offline tools, tests) the record has no `delivery` section.
+    """
     rec: dict[str, Any] = {
         "schema": SCHEMA,
         "trace_id": trace_id,
@@ -123,6 +130,7 @@ def finish_flow(
     }
     figures: Figures | None = None
     account: TokenAccount | None = None
+    out: Delivery | None = None
     api = "other"
     model = request.model
     if response is not None:
@@ -165,10 +173,19 @@ def finish_flow(
                 )
             ]
             rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
+            if delivery is not None:
+                out = summarize(delivery, meter.chunk_t, meter.events.t_s, account.per_event)
+                if out.measured:
+                    rec["chunks_out"] = out.chunks_out
             rec["figures"] = _figures_dict(meter, figures, account)
             rec["stream"] = _stream_facts(meter)
             if log_content:
                 rec["content"] = meter.text()
+        if delivery is not None:
+            if out is None:  # no measured response: nothing to align the chunks with
+                why = delivery.reason or "the response was not measured"
+                out = summarize(replace(delivery, measured=False, reason=why), (), (), ())
+            rec["delivery"] = out.as_dict()
     rec["api"] = api
     rec["model"] = model
     findings = []
@@ -181,12 +198,13 @@ def finish_flow(
             ended=ended,
             stall_threshold_s=stall_threshold_s,
             stream_requested=request.stream_requested,
+            delivery=out,
         )
         findings = [f.as_dict() for f in diagnose(view)]
     rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error
-    return FlowResult(record=rec, figures=figures, tokens=account)
+    return FlowResult(record=rec, figures=figures, tokens=account, delivery=out)
 
 
 def _abs(t0: float, offset: float | None) -> float | None:
@@ -312,6 +330,7 @@ def stream_view(
     ended: str,
     stall_threshold_s: float,
     stream_requested: bool | None,
+    delivery: Delivery | None = None,
 ) -> StreamView:
     """The detectors' input for one measured flow."""
     framer = meter.framer
@@ -344,4 +363,5 @@ def stream_view(
         document_tokens=0 if meter.event_stream else f.tokens,
         stream_requested=stream_requested,
         has_terminal=meter.api in TERMINATED_APIS,
+        delivery=delivery if delivery is not None and delivery.measured else None,
     )

@@ -92,6 +92,8 @@ class FindingKind(StrEnum):
     NOT_STREAMED = "not_streamed"
     STALL = "stall"
     SLOW_FIRST_TOKEN = "slow_first_token"
+    SLOW_CLIENT = "slow_client"  # the client, not the path, set the pace (core.delivery)
+    PROXY_HOLD = "proxy_hold"  # this hop's own process held bytes (core.delivery)
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
 
 

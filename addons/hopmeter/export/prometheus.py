@@ -167,6 +167,19 @@ class Metrics:
             HOLD_BUCKETS_S,
             ("segment",),
         )
+        self.own_hold = weighted(
+            "own_hold_seconds",
+            "Per-token hold of this hop's own process: from reading a chunk to handing it to "
+            "the client's socket.",
+            HOLD_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.client_wait = hist(
+            "client_wait_seconds",
+            "Per flow: how long its bytes waited on the client to take them.",
+            HOLD_BUCKETS_S,
+            FLOW_LABELS,
+        )
         self.flows = counter(
             "flows_total", "Finished flows.", (*FLOW_LABELS, "status_class", "ended")
         )
@@ -213,11 +226,14 @@ class Metrics:
         *,
         gaps: Gaps | None = None,
         event_tokens: Sequence[int] | None = None,
+        own_holds: Sequence[tuple[float, int]] | None = None,
     ) -> None:
         """Observe one finished flow record (docs/design.md §4).
 
         `gaps` and `event_tokens` (the token-weighted gaps and the tokens of each event, as
-        finish_flow computed them) spare reading them again from the record's events.
+        finish_flow computed them) spare reading them again from the record's events;
+        `own_holds` are the hop's own holds, (seconds, tokens) per chunk, when the proxy followed
+        the flow's bytes to the client (FlowResult.delivery.holds).
         """
         request = record.get("request") or {}
         response = record.get("response") or {}
@@ -266,10 +282,28 @@ class Metrics:
             malformed_child.inc(malformed, exemplar)
         self._initialise(hop, api)
         self._observe_bytes(hop, api, response, figures)
+        self._observe_delivery(record.get("delivery"), own_holds, labels, exemplar)
         for finding in record.get("findings") or ():
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
             kind = vocabulary_label(kind, FINDING_KINDS)
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
+
+    def _observe_delivery(
+        self,
+        section: object,
+        own_holds: Sequence[tuple[float, int]] | None,
+        labels: tuple[str, ...],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        """Client wait per flow and the hop's own hold per token, for flows that were followed."""
+        if not isinstance(section, Mapping) or section.get("measured") is not True:
+            return
+        wait = _num(section.get("client_wait_s"))
+        if wait is not None:
+            self._child(self.client_wait, labels).observe(wait, exemplar)
+        if own_holds:
+            values = [(v, k) for v, k in own_holds if _num(v) is not None and k > 0]
+            self.own_hold.observe(labels, values, exemplar)
 
     def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
         """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""

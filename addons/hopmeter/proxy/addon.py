@@ -16,9 +16,10 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
@@ -29,6 +30,7 @@ from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy.chaos import Chaos, parse_actions
 from hopmeter.proxy.config import parse_listener, parse_seconds
+from hopmeter.proxy.delivery import Delivery
 from hopmeter.proxy.pairing import Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizers import Counters, load_counter
@@ -50,7 +52,9 @@ class HopMeter:
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.chaos_actions: tuple[str, ...] = ()
         self.stall_threshold_s = 0.5  # hopmeter_stall_threshold, parsed
-        self.queue = MeasureQueue()
+        # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
+        self.delivery = Delivery(self.internal_error)
+        self.queue = MeasureQueue(self.delivery.log)
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -134,6 +138,8 @@ class HopMeter:
             self.counter.preload()
 
     def done(self) -> None:
+        # flows waiting for their last bytes to reach the client are written with what was seen
+        self.delivery.shutdown()
         # flows still in flight when the proxy stops are written as ended "shutdown"
         for flow, state in list(self.live.values()):
             if not state.finished:
@@ -248,6 +254,7 @@ class HopMeter:
                     rewrite_ok="content-length" not in headers
                     and "content-encoding" not in headers,
                 )
+            tap.out = self.delivery.attach(flow, chaos=tap.chaos is not None)  # never raises
         except Exception as exc:
             tap.fail(exc)
             return
@@ -259,6 +266,12 @@ class HopMeter:
     def error(self, flow: http.HTTPFlow) -> None:
         msg = flow.error.msg if flow.error else ""
         self._finish(flow, classify_error(msg))
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        try:
+            self.delivery.forget(client.id)
+        except Exception as exc:
+            self.internal_error("delivery", exc)
 
     # -- internals -----------------------------------------------------------------------------
     def _state(self, flow: http.HTTPFlow) -> FlowState | None:
@@ -281,7 +294,9 @@ class HopMeter:
         """Stamp the end now; build the record after this hook has returned.
 
         For a streamed response mitmproxy writes the end of the body to the client only after the
-        `response` hook returns, so tokenizing, figures and detectors must not run inside it.
+        `response` hook returns, so tokenizing, figures and detectors must not run inside it. A
+        flow whose chunks are followed to the client waits until the kernel has sent the last
+        one (or the connection closed, or hopmeter.proxy.delivery.WAIT_MAX_S passed).
         """
         entry = self.live.pop(flow.id, None)
         if entry is None:
@@ -294,12 +309,23 @@ class HopMeter:
         if state.streaming:
             state.streaming = False
             self._notify(lambda obs: obs.stream_finished(), "observer")
+        out = state.tap.out if state.tap is not None else None
+        if out is not None:
+            try:
+                self.delivery.finish(out, lambda: self._complete(flow, state, ended, end_s))
+                return
+            except Exception as exc:  # finish() itself guards; this is the last line
+                self.internal_error("delivery", exc)
+                if out.done:
+                    return
         try:
             asyncio.get_running_loop().call_soon(self._complete, flow, state, ended, end_s)
         except RuntimeError:  # no running loop (offline tools, tests): do it now
             self._complete(flow, state, ended, end_s)
 
     def _complete(self, flow: http.HTTPFlow, state: FlowState, ended: Ended, end_s: float) -> None:
+        # hopmeter's own step on the loop every stream shares: timed, as the measuring steps are
+        t0, cpu0 = time.monotonic(), time.thread_time()
         try:
             result = self._result(flow, state, ended, end_s)
         except Exception as exc:
@@ -317,6 +343,7 @@ class HopMeter:
             ready = [result]
         for r in ready:
             self._emit(r)
+        self.delivery.log.step(t0, cpu0)
 
     def _emit(self, result: FlowResult) -> None:
         """Hand one finished record to every observer (metrics, records, console, spans)."""
@@ -374,10 +401,22 @@ class HopMeter:
             stall_threshold_s=self.stall_threshold_s,
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
+            delivery=self._seen(state),
         )
         if tap is not None and tap.chaos is not None:
             result.record["chaos"] = sorted(tap.chaos.actions)
         return result
+
+    def _seen(self, state: FlowState) -> DeliverySeen | None:
+        """What was seen of the flow's bytes going out; a failure loses only that."""
+        out = state.tap.out if state.tap is not None else None
+        if out is None:
+            return None
+        try:
+            return out.seen(state.mono0, state.skew_s, self.delivery.log)
+        except Exception as exc:
+            self.internal_error("delivery", exc)
+            return None
 
 
 def _call_later(delay_s: float, fn: Callable[[], None]) -> None:

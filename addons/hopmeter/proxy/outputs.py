@@ -221,6 +221,7 @@ class MetricsOutput(FlowObserver):
             result.record,
             gaps=result.figures.gaps if result.figures is not None else None,
             event_tokens=result.tokens.per_event if result.tokens is not None else None,
+            own_holds=result.delivery.holds if result.delivery is not None else None,
         )
         for seg in result.segments:
             self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))

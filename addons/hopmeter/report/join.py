@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{entry['trace_id']} {seg['segment']} first_token_hold="
                 f"{_ms(seg['first_token_hold_s'])} p50={_ms(seg['hold_p50_s'])} "
                 f"p99={_ms(seg['hold_p99_s'])} max={_ms(seg['hold_max_s'])} "
+                f"inner_p99={_ms(seg.get('inner_hold_p99_s'))} "
+                f"wire_p99={_ms(seg.get('wire_hold_p99_s'))} "
                 f"whole_body={'yes' if seg['whole_body'] else 'no'} "
                 f"skew={_ms(seg['skew_s'])} findings={kinds}"
             )
