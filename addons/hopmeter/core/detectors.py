@@ -117,6 +117,16 @@ FIXES: Mapping[str, str] = {
         "The first visible token came well after the first byte (role prelude or reasoning): "
         "promise first-word times on TTFT, not TTFB."
     ),
+    # The two upstream kinds carry a fix per cause (core.upstream.CAUSE_FIXES); these are the
+    # kinds' summaries.
+    FindingKind.UPSTREAM_UNREACHABLE: (
+        "The proxy could not reach the upstream and answered 502 (504 on a connect timeout) "
+        "itself: the evidence names the cause; send traffic only when /readyz passes."
+    ),
+    FindingKind.UPSTREAM_SILENT: (
+        "The upstream went silent past --read-timeout: before its headers (answered 504) or "
+        "mid-stream (cut); look for a stuck or overloaded model server."
+    ),
 }
 
 

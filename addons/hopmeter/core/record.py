@@ -10,6 +10,7 @@ from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
+from hopmeter.core.upstream import UpstreamFailure, upstream_finding
 from hopmeter.core.vocab import TERMINATED_APIS
 
 SCHEMA = "hopmeter.flow/1"
@@ -101,8 +102,14 @@ def finish_flow(
     stall_threshold_s: float,
     log_content: bool = False,
     measuring_error: str | None = None,
+    failure: UpstreamFailure | None = None,
 ) -> FlowResult:
-    """Build the record of a finished flow: tokens, figures and (later) findings."""
+    """Build the record of a finished flow: tokens, figures and (later) findings.
+
+    Every record says how the flow `ended`, at the top level, also when no response came (the
+    upstream failed, or the client left first); `response.ended` repeats it when there is a
+    response. `failure` names why the upstream failed the flow (`upstream_error`, and a finding).
+    """
     rec: dict[str, Any] = {
         "schema": SCHEMA,
         "trace_id": trace_id,
@@ -169,9 +176,12 @@ def finish_flow(
             rec["stream"] = _stream_facts(meter)
             if log_content:
                 rec["content"] = meter.text()
+    rec["ended"] = ended
+    if failure is not None:
+        rec["upstream_error"] = failure.as_dict()
     rec["api"] = api
     rec["model"] = model
-    findings = []
+    findings = [] if failure is None else [upstream_finding(failure).as_dict()]
     if response is not None and meter is not None and figures is not None and account is not None:
         view = stream_view(
             meter=meter,
@@ -182,7 +192,7 @@ def finish_flow(
             stall_threshold_s=stall_threshold_s,
             stream_requested=request.stream_requested,
         )
-        findings = [f.as_dict() for f in diagnose(view)]
+        findings += [f.as_dict() for f in diagnose(view)]
     rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error
