@@ -17,15 +17,28 @@ from mitmproxy.tools.dump import DumpMaster
 from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import ProxyConfig
+from hopmeter.proxy.drain import Drain
+from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
+from hopmeter.proxy.readiness import Readiness
+
+# mitmproxy closes a client connection after this long without any event (`tcp_timeout`, 600 s
+# by default); hopmeter's read timeout must come first, or a silent upstream ends as an empty
+# reply recorded client_gone instead of a 504 recorded upstream_timeout.
+TCP_TIMEOUT_MARGIN_S = 60
 
 
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
-    the measuring addon, then the outputs that observe it."""
+    the measuring addon, the upstream guard (after it: it reads the stream tap the measuring
+    addon installs), the readiness check, then the outputs that observe the measuring addon."""
     meter = HopMeter()
-    outputs = (MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput)
-    return [meter, *(output(meter) for output in outputs)]
+    readiness = Readiness()
+    outputs = [
+        MetricsOutput(meter, readiness),
+        *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput)),
+    ]
+    return [meter, UpstreamGuard(meter, readiness), readiness, *outputs]
 
 
 class FreezeAtStart:
@@ -48,16 +61,33 @@ async def run_proxy(
     before: Callable[[], Awaitable[None]] | None = None,
     on_master: Callable[[Any], None] | None = None,
 ) -> int:
-    """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down)."""
+    """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down).
+
+    The first signal drains (hopmeter.proxy.drain): no new connections, the flows in flight
+    finish within the drain timeout; a second one stops at once.
+    """
     opts = options.Options()
     master = DumpMaster(opts, with_termlog=True, with_dumper=False)
     drop_legacy_log_events()
-    master.addons.add(*default_addons(), FreezeAtStart())
+    addons = default_addons()
+    meter, readiness = addons[0], addons[2]
+    assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
+    drain = Drain(meter, readiness)
+    master.addons.add(*addons, drain, FreezeAtStart())
     try:
         opts.update(
             # mitmproxy listens on every interface by default; hopmeter on loopback unless told
             listen_host="127.0.0.1",
             mode=cfg.modes,
+            # connect to the upstream when a request has come, not when a client connects: an
+            # upstream that cannot be reached is then answered 502 and recorded, instead of the
+            # client's connection being closed unanswered (`--set connection_strategy=eager`
+            # still wins: `extra` is applied last)
+            connection_strategy="lazy",
+            tcp_timeout=int(max(600, cfg.read_timeout_s + TCP_TIMEOUT_MARGIN_S)),
+            hopmeter_connect_timeout=cfg.connect_timeout_s,
+            hopmeter_read_timeout=cfg.read_timeout_s,
+            hopmeter_drain_timeout=cfg.drain_timeout_s,
             hopmeter_hop=cfg.hop,
             hopmeter_listeners=cfg.listener_names,
             hopmeter_records=cfg.records,
@@ -72,14 +102,13 @@ async def run_proxy(
             hopmeter_console=cfg.console,
             hopmeter_summary_interval=cfg.summary_interval_s,
         )
-        if cfg.extra:
-            opts.set(*cfg.extra)
+        set_options(opts, cfg.extra)
     except exceptions.OptionsError as exc:
         raise UsageError(str(exc)) from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, master.shutdown)
+            loop.add_signal_handler(sig, drain.signal)
     if on_master is not None:
         on_master(master)
     if before is not None:
@@ -89,6 +118,24 @@ async def run_proxy(
     # protocol then reports each cancellation as an error. They are not errors: stay quiet.
     loop.set_exception_handler(_quiet_cancellations)
     return 0
+
+
+def set_options(opts: options.Options, pairs: list[str]) -> None:
+    """Apply `--set NAME=VALUE` pairs. mitmproxy's own parser has no float options (it raises
+    NotImplementedError for them), and hopmeter's seconds are floats: those are converted here."""
+    rest = []
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name in opts and isinstance(opts.default(name), float):
+            try:
+                number = float(value)
+            except ValueError:
+                raise exceptions.OptionsError(f"{name}: {value!r} is not a number") from None
+            opts.update(**{name: number})
+        else:
+            rest.append(pair)
+    if rest:
+        opts.set(*rest)
 
 
 def drop_legacy_log_events() -> None:
@@ -119,10 +166,13 @@ def quiet_mitmproxy_logs(verbose: bool) -> None:
 
     mitmproxy's own main() sets the root logger to DEBUG and filters in its console handler; a
     master built here must do the same, or every INFO line (the per-flow summary) is dropped.
+    mitmproxy's proxy core logs at WARNING per connection too ("Server TLS handshake failed"):
+    under a flood of failures that is a line per request, and hopmeter reports each of them
+    itself, once per cause per interval (hopmeter.proxy.guard). ERROR stays visible: a crash.
     """
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in ("asyncio", "hpack", "urwid", "tornado", "quic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    level = logging.DEBUG if verbose else logging.WARNING
+    level = logging.DEBUG if verbose else logging.ERROR
     for name in ("mitmproxy.proxy.server", "mitmproxy.proxy.layers"):
         logging.getLogger(name).setLevel(level)
