@@ -305,6 +305,7 @@ def test_sigterm_lets_three_streams_finish_and_refuses_new_connections(tmp_path:
             while idle.recv(65536):  # the rest of its response, then the proxy's close
                 pass
         assert proxy.proc.popen.wait(30) == 0
+    print([ln for ln in proxy.proc.output().splitlines() if "drain" in ln])
     assert [s.error for s in running] == [None] * 3
     assert [s.body for s in running] == [stream_body(40)] * 3
     records = read_records(proxy.records, 4)
@@ -422,6 +423,10 @@ def test_upstream_restart_under_traffic(tmp_path: Path) -> None:
             assert metric(metrics, "hopmeter_flows_total", ended="connect_refused") == len(failed)
             assert metric(metrics, "hopmeter_streams_active") == 0
             wait_for(lambda: readyz(metrics)[0] == 200, what="/readyz to pass again")
+            print(
+                f"{len(outcomes)} requests: {len(failed)} answered 502 while the upstream was "
+                f"down ({back - killed:.1f}s), {len(cut)} cut at the kill, the rest 200"
+            )
     finally:
         up.stop()
 
