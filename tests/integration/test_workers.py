@@ -105,7 +105,7 @@ def test_sigterm_to_the_parent_drains_every_worker(tmp_path: Path) -> None:
         done = threading.Event()
 
         def stream() -> None:
-            headers = {"x-hopmeter-scenario": "tokens=40;rate=20"}  # 2 s
+            headers = {"x-hopmeter-scenario": "tokens=30;rate=20"}  # 1.5 s
             with httpx.stream("POST", url, json={"stream": True}, headers=headers) as r:
                 got.extend(r.iter_raw())
             done.set()

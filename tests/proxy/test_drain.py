@@ -70,3 +70,14 @@ def test_a_second_signal_stops_without_waiting() -> None:
             drain.task.cancel()
 
     asyncio.run(main())
+
+
+def test_an_open_websocket_is_waited_for_like_a_flow() -> None:
+    """A WebSocket's connection counts as in flight from its start to its end (its HTTP flow
+    ended with the 101), so the drain neither closes it as idle nor stops before it ends."""
+    drain = Drain(HopMeter())
+    flow = tflow.twebsocketflow()
+    drain.websocket_start(flow)
+    assert drain.in_flight() == 1
+    drain.websocket_end(flow)
+    assert drain.in_flight() == 0

@@ -8,8 +8,9 @@ The first SIGTERM or SIGINT:
 2. closes client connections that sit idle between requests (keep-alive), as nginx does on a
    graceful shutdown, and answers every response that starts from now on with
    `Connection: close` (HTTP/1), so each connection closes after its current response;
-3. waits until no flow is in flight, or `hopmeter_drain_timeout` seconds, then stops the master;
-   the HopMeter addon records what is still in flight as ended `shutdown`.
+3. waits until no flow is in flight (nor a WebSocket open), or `hopmeter_drain_timeout`
+   seconds, then stops the master; the HopMeter addon records what is still in flight as ended
+   `shutdown`.
 A second signal stops at once, with the same records.
 """
 
@@ -46,6 +47,8 @@ class Drain:
         self.draining = False
         self.task: asyncio.Task[None] | None = None
         self.idle_closed = 0
+        # client connections carrying a WebSocket: busy, though no HTTP flow is in flight
+        self.websockets: set[str] = set()
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -80,19 +83,29 @@ class Drain:
         if http1_client(flow):
             response.headers["connection"] = "close"
 
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        self.websockets.add(flow.client_conn.id)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self.websockets.discard(flow.client_conn.id)
+
+    def in_flight(self) -> int:
+        """HTTP flows in flight and WebSocket connections open: what the drain waits for."""
+        return self.meter.in_flight() + len(self.websockets)
+
     async def _drain(self, started_s: float) -> None:
         timeout_s = ctx.options.hopmeter_drain_timeout
         ctx.options.update(server=False)  # Proxyserver closes the listening sockets
         self._close_idle()
         log.warning(
-            f"hopmeter: draining: no longer accepting connections; {self.meter.in_flight()} "
+            f"hopmeter: draining: no longer accepting connections; {self.in_flight()} "
             f"flows in flight, {self.idle_closed} idle connections closed; stopping when they "
             f"finish or in {timeout_s:g}s (a second signal stops now)"
         )
         deadline = started_s + timeout_s
-        while self.meter.in_flight() and time.monotonic() < deadline:
+        while self.in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
-        left = self.meter.in_flight()
+        left = self.in_flight()
         if left:
             log.warning(
                 f"hopmeter: drain timeout after {timeout_s:g}s: ending {left} flows still in "
@@ -107,7 +120,7 @@ class Drain:
         proxyserver = ctx.master.addons.get("proxyserver")
         if proxyserver is None:
             return
-        busy = self.meter.busy_clients()
+        busy = self.meter.busy_clients() | self.websockets
         for handler in list(proxyserver.connections.values()):
             client = handler.client
             if client.id not in busy and client in handler.transports:

@@ -140,7 +140,7 @@ class UpstreamGuard:
 
     # -- a flow's phases -----------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if not flow.live or flow.request.method == "CONNECT":
+        if not flow.live or flow.request.method == "CONNECT" or self.meter.stopped:
             return
         watch = Watch(flow=flow, phase=CONNECT, last_s=time.monotonic())
         self.watches[flow.id] = watch
@@ -204,7 +204,8 @@ class UpstreamGuard:
         if client.id in self.closed or client.timestamp_end is not None:
             return  # the client left (or we closed it) first: the upstream side is torn down
         waiting = [w for w in self._of_client(client.id) if w.flow.response is None]
-        answered = bool(waiting) and all(http1_client(w.flow) for w in waiting)
+        # mitmproxy answers each waiting flow 502 itself, over HTTP/1 and HTTP/2 alike
+        answered = bool(waiting)
         failure = UpstreamFailure(
             cause=cause, detail=detail, status_sent=STATUS_SENT[cause] if answered else None
         )
