@@ -8,6 +8,7 @@ defaults are in the CLI (docs/design.md §3).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import socketserver
@@ -395,6 +396,11 @@ def upstream_proc(tmp: Path, port: int, name: str) -> Proc:
     return proc
 
 
+def open_fds(pid: int) -> int:
+    """How many file descriptors a process has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 class Traffic(threading.Thread):
     """Short streams one after another on fresh connections, each outcome noted with its time."""
 
@@ -434,6 +440,7 @@ def test_upstream_restart_under_traffic(tmp_path: Path) -> None:
             for c in clients:
                 c.start()
             wait_for(lambda: all(len(c.outcomes) >= 3 for c in clients), what="traffic")
+            fds = open_fds(proxy.proc.popen.pid)
             killed = time.monotonic()
             up.stop(signal.SIGKILL)
             wait_for(lambda: sum(o[2] == "502" for c in clients for o in c.outcomes) >= 10)
@@ -459,6 +466,9 @@ def test_upstream_restart_under_traffic(tmp_path: Path) -> None:
             assert metric(metrics, "hopmeter_flows_total", ended="connect_refused") == len(failed)
             assert metric(metrics, "hopmeter_streams_active") == 0
             wait_for(lambda: readyz(metrics)[0] == 200, what="/readyz to pass again")
+            # no connection left open: the proxy's descriptors are back where traffic had them
+            pid = proxy.proc.popen.pid
+            wait_for(lambda: open_fds(pid) <= fds + 4, what="the proxy's connections to close")
             print(
                 f"{len(outcomes)} requests: {len(failed)} answered 502 while the upstream was "
                 f"down ({back - killed:.1f}s), {len(cut)} cut at the kill, the rest 200"
