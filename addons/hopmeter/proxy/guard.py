@@ -305,8 +305,10 @@ class UpstreamGuard:
         status = failure.status_sent
         message = f"hopmeter: upstream {cause} after {limit:g}s ({address_text(address)})"
         answer_and_close(flow, status, cause, message)
-        outcome = f"answered {status}" if status else "stream cut" if not before_headers else ""
-        self._log(failure, outcome or "connection closed")
+        if status is not None:
+            self._log(failure, f"answered {status}")
+        else:
+            self._log(failure, "connection closed" if before_headers else "stream cut")
 
 
 def _loop() -> asyncio.AbstractEventLoop:
