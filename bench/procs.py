@@ -324,6 +324,10 @@ class Process(Topology):
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str] | None:
+        """The process's environment, when it differs from the harness's."""
+        return None
+
     def start(self) -> None:
         self.port = free_port()
         self._log_file = self.log.open("ab")
@@ -332,6 +336,7 @@ class Process(Topology):
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=self.environment(),
         )
         wait_listening(self.port, self.proc, self.log)
 
@@ -401,6 +406,26 @@ class HopmeterWorkers(Hopmeter):
         return None
 
 
+class HopmeterBase(Hopmeter):
+    """The same command from another checkout of hopmeter: before and after a change, one run."""
+
+    name, label = "hopmeter-base", "hopmeter (base)"
+    note = "hopmeter run from the checkout in $HOPMETER_BENCH_BASE (e.g. before a change)"
+
+    def available(self) -> str | None:
+        base = os.environ.get("HOPMETER_BENCH_BASE", "")
+        if not (Path(base) / "addons" / "hopmeter").is_dir():
+            return "skipped: set HOPMETER_BENCH_BASE to a hopmeter checkout to compare against"
+        return None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "hopmeter.cli", *super().command()[1:]]
+
+    def environment(self) -> dict[str, str]:
+        base = Path(os.environ["HOPMETER_BENCH_BASE"]) / "addons"
+        return {**os.environ, "PYTHONPATH": str(base)}
+
+
 TOPOLOGIES: dict[str, type[Topology]] = {
-    t.name: t for t in (Direct, Nginx, Mitmdump, Hopmeter, HopmeterWorkers)
+    t.name: t for t in (Direct, Nginx, Mitmdump, Hopmeter, HopmeterWorkers, HopmeterBase)
 }

@@ -7,6 +7,8 @@
     python bench/run.py --scale      # --workers 2 vs one worker on every CPU (C load generator)
     python bench/run.py --ramp-only --ramp-streams 200 --topologies mitmdump,hopmeter
     python bench/run.py --repeat 5 --loads 50,100 --topologies mitmdump,hopmeter --no-ramp
+    HOPMETER_BENCH_BASE=/tmp/before python bench/run.py --repeat 3 --loads 50 --no-ramp \
+        --topologies mitmdump,hopmeter,hopmeter-base      # a change against its base
 
 Every mode writes bench/results/<timestamp>[-mode].json and regenerates its tables in
 bench/README.md (bench/report.py). The method is described in bench/README.md.

@@ -1,4 +1,4 @@
-"""House rules that tools enforce: a sans-I/O core, lint and strict types on the package."""
+"""House rules that tools enforce: the layers' imports, a test file per module, lint and types."""
 
 from __future__ import annotations
 
@@ -7,21 +7,139 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "addons" / "hopmeter"
+TESTS = ROOT / "tests"
+
+# Modules that only real processes reach, and the tests that run them (docs/architecture.md,
+# "Tests"). A module listed here has no test file of its own; if it gets one, drop it from here.
+REACHED_BY_INTEGRATION: dict[str, tuple[str, ...]] = {
+    # `hopmeter run`'s flags and errors, and `--workers N`
+    "proxy/command.py": ("tests/test_cli.py", "tests/integration/test_workers.py"),
+    # N processes sharing a port, with signals forwarded
+    "proxy/workers.py": ("tests/integration/test_workers.py",),
+    # the script plain mitmdump loads (`hopmeter --addon-path`)
+    "proxy/mitmdump/script.py": ("tests/test_cli.py", "tests/integration/test_faults.py"),
+    # `hopmeter report`: the text and HTML reports from real records
+    "report/command.py": ("tests/report/test_text.py", "tests/report/test_html.py"),
+    # `hopmeter upstream`'s flags and errors; the command every integration test starts
+    "upstream/command.py": ("tests/test_cli.py", "tests/probe/test_command.py"),
+    # `hopmeter demo`, end to end
+    "upstream/demo.py": ("tests/test_cli.py",),
+    # the synthetic upstream, behind every scenario through the proxy and nginx
+    "upstream/server.py": (
+        "tests/integration/test_scenarios.py",
+        "tests/integration/test_transparency.py",
+        "tests/probe/test_command.py",
+    ),
+}
 
 
-def test_core_imports_no_mitmproxy_or_prometheus() -> None:
-    """Importing every core module loads neither mitmproxy nor prometheus_client."""
-    code = (
-        "import pkgutil, sys, importlib, hopmeter.core as c\n"
-        "for m in pkgutil.iter_modules(c.__path__):\n"
-        "    importlib.import_module('hopmeter.core.' + m.name)\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('mitmproxy', 'prometheus_client')]\n"
-        "print(bad); sys.exit(1 if bad else 0)\n"
-    )
+def _modules() -> list[Path]:
+    """Every module of the package, relative to it, packages' `__init__.py` aside."""
+    return sorted(p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+
+
+def _test_file(module: Path) -> Path:
+    """Where a module's own tests live: `tests/<path>/test_<name>.py`."""
+    return TESTS / module.parent / f"test_{module.name}"
+
+
+def test_every_module_has_its_test_file() -> None:
+    """Each module has tests/<path>/test_<name>.py, or is listed with the tests that reach it."""
+    missing = [
+        f"addons/hopmeter/{m} -> {_test_file(m).relative_to(ROOT)}"
+        for m in _modules()
+        if not _test_file(m).is_file() and m.as_posix() not in REACHED_BY_INTEGRATION
+    ]
+    assert not missing, "modules without a test file:\n" + "\n".join(missing)
+
+
+def test_the_integration_list_cannot_rot() -> None:
+    """Every listed module exists and has no test file of its own; every listed test exists."""
+    modules = {m.as_posix() for m in _modules()}
+    problems = []
+    for module, tests in REACHED_BY_INTEGRATION.items():
+        if module not in modules:
+            problems.append(f"{module}: no such module")
+        elif _test_file(Path(module)).is_file():
+            problems.append(f"{module}: has {_test_file(Path(module)).relative_to(ROOT)} now")
+        if not tests:
+            problems.append(f"{module}: lists no test")
+        problems += [f"{module}: {t} does not exist" for t in tests if not (ROOT / t).is_file()]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_mirrored_test_file_names_a_module() -> None:
+    """A test_<name>.py beside the package's folders tests a module or package of that name."""
+    orphans = []
+    for folder in sorted(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        tests = TESTS / folder.relative_to(PACKAGE)
+        for test in sorted(tests.glob("test_*.py")):
+            name = test.name.removeprefix("test_").removesuffix(".py")
+            if not (folder / f"{name}.py").is_file() and not (folder / name).is_dir():
+                orphans.append(str(test.relative_to(ROOT)))
+    assert not orphans, "test files of no module:\n" + "\n".join(orphans)
+
+
+# Imports each named module in turn (packages: every module under them), then prints which of the
+# banned libraries got loaded and by which import. Run in a fresh interpreter: this one has
+# imported everything already.
+_IMPORT_CHECK = """
+import importlib, pkgutil, sys
+banned, names, skip = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3].split(",")
+def loaded():
+    return {m.split(".")[0] for m in sys.modules} & set(banned)
+def walk(name):
+    yield name
+    mod = importlib.import_module(name)
+    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), name + "."):
+        if info.name not in skip:
+            yield info.name
+culprits = {}
+for top in names:
+    for name in walk(top):
+        importlib.import_module(name)
+        for lib in loaded() - set(culprits):
+            culprits[lib] = name
+print(" ".join(f"{lib} (by {name})" for lib, name in sorted(culprits.items())))
+"""
+
+
+def _loaded_by(names: list[str], banned: list[str], skip: tuple[str, ...] = ()) -> str:
+    """Which `banned` libraries importing `names` (and every module under them) loads, and how."""
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _IMPORT_CHECK, ",".join(banned), ",".join(names), ",".join(skip)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_core_imports_no_proxy_or_exporter_library() -> None:
+    """Importing every core module loads neither mitmproxy, prometheus_client nor opentelemetry."""
+    banned = ["mitmproxy", "prometheus_client", "opentelemetry"]
+    assert _loaded_by(["hopmeter.core"], banned) == ""
+
+
+def test_exporters_and_reports_import_no_mitmproxy() -> None:
+    """Importing hopmeter.export (OpenTelemetry's module aside) and hopmeter.report loads no
+    mitmproxy."""
+    names = ["hopmeter.export", "hopmeter.report"]
+    assert _loaded_by(names, ["mitmproxy"], skip=("hopmeter.export.otel",)) == ""
+
+
+def test_the_command_line_imports_no_mitmproxy() -> None:
+    """Importing hopmeter.cli loads no mitmproxy: `hopmeter report` must start fast."""
+    assert _loaded_by(["hopmeter.cli"], ["mitmproxy"]) == ""
+
+
+def test_the_check_sees_a_banned_import() -> None:
+    """The import check names the library and the module that loaded it (it can fail)."""
+    assert _loaded_by(["hopmeter.proxy.config", "hopmeter.proxy.addon"], ["mitmproxy"]) == (
+        "mitmproxy (by hopmeter.proxy.addon)"
+    )
 
 
 def test_ruff_lint_and_format_pass() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hopmeter.core.frames import Frame, new_frame
+from hopmeter.core.frames import Frame
 from hopmeter.core.sse import MAX_EVENT_BYTES, MAX_LINE_BYTES, SseDecoder
 from hopmeter.errors import HopmeterError
 from hopmeter.testing import feed_all, split_at, split_every_way
@@ -477,11 +477,3 @@ def test_corpus_event_counts(path: Path):
         assert decoder.line_endings == reference.line_endings
         assert sum(f.wire_bytes for f in frames) + decoder.trailing_bytes == len(stream)
         assert decoder.unterminated_bytes == reference.unterminated_bytes
-
-
-def test_new_frame_is_the_keyword_frame():
-    """The positional builder of the per-event path gives the Frame the keywords give."""
-    values = (1.5, "message", "x", 9, 1, "7", 30, True, 2)
-    assert new_frame(*values) == Frame(*values)
-    assert type(new_frame(*values)) is Frame
-    assert len(Frame._fields) == len(values)  # new_frame lists every field: update it with Frame

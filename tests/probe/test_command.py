@@ -13,8 +13,9 @@ import pytest
 
 from hopmeter.errors import HopmeterError
 from hopmeter.probe import command as probe
-from hopmeter.probe.judge import RANDOM_CUTS_KEY
+from hopmeter.probe.canary import CANARY_MODEL, RANDOM_CUTS_KEY
 from tests.harness.nginx import NginxServer, available
+from tests.harness.plain_upstream import PlainUpstream
 from tests.harness.procs import HOPMETER, Proc, free_port, hopmeter
 
 # 20 tokens at 20/s: a 1 s stream, above the 0.5 s a whole-body hold needs to be told apart.
@@ -109,7 +110,10 @@ def test_text_output_ends_with_the_verdict(
     status = probe.run(_args(f"http://127.0.0.1:{upstream}", *SHORT, "--seed", "7"))
     out = capsys.readouterr().out.splitlines()
     assert status == 0
-    assert out[0] == f"hopmeter probe http://127.0.0.1:{upstream}/v1/chat/completions (seed 7)"
+    assert (
+        out[0]
+        == f"hopmeter probe http://127.0.0.1:{upstream}/v1/chat/completions model demo-1 (seed 7)"
+    )
     assert out[-1].startswith("PASS 3 streams intact, first word by ")
     stream_lines = [line for line in out if line.startswith(("  lf ", "  crlf ", "  cr "))]
     assert len(stream_lines) == 3 and all("bytes intact" in line for line in stream_lines)
@@ -198,3 +202,109 @@ def test_shipped_command(upstream: int, tmp_path: Path) -> None:
     assert proc.popen.wait(60) == 0, proc.output()
     proc.stop()
     assert proc.output().splitlines()[-1].startswith("PASS ")
+
+
+@pytest.mark.integration
+@needs_nginx
+def test_a_plain_origin_behind_a_streaming_nginx_passes_on_timing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An origin that knows nothing of hopmeter, streamed by nginx: it says so once, judges
+    timing with the proxy's detectors, and passes with the first word's time."""
+    with PlainUpstream() as up, NginxServer(up.port, "streaming", prefix=tmp_path) as nginx:
+        status = probe.run(_args(nginx.url))
+        out = capsys.readouterr().out.splitlines()
+        json_status, doc, _ = _probe(capsys, nginx.url, "--line-endings", "lf")
+    assert status == 0 and json_status == 0, out
+    head = f"hopmeter probe {nginx.url}/v1/chat/completions model plain-chat-1 (seed "
+    assert out[0].startswith(head)
+    assert out[1].startswith("the origin does not play the canary")
+    assert sum("does not play the canary" in line for line in out) == 1
+    assert out[-1].startswith("PASS 3 streams on timing, first word by ")
+    assert out[-1].endswith("ms, no hold found")
+    (stream,) = doc["streams"]
+    assert doc["model"] == "plain-chat-1" and doc["notes"] == [out[1]]
+    assert stream["check"] == "timing" and stream["findings"] == []
+    assert 0.05 < stream["first_word_s"] < 0.5
+    assert "holds" not in stream and "bytes_intact" not in stream
+    assert stream["events"] == 40 + 4  # prelude, words, finish, usage, [DONE]
+
+
+@pytest.mark.integration
+@needs_nginx
+def test_a_plain_origin_behind_a_gzip_buffering_nginx_fails_naming_the_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same origin behind an nginx that gzips and buffers: FAIL, the whole-body hold named."""
+    with PlainUpstream() as up, NginxServer(up.port, "gzip_hold", prefix=tmp_path) as nginx:
+        status, doc, err = _probe(capsys, nginx.url, "--line-endings", "lf")
+    assert status == 1
+    reason = doc["reason"]
+    assert reason.startswith("lf: held: the whole body arrived in one burst ")
+    assert "(whole_body_hold)" in reason and "\n" not in reason
+    assert err == f"hopmeter probe: FAIL {reason}\n"
+    (stream,) = doc["streams"]
+    assert stream["check"] == "timing" and stream["content_encoding"] == "gzip"
+    assert {"whole_body_hold", "compression_on_stream"} <= set(stream["findings"])
+    assert "bytes changed" not in reason and "holds" not in stream
+
+
+@pytest.mark.integration
+def test_the_key_comes_from_the_environment_and_never_shows(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--api-key-env sends the variable's key as a bearer token; a wrong key echoed back by the
+    endpoint is redacted from everything the probe prints."""
+    url = "/v1/chat/completions"
+    with PlainUpstream(words=10, key="sk-right-key") as up:
+        base = f"http://127.0.0.1:{up.port}"
+        monkeypatch.setenv("PROBE_KEY", "sk-right-key")
+        ok, doc, _ = _probe(capsys, base, "--api-key-env", "PROBE_KEY", "--line-endings", "lf")
+        sent = {ex.path: ex.headers.get("authorization") for ex in up.requests}
+        monkeypatch.setenv("PROBE_KEY", "sk-wrong-key-123")
+        bad = probe.run(_args(base + url, "--model", "m", "--api-key-env", "PROBE_KEY", "--json"))
+        out, err = capsys.readouterr()
+    assert ok == 0, doc["reason"]
+    assert sent == {"/v1/models": "Bearer sk-right-key", url: "Bearer sk-right-key"}
+    assert "sk-right-key" not in orjson.dumps(doc).decode()
+    assert bad == 1 and "sk-wrong-key-123" not in out + err
+    assert "status 401, expected 200" in out and "[key redacted]" in out
+
+
+def test_a_missing_key_variable_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Naming an environment variable that is not set is one line naming it (exit status 2)."""
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    with pytest.raises(HopmeterError, match="the environment variable NO_SUCH_KEY is not set"):
+        probe.run(_args("http://127.0.0.1:1", "--api-key-env", "NO_SUCH_KEY"))
+
+
+@pytest.mark.integration
+def test_the_model_is_picked_from_the_endpoint_or_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One listed model is used; with several and no canary alias among them, one line says to
+    pass --model; the canary alias is picked when listed."""
+    models = ("gpt-a", "gpt-b", "embed-c")
+    with PlainUpstream(words=10, models=models) as several:
+        base = f"http://127.0.0.1:{several.port}/v1"
+        with pytest.raises(
+            HopmeterError, match=r"lists 3 models \(gpt-a, gpt-b, embed-c\); pass --model NAME"
+        ):
+            probe.run(_args(base))
+        status, doc, _ = _probe(capsys, base, "--model", "gpt-b", "--line-endings", "lf")
+    assert status == 0 and doc["model"] == "gpt-b"
+    assert doc["url"] == f"http://127.0.0.1:{several.port}/v1/chat/completions"
+    with PlainUpstream(words=10, models=("x", CANARY_MODEL)) as aliased:
+        status, doc, _ = _probe(capsys, f"http://127.0.0.1:{aliased.port}", "--line-endings", "lf")
+    assert status == 0 and doc["model"] == CANARY_MODEL
+
+
+@pytest.mark.integration
+def test_a_hopmeter_origin_keeps_the_byte_checks(
+    upstream: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Straight to a `hopmeter upstream`: the canary is played and every byte is checked."""
+    status, doc, _ = _probe(capsys, f"http://127.0.0.1:{upstream}", *SHORT)
+    assert status == 0, doc["reason"]
+    assert doc["notes"] == [] and doc["model"] == "demo-1"
+    assert all(s["check"] == "bytes" and s["bytes_intact"] for s in doc["streams"])

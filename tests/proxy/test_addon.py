@@ -234,10 +234,26 @@ class TestHooks:
 
 class TestOptions:
     def test_bad_stall_threshold_names_the_option(self) -> None:
-        """A non-positive stall threshold is refused with the option's name."""
+        """A non-positive or unreadable stall threshold is refused with the option's name."""
         hm = HopMeter()
-        with taddons.context(hm) as tctx, pytest.raises(exceptions.OptionsError, match="stall"):
-            tctx.configure(hm, hopmeter_stall_threshold=0.0)
+        with taddons.context(hm) as tctx:
+            for bad in ("0", "-1", "soon"):
+                with pytest.raises(exceptions.OptionsError, match="hopmeter_stall_threshold"):
+                    tctx.configure(hm, hopmeter_stall_threshold=bad)
+
+    def test_stall_threshold_is_text_set_as_mitmproxys_set_does(self) -> None:
+        """The threshold is a string option, so `--set`/`set` can set it; it is read as seconds."""
+        hm = HopMeter()
+        with taddons.context(hm) as tctx:
+            tctx.options.set("hopmeter_stall_threshold=0.25")
+            assert hm.stall_threshold_s == 0.25
+            tctx.master.commands.call("set", "hopmeter_stall_threshold", "750ms")
+            assert hm.stall_threshold_s == 0.75
+            flow = sse_flow()
+            rec = Recorder()
+            hm.add_observer(rec)
+            stream_through(hm, flow, [SSE, DONE])
+            assert rec.results[0].figures is not None
 
     def test_listeners_add_their_modes(self) -> None:
         """Each NAME=MODE listener names its mode and adds it to mitmproxy's modes."""

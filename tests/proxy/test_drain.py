@@ -40,7 +40,7 @@ def test_with_nothing_in_flight_the_drain_stops_at_once() -> None:
         meter, readiness = HopMeter(), Readiness()
         drain = Drain(meter, readiness)
         with taddons.context(meter, drain, Proxyserver()) as tctx:
-            assert tctx.options.hopmeter_drain_timeout == DEFAULT_DRAIN_TIMEOUT_S
+            assert drain.timeout_s == DEFAULT_DRAIN_TIMEOUT_S
             drain.signal()
             assert drain.draining and readiness.draining
             assert drain.task is not None

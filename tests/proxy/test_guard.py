@@ -139,7 +139,7 @@ def test_silence_before_the_headers_is_upstream_timeout() -> None:
         assert rec["upstream_error"]["timeout_s"] == 0.05
         assert rec["upstream_error"]["status_sent"] == 504
 
-    run(body, hopmeter_read_timeout=0.05)
+    run(body, hopmeter_read_timeout="50ms")
 
 
 def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
@@ -168,7 +168,7 @@ def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
         assert rec["ended"] == rec["response"]["ended"] == "upstream_idle"
         assert rec["upstream_error"]["status_sent"] is None
 
-    run(body, hopmeter_read_timeout=0.1)
+    run(body, hopmeter_read_timeout="0.1")
 
 
 def test_a_complete_response_cancels_its_timer() -> None:
@@ -187,11 +187,15 @@ def test_a_complete_response_cancels_its_timer() -> None:
 
 
 def test_timeouts_must_be_positive() -> None:
-    """A timeout of zero or less is refused with the option's name."""
+    """A timeout of zero, or not a number of seconds, is refused with the option's name."""
 
     async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, tctx: Any) -> None:
-        with pytest.raises(Exception, match="hopmeter_connect_timeout must be a positive"):
-            tctx.configure(guard, hopmeter_connect_timeout=0.0)
+        with pytest.raises(Exception, match="hopmeter_connect_timeout '0': expected a positive"):
+            tctx.configure(guard, hopmeter_connect_timeout="0")
+        with pytest.raises(Exception, match="hopmeter_read_timeout 'soon': expected"):
+            tctx.configure(guard, hopmeter_read_timeout="soon")
+        tctx.configure(guard, hopmeter_connect_timeout="1500ms")
+        assert guard.connect_timeout_s == 1.5
 
     run(body)
 

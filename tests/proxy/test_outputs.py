@@ -54,7 +54,9 @@ def test_console_output_checks_its_choices() -> None:
         with pytest.raises(exceptions.OptionsError, match="one of text, json, off"):
             tctx.configure(out, hopmeter_console="loud")
         with pytest.raises(exceptions.OptionsError, match="summary_interval"):
-            tctx.configure(out, hopmeter_summary_interval=-1.0)
+            tctx.configure(out, hopmeter_summary_interval="-1")
+        tctx.options.set("hopmeter_summary_interval=0")
+        assert out.console is not None
         tctx.configure(out, hopmeter_console="off")
         assert out in meter.observers and out.console is not None
 

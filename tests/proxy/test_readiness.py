@@ -89,7 +89,9 @@ def test_options_set_the_targets_and_intervals() -> None:
     """`mode` names the targets; the interval must be positive."""
     r = Readiness()
     with taddons.context(r) as tctx:
-        tctx.configure(r, mode=["reverse:http://127.0.0.1:8000@8080"], hopmeter_ready_interval=0.5)
+        tctx.configure(
+            r, mode=["reverse:http://127.0.0.1:8000@8080"], hopmeter_ready_interval="500ms"
+        )
         assert (r.targets, r.interval_s) == ((UP,), 0.5)
-        with pytest.raises(Exception, match="hopmeter_ready_interval must be a positive"):
-            tctx.configure(r, hopmeter_ready_interval=0.0)
+        with pytest.raises(Exception, match="hopmeter_ready_interval '0': expected a positive"):
+            tctx.configure(r, hopmeter_ready_interval="0")

@@ -1,33 +1,163 @@
-"""Tests for hopmeter.proxy.runner's option handling (the runner itself runs in every
-integration test)."""
+"""The runner's parts, in process: the addon list, what the runner alone changes in the process."""
 
 from __future__ import annotations
 
+import gc
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
 import pytest
-from mitmproxy import exceptions
-from mitmproxy.addons.proxyserver import Proxyserver
-from mitmproxy.test import taddons
+from mitmproxy import hooks
+from mitmproxy import log as mitmlog
+from mitmproxy.test import taddons, tflow
 
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
-from hopmeter.proxy.runner import default_addons, set_options
+from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
+from hopmeter.proxy.readiness import Readiness
+from hopmeter.proxy.runner import (
+    FreezeAtStart,
+    default_addons,
+    drop_legacy_log_events,
+    quiet_mitmproxy_logs,
+)
+from hopmeter.proxy.ui import HopView
+
+SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
+DONE = b"data: [DONE]\n\n"
 
 
-def test_set_takes_float_options_that_mitmproxy_cannot_parse() -> None:
-    """`--set hopmeter_read_timeout=1.5` sets the float; other options go through mitmproxy's
-    own parser; a value that is not a number is an OptionsError naming the option."""
-    meter = HopMeter()
-    guard = UpstreamGuard(meter)
-    with taddons.context(meter, guard, Proxyserver()) as tctx:
-        set_options(tctx.options, ["hopmeter_read_timeout=1.5", "connection_strategy=lazy"])
-        assert tctx.options.hopmeter_read_timeout == 1.5
-        assert tctx.options.connection_strategy == "lazy"
-        with pytest.raises(exceptions.OptionsError, match="hopmeter_read_timeout: 'soon' is not"):
-            set_options(tctx.options, ["hopmeter_read_timeout=soon"])
+def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
+    """The list is the HopMeter addon, the upstream guard (it reads the tap HopMeter installs)
+    and the readiness check, then metrics, records, console, spans and what mitmweb shows, each
+    observing that same HopMeter; nothing that changes the whole process is in it (the drain,
+    which takes the signals, is `hopmeter run`'s alone)."""
+    meter, guard, readiness, *outputs = default_addons()
+    assert type(meter) is HopMeter
+    assert (type(guard), type(readiness)) == (UpstreamGuard, Readiness)
+    assert guard.meter is meter and guard.readiness is readiness
+    assert outputs[0].readiness is readiness  # /readyz is served beside /metrics
+    assert [type(o) for o in outputs] == [
+        MetricsOutput,
+        RecordsOutput,
+        ConsoleOutput,
+        OtelOutput,
+        HopView,
+    ]
+    assert all(o.meter is meter for o in outputs)
+    everything = [meter, guard, readiness, *outputs]
+    assert not any(isinstance(a, FreezeAtStart | Drain) for a in everything)
 
 
-def test_the_guard_runs_after_the_measuring_addon() -> None:
-    """The guard reads the stream tap HopMeter installs in responseheaders: it comes after."""
-    names = [type(a).__name__ for a in default_addons()]
-    assert names.index("HopMeter") < names.index("UpstreamGuard")
-    assert "Readiness" in names and "Drain" not in names  # the drain is `hopmeter run`'s only
+def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
+    """Loaded together and configured, each output that has somewhere to write observes the
+    meter, and one streamed flow reaches the records file and the metrics."""
+    addons = default_addons()
+    meter, _guard, _readiness, metrics, records, console, _otel, _view = addons
+    path = tmp_path / "records.jsonl"
+    with taddons.context(*addons) as tctx:
+        tctx.options.update(
+            hopmeter_hop="edge",
+            hopmeter_records=str(path),
+            hopmeter_metrics="off",
+            hopmeter_console="off",
+        )
+        assert meter.observers == [metrics, records, console]  # no OTel endpoint: no spans
+        flow = tflow.tflow(resp=True)
+        flow.request.path = "/v1/chat/completions"
+        flow.response.headers["content-type"] = "text/event-stream"
+        flow.response.content = None
+        meter.requestheaders(flow)
+        meter.responseheaders(flow)
+        tap = flow.response.stream
+        assert callable(tap)
+        for chunk in (SSE, DONE, b""):
+            tap(chunk)
+        meter.response(flow)
+        (line,) = path.read_bytes().splitlines()
+        assert orjson.loads(line)["hop"] == "edge"
+        assert metrics.metrics is not None
+        flows = metrics.metrics.registry.get_sample_value(
+            "hopmeter_flows_total",
+            {
+                "hop": "edge",
+                "api": "openai.chat",
+                "model": "gpt-4o",
+                "route": "/v1/chat/completions",
+                "status_class": "2xx",
+                "ended": "complete",
+            },
+        )
+        assert flows == 1.0
+        tctx.master.addons.trigger(hooks.DoneHook())
+        assert records.sink is None and records not in meter.observers  # the file is closed
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """Gives back to the collector whatever a test froze."""
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.usefixtures("unfrozen")
+def test_freeze_at_start_moves_what_exists_out_of_the_collectors_reach() -> None:
+    """Once running, what was allocated before is frozen, so full collections skip it."""
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    FreezeAtStart().running()
+    assert gc.get_freeze_count() > 0
+
+
+def test_mitmproxys_legacy_log_events_are_dropped_and_other_handlers_kept() -> None:
+    """The handler that turns every log record into an `add_log` event goes; the rest stay."""
+    root = logging.getLogger()
+    ours = logging.NullHandler()
+    root.addHandler(ours)
+    try:
+        with taddons.context():
+            assert any(isinstance(h, mitmlog.LegacyLogEvents) for h in root.handlers)
+            drop_legacy_log_events()
+            assert not any(isinstance(h, mitmlog.LegacyLogEvents) for h in root.handlers)
+            assert ours in root.handlers
+    finally:
+        root.removeHandler(ours)
+
+
+NAMES = ("", "asyncio", "hpack", "mitmproxy.proxy.server", "mitmproxy.proxy.layers", "hopmeter")
+
+
+@pytest.fixture
+def log_levels() -> Iterator[None]:
+    """Puts the loggers' levels back as they were."""
+    before = {name: logging.getLogger(name).level for name in NAMES}
+    yield
+    for name, level in before.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.usefixtures("log_levels")
+def test_quiet_logs_let_hopmeters_lines_through_and_keep_connection_chatter_out() -> None:
+    """Quiet: hopmeter's INFO lines pass; mitmproxy's per-connection INFO and WARNING lines (a
+    "Server TLS handshake failed" per request under a failure flood) and asyncio's do not; its
+    errors (a crash) do."""
+    quiet_mitmproxy_logs(False)
+    assert logging.getLogger("hopmeter").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("hopmeter").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("mitmproxy.proxy.layers.http").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("asyncio").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("mitmproxy.proxy.layers.tls").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.ERROR)
+
+
+@pytest.mark.usefixtures("log_levels")
+def test_verbose_logs_let_mitmproxys_connection_lines_through() -> None:
+    """Verbose: mitmproxy's connection logs pass down to DEBUG; asyncio's chatter stays out."""
+    quiet_mitmproxy_logs(True)
+    assert logging.getLogger("hopmeter").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("asyncio").isEnabledFor(logging.INFO)

@@ -119,3 +119,11 @@ class FindingKind(StrEnum):
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # no connection: refused, DNS, TLS, timeout
     UPSTREAM_SILENT = "upstream_silent"  # connected, then no headers or no bytes in time
+
+
+class ProbeCheck(StrEnum):
+    """How strictly `hopmeter probe` could judge a reply (the `check` of each probe stream)."""
+
+    BYTES = "bytes"  # a hopmeter upstream played the canary: every byte, event and hold checked
+    TEXT = "text"  # ... behind a gateway that re-frames events: text and holds, not bytes
+    TIMING = "timing"  # the origin does not play the canary: the detectors on timing alone

@@ -1,48 +1,70 @@
 """`hopmeter probe URL`: the canary, a streaming request through the real path judged at the client.
 
-URL is the front of the path (nginx, a CDN, a gateway) with a `hopmeter upstream` at its origin.
-The probe asks the upstream, per request, for emoji and CJK tokens with LF, CRLF or CR line endings,
-each event written in pieces cut at random byte offsets; it checks that the bytes and events arrive
-intact, times the first visible word at the client, and judges holds: from the upstream's own send
-log when `--upstream-admin` reaches it, else from the arrival pattern against the known token clock
-(hopmeter.probe.judge). Exit status 0 when every stream passed, 1 with the reason on one line
-when one did not, 2 for a usage error.
+URL is the front of the path (nginx, a CDN, a gateway, the provider itself). The probe sends an
+ordinary streaming chat request for a reply rich in emoji and CJK (hopmeter.probe.canary), to the
+model given (or the one the endpoint's /v1/models lists), with the key from an environment
+variable, reads it with a strict client (hopmeter.probe.http) and judges it with the proxy's own
+parsers and detectors, timing the first word (hopmeter.probe.judge). With a `hopmeter upstream` at
+the origin, the reply is the canary and every byte and hold is checked, from the upstream's send log
+when `--upstream-admin` reaches it; with any other origin, it says so in one line and judges
+timing only. Exit status 0 when every stream passed, 1 with the reason on one line when one did
+not, 2 for a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import os
 import secrets
-import ssl
-import sys
-import time
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from hopmeter.errors import HopmeterError
-from hopmeter.probe.judge import DEFAULT_RATE, DEFAULT_TOKENS, RANDOM_CUTS_KEY, Spec, Verdict, judge
+from hopmeter.errors import HopmeterError, UsageError
+from hopmeter.probe import output
+from hopmeter.probe.canary import (
+    CANARY_MODEL,
+    DEFAULT_RATE,
+    DEFAULT_TOKENS,
+    RANDOM_CUTS_KEY,
+    REQUEST_ID_HEADERS,
+    Spec,
+    header_of,
+)
+from hopmeter.probe.http import Received, request
+from hopmeter.probe.judge import Verdict, judge
 
-# A probe reply is ~10 KB; anything past this is not the upstream's reply and is not read.
-MAX_BODY_BYTES = 8 * 1024 * 1024
-MAX_HEAD_BYTES = 64 * 1024  # status line and headers
-CLOSE_TIMEOUT_S = 2.0  # a peer that never answers our TLS close_notify is not waited for longer
 # What a browser says it accepts: a path that compresses for browsers compresses for the probe.
 ACCEPT_ENCODING = "gzip, deflate, br, zstd"
 LINE_ENDINGS = ("lf", "crlf", "cr")
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every Anthropic endpoint accepts
+MODELS_SHOWN = 5  # model names quoted when /v1/models lists too many to pick from
 
 
 def add_parser(sub: Any) -> None:
     """The `probe` subcommand, added to an argparse subparsers object."""
     p = sub.add_parser("probe", help="canary: a streaming request through the real path")
-    p.add_argument("url", metavar="URL", help="the front of the path, e.g. https://chat.example")
+    p.add_argument(
+        "url", metavar="URL", help="the front of the path, e.g. https://chat.example or .../v1"
+    )
     p.add_argument("--api", choices=("openai", "anthropic"), default="openai")
     p.add_argument(
         "--path", default="", help="request path (default: the API's own, when URL has none)"
+    )
+    p.add_argument(
+        "--model",
+        default="",
+        metavar="NAME",
+        help="the model to ask (default: the one the endpoint's /v1/models lists)",
+    )
+    p.add_argument(
+        "--api-key-env",
+        default="",
+        metavar="VAR",
+        help="read the API key from this environment variable, e.g. OPENAI_API_KEY (never shown)",
     )
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, metavar="N")
     p.add_argument("--rate", type=float, default=DEFAULT_RATE, metavar="TOKENS_PER_S")
@@ -69,113 +91,48 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _ssl_context(insecure: bool) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.set_alpn_protocols(["http/1.1"])
-    if insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-async def _request(
-    url: str, method: str, body: bytes, headers: dict[str, str], insecure: bool
-) -> tuple[int, dict[str, str], list[tuple[float, bytes]], float]:
-    """(status, headers, body reads stamped in seconds since the request, wall-clock start)."""
-    parts = urlsplit(url)
-    tls = parts.scheme == "https"
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or (443 if tls else 80)
-    ctx = _ssl_context(insecure) if tls else None
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    head = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
-    head += [f"{k}: {v}" for k, v in headers.items()]
-    if body:
-        head += ["content-type: application/json", f"content-length: {len(body)}"]
-    wall, start = time.time(), time.monotonic()
-    reader, writer = await asyncio.open_connection(host, port, ssl=ctx, limit=MAX_HEAD_BYTES)
-    try:
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        await writer.drain()
-        status, resp = await _head(reader)
-        reads: list[tuple[float, bytes]] = []
-        await _body(reader, resp, lambda data: reads.append((time.monotonic() - start, data)))
-    finally:
-        writer.close()
-        # a TLS close is a handshake too: wait for it, so the socket is closed before the loop
-        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
-    return status, resp, reads, wall
-
-
-async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    status_line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
-    if len(status_line) < 2 or not status_line[1].isdigit():
-        raise HopmeterError(f"not an HTTP/1.1 response: {' '.join(status_line)[:80]!r}")
-    headers: dict[str, str] = {}
-    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
-        k, _, v = line.decode("latin-1").partition(":")
-        headers[k.strip().lower()] = v.strip()
-    return int(status_line[1]), headers
-
-
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str], take: Any) -> None:
-    """Read a chunked, sized or close-delimited body, handing each piece to `take` on arrival."""
-    total = 0
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16):
-            total += size
-            if total > MAX_BODY_BYTES:
-                raise HopmeterError(f"the reply is over {MAX_BODY_BYTES} bytes: not a probe reply")
-            take((await reader.readexactly(size + 2))[:-2])
-        return
-    # sized: read up to the length; close-delimited: read to the end, within the bound
-    length = int(headers.get("content-length", str(MAX_BODY_BYTES + 1)))
-    while total < length and (data := await reader.read(min(65536, length - total))):
-        total += len(data)
-        if total > MAX_BODY_BYTES:
-            raise HopmeterError(f"the reply is over {MAX_BODY_BYTES} bytes: not a probe reply")
-        take(data)
-
-
 async def _sends(admin: str, request_id: str, insecure: bool) -> list[float] | None:
     """The upstream's send time of each token-carrying event, or None when it cannot tell."""
-    url = admin.rstrip("/") + f"/_hopmeter/sends/{request_id}"
-    status, _, reads, _ = await _request(url, "GET", b"", {}, insecure)
-    if status != 200:
+    got = await request(admin.rstrip("/") + f"/_hopmeter/sends/{request_id}", insecure=insecure)
+    if got.status != 200:
         return None
-    doc = orjson.loads(b"".join(d for _, d in reads))
+    doc = orjson.loads(got.body)
     return [float(t) for t, tokens, *_ in doc.get("events", []) if tokens > 0]
 
 
+async def _post(spec: Spec, url: str, headers: dict[str, str], insecure: bool) -> Received:
+    body = orjson.dumps(spec.request())
+    return await request(
+        url, "POST", body, {**headers, "x-hopmeter-scenario": spec.header()}, insecure=insecure
+    )
+
+
 async def probe_one(
-    spec: Spec, url: str, extra: dict[str, str], args: argparse.Namespace
+    spec: Spec, url: str, headers: dict[str, str], args: argparse.Namespace
 ) -> Verdict:
     """One stream through the path, judged."""
-    headers = {
-        "accept": "text/event-stream",
-        "accept-encoding": ACCEPT_ENCODING,
-        "x-hopmeter-scenario": spec.header(),
-        **extra,
-    }
-    body = orjson.dumps(spec.request())
-    status, resp, reads, wall = await _request(url, "POST", body, headers, args.insecure)
+    got = await _post(spec, url, headers, args.insecure)
     note = ""
-    text = b"".join(d for _, d in reads)
-    if status == 400 and spec.random_cuts and RANDOM_CUTS_KEY.encode() in text:
+    if got.status == 400 and spec.random_cuts and RANDOM_CUTS_KEY.encode() in got.body:
         # an upstream without random cuts: cut once per event at its fixed place instead
         spec = replace(spec, random_cuts=False)
-        headers["x-hopmeter-scenario"] = spec.header()
-        status, resp, reads, wall = await _request(url, "POST", body, headers, args.insecure)
+        got = await _post(spec, url, headers, args.insecure)
         note = f"the upstream does not know {RANDOM_CUTS_KEY}: each event was cut at a fixed place"
-        text = b"".join(d for _, d in reads)
     sends = None
-    rid = resp.get("x-hopmeter-request-id")
-    if args.upstream_admin and rid and status == 200:
+    rid = header_of(got.headers, REQUEST_ID_HEADERS)
+    if args.upstream_admin and rid and got.status == 200:
         sends = await _sends(args.upstream_admin, rid, args.insecure)
-    verdict = judge(spec, status, resp, reads, sends=sends, t_wall_start=wall)
-    if status != 200:
-        verdict.problems[-1] += f": {text[:160].decode('utf-8', 'replace').strip()}"
+    verdict = judge(
+        spec,
+        got.status,
+        got.headers,
+        got.chunks,
+        sends=sends,
+        t_wall_start=got.wall_start,
+        t_headers_s=got.t_headers_s,
+    )
+    if got.status != 200:
+        verdict.problems[-1] += f": {got.body[:160].decode('utf-8', 'replace').strip()}"
     first = verdict.figures.get("first_word_s")
     limit = args.max_first_word
     if limit is not None and first is not None and first > limit:
@@ -191,18 +148,34 @@ def _extra_headers(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition(":")
         if not sep or not name.strip():
-            raise HopmeterError(f"--header {pair!r}: expected NAME:VALUE")
+            raise UsageError(f"--header {pair!r}: expected NAME:VALUE")
         out[name.strip().lower()] = value.strip()
     return out
+
+
+def _api_key(var: str) -> str:
+    """The key in environment variable `var` ("" when no variable was named)."""
+    if not var:
+        return ""
+    key = os.environ.get(var, "").strip()
+    if not key:
+        raise UsageError(f"--api-key-env {var}: the environment variable {var} is not set")
+    return key
+
+
+def _auth_headers(api: str, key: str) -> dict[str, str]:
+    if api == "anthropic":
+        return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
+    return {"authorization": f"Bearer {key}"} if key else {}
 
 
 def _specs(args: argparse.Namespace) -> list[Spec]:
     endings = [e.strip().lower() for e in args.line_endings.split(",") if e.strip()]
     bad = [e for e in endings if e not in LINE_ENDINGS]
     if bad or not endings:
-        raise HopmeterError(f"--line-endings {args.line_endings!r}: use lf, crlf and/or cr")
+        raise UsageError(f"--line-endings {args.line_endings!r}: use lf, crlf and/or cr")
     if args.tokens < 2 or args.rate <= 0:
-        raise HopmeterError("--tokens must be 2 or more and --rate above 0")
+        raise UsageError("--tokens must be 2 or more and --rate above 0")
     seed = args.seed if args.seed is not None else secrets.randbelow(1_000_000)
     return [
         Spec(api=args.api, tokens=args.tokens, rate=args.rate, line_ending=e, seed=seed)
@@ -213,36 +186,51 @@ def _specs(args: argparse.Namespace) -> list[Spec]:
 def _target(url: str, spec: Spec, path: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise HopmeterError(f"URL {url!r}: expected http://HOST[:PORT][/PATH] or https://...")
+        raise UsageError(f"URL {url!r}: expected http://HOST[:PORT][/PATH] or https://...")
     if path:
         return url.rstrip("/") + "/" + path.lstrip("/")
+    if parts.path.rstrip("/").endswith("/v1"):  # a base URL, as SDKs take it
+        return url.rstrip("/") + spec.path.removeprefix("/v1")
     return url if parts.path not in ("", "/") else url.rstrip("/") + spec.path
 
 
-def _ms(x: object) -> str:
-    return "-" if not isinstance(x, int | float) else f"{x * 1000:.0f}ms"
+def models_url(target: str, spec: Spec) -> str:
+    """Where the endpoint lists its models: /models beside the chat route (/v1/models)."""
+    parts = urlsplit(target)
+    route = spec.path.removeprefix("/v1")  # /chat/completions or /messages
+    path = parts.path
+    base = path.removesuffix(route) if path.endswith(route) else "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, base.rstrip("/") + "/models", "", ""))
 
 
-def _line(v: Verdict) -> str:
-    f = v.figures
-    holds = f.get("holds") or {}
-    intact = "bytes intact" if f.get("bytes_intact") else "bytes CHANGED"
-    return (
-        f"  {v.line_ending:<4} {v.status} {f.get('content_encoding') or 'identity'} "
-        f"first byte {_ms(f.get('first_byte_s'))}, first word {_ms(f.get('first_word_s'))}, "
-        f"{f.get('events', 0)}/{f.get('events_expected', '?')} events in {f.get('reads', 0)} "
-        f"reads, tokens in {f.get('bursts', 0)} bursts, last at {_ms(f.get('last_event_s'))}; "
-        f"{intact}; hold first word "
-        f"{_ms(holds.get('first_word_s'))} p50 {_ms(holds.get('p50_s'))} max "
-        f"{_ms(holds.get('max_s'))} ({holds.get('source', 'not judged')})"
-        + (f"\n       {f['note']}" if f.get("note") else "")
-    )
+async def pick_model(url: str, headers: dict[str, str], insecure: bool) -> str:
+    """The model to probe: the one /v1/models lists, or the canary's alias among several."""
+    fix = "pass --model NAME"
+    got = await request(url, headers=headers, insecure=insecure)  # path errors propagate
+    if got.status != 200:
+        raise UsageError(f"{url} answered {got.status} when asked which models it serves; {fix}")
+    try:
+        doc = orjson.loads(got.body)
+    except orjson.JSONDecodeError:
+        raise UsageError(f"{url} answered no JSON list of models; {fix}") from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    ids: list[str] = [
+        m["id"] for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)
+    ]
+    if len(ids) == 1:
+        return ids[0]
+    if CANARY_MODEL in ids:
+        return CANARY_MODEL
+    if not ids:
+        raise UsageError(f"{url} lists no models; {fix}")
+    shown = ", ".join(ids[:MODELS_SHOWN]) + (", ..." if len(ids) > MODELS_SHOWN else "")
+    raise UsageError(f"{url} lists {len(ids)} models ({shown}); {fix}")
 
 
 async def _probe_all(
-    specs: list[Spec], url: str, extra: dict[str, str], args: argparse.Namespace
+    specs: list[Spec], url: str, headers: dict[str, str], args: argparse.Namespace
 ) -> list[Verdict]:
-    runs = [asyncio.wait_for(probe_one(s, url, extra, args), args.timeout) for s in specs]
+    runs = [asyncio.wait_for(probe_one(s, url, headers, args), args.timeout) for s in specs]
     return list(await asyncio.gather(*runs))
 
 
@@ -261,42 +249,30 @@ def run(args: argparse.Namespace) -> int:
     """Probe, print, and exit 0 (pass) or 1 (fail, the reason on one line)."""
     specs = _specs(args)  # usage errors first, before any request
     url = _target(args.url, specs[0], args.path)
-    extra = _extra_headers(args.header)
+    key = _api_key(args.api_key_env)
+    headers = {
+        "accept": "text/event-stream",
+        "accept-encoding": ACCEPT_ENCODING,
+        **_auth_headers(args.api, key),
+        **_extra_headers(args.header),
+    }
     try:
-        verdicts = asyncio.run(_probe_all(specs, url, extra, args))
+        model = args.model
+        if not model:
+            listing = pick_model(models_url(url, specs[0]), headers, args.insecure)
+            model = asyncio.run(asyncio.wait_for(listing, args.timeout))
+        specs = [replace(s, model=model) for s in specs]
+        verdicts = asyncio.run(_probe_all(specs, url, headers, args))
+    except UsageError as exc:
+        raise UsageError(output.redact(str(exc), key)) from None
     except _PATH_ERRORS as exc:
         detail = str(exc) or f"no reply within {args.timeout}s"
-        _emit(args, url, specs[0].seed, [], f"no stream from {url}: {detail}")
+        reason = f"no stream from {url}: {detail}"
+        done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=[], reason=reason)
+        output.emit(done, as_json=args.json, key=key)
         return 1
     failed = [v for v in verdicts if not v.ok]
     reason = f"{failed[0].line_ending}: {failed[0].problems[0]}" if failed else ""
-    _emit(args, url, specs[0].seed, verdicts, reason)
+    done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=verdicts, reason=reason)
+    output.emit(done, as_json=args.json, key=key)
     return 1 if failed else 0
-
-
-def _emit(
-    args: argparse.Namespace, url: str, seed: int, verdicts: list[Verdict], reason: str
-) -> None:
-    if args.json:
-        doc = {
-            "schema": "hopmeter.probe/1",
-            "url": url,
-            "seed": seed,
-            "ok": not reason,
-            "reason": reason or None,
-            "streams": [v.as_json() for v in verdicts],
-        }
-        sys.stdout.buffer.write(orjson.dumps(doc) + b"\n")
-        if reason:
-            print(f"hopmeter probe: FAIL {reason}", file=sys.stderr)
-        return
-    print(f"hopmeter probe {url} (seed {seed})")
-    for v in verdicts:
-        print(_line(v))
-    if reason:
-        print(f"FAIL {reason}")
-    else:
-        words = [v.figures.get("first_word_s") for v in verdicts]
-        worst = max((w for w in words if w is not None), default=None)
-        n = len(verdicts)
-        print(f"PASS {n} stream{'s' * (n != 1)} intact, first word by {_ms(worst)}, no holds")

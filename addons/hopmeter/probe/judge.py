@@ -1,127 +1,63 @@
-"""What the canary asks of a `hopmeter upstream`, what it expects back, and how it judges a reply.
+"""How a probe reply is judged: what arrived (status, headers, each timed read) to a verdict.
 
-Sans-I/O: `hopmeter probe` (probe.py) does the HTTP; this module turns what arrived — status,
-headers, each body read with its time — into verdicts, with literal bytes and times in tests.
+Sans-I/O: `hopmeter probe` (command.py) does the HTTP. Every reply is read the way the proxy
+reads a stream: the core's meter (one decoder per content coding, SSE framing on CR, LF or CRLF,
+one streaming UTF-8 decoder) and the proxy's own detectors and figures (hopmeter.core.record),
+with the first visible word timed at the client. How strictly it is then judged depends on what
+the origin did with the canary (hopmeter.probe.canary):
 
-The upstream is deterministic for a scenario (hopmeter.upstream.formats), so the probe knows every
-byte it should receive: emoji and CJK tokens, the line ending asked for, and (where the upstream
-supports it) each event written in pieces cut at random byte offsets. A path that changes a byte,
-drops an event, re-encodes a line ending or splits a character wrongly fails the byte check; a path
-that holds the stream fails the hold check (seed "GPU to pixel": "nothing, then everything").
+- `bytes`: a `hopmeter upstream` played it and its reply came through unframed: every byte, event
+  and line ending is checked, and holds are measured against the upstream's send log or its known
+  token clock (seed "GPU to pixel": "nothing, then everything").
+- `text`: it played it behind a gateway that re-frames events (LiteLLM re-serialises each chunk):
+  the text, the events' UTF-8 and the holds against the clock are checked, not the bytes.
+- `timing`: the origin does not play the canary (a real model server, or a gateway dropped the
+  header): said in one line, and the path is judged by the detectors alone (a held or bursty body,
+  U+FFFD, a cut stream, a reply not streamed), never against a clock the probe did not control.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hopmeter.core.apis import make_parser
-from hopmeter.core.decoding import make_decoder
-from hopmeter.core.figures import weighted_quantile
-from hopmeter.core.frames import Frame
-from hopmeter.core.hops import WHOLE_BODY_MIN_SPAN_S, WHOLE_BODY_SHARE
-from hopmeter.core.sse import SseDecoder
-from hopmeter.core.vocab import Api
-from hopmeter.errors import DecodingError, StreamLimitError
-from hopmeter.upstream import formats
-from hopmeter.upstream.scenario import Scenario, apply
+from hopmeter.core.meter import FlowMeter
+from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.tokens import Counter, estimate_counter
+from hopmeter.core.vocab import Api, FindingKind, ProbeCheck
+from hopmeter.probe import strict
+from hopmeter.probe.canary import RANDOM_CUTS_KEY, REQUEST_ID_HEADERS, Spec, header_of
+from hopmeter.probe.strict import MAX_HOLD_S
 
-# A token held longer than this on its way is a failure: the stall threshold (docs/design.md §3),
-# the gap a reader notices. A streaming nginx holds ~0.2 ms (docs/nginx-holds.md).
-MAX_HOLD_S = 0.5
-# The scenario key asking the upstream to cut each event's write at random byte offsets (not yet
-# known to every upstream: the probe falls back to the fixed cut of `split_writes`).
-RANDOM_CUTS_KEY = "split_cuts"
-RANDOM_CUTS = 3  # cuts per event: enough to land inside a 4-byte emoji and between CR and LF
+__all__ = ["MAX_HOLD_S", "RANDOM_CUTS_KEY", "Spec", "Verdict", "judge"]
+
+# The detectors' stall threshold for a probe reply: the hold a probe fails on.
+STALL_THRESHOLD_S = MAX_HOLD_S
 # Token arrivals closer than this share of the clock's interval belong to one burst: an unheld
 # stream has one burst per token, a whole-body hold one burst in all.
 BURST_SHARE = 0.25
-MODEL = "hopmeter-probe"
-DEFAULT_TOKENS = 40
-DEFAULT_RATE = 20.0  # tokens per second: 40 tokens span ~2 s, long enough to see a hold
-_CREATED = re.compile(rb'"created":\d+')  # the one field of a reply that depends on the clock
-_ENDINGS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
-_PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Spec:
-    """One probe request: the API spoken and the reply the upstream is asked for."""
-
-    api: str = "openai"  # "openai" | "anthropic"
-    tokens: int = DEFAULT_TOKENS
-    rate: float = DEFAULT_RATE
-    line_ending: str = "crlf"
-    seed: int = 1
-    random_cuts: bool = True
-
-    @property
-    def path(self) -> str:
-        """The upstream route of this API."""
-        return _PATHS[self.api]
-
-    def pairs(self) -> list[tuple[str, str]]:
-        """Every scenario key that shapes the reply, so no server-wide default can change it."""
-        return [
-            *(("tokens", str(self.tokens)), ("rate", repr(self.rate)), ("ttft_s", "0.05")),
-            *(("prelude_s", "0"), ("coalesce", "1"), ("reasoning", "0"), ("jitter", "0")),
-            *(("seed", str(self.seed)), ("stall_at", "-1"), ("emoji", "1"), ("fffd", "0")),
-            *(("split_writes", "1"), ("line_ending", self.line_ending), ("gzip", "0")),
-            *(("gzip_flush", "0"), ("buffered", "0"), ("error_at", "-1"), ("cut_at", "-1")),
-            *(("stream", "1"), ("usage", "1"), ("headers", "good"), ("replay", "")),
-        ]
-
-    def header(self) -> str:
-        """The X-Hopmeter-Scenario header value."""
-        extra = [(RANDOM_CUTS_KEY, str(RANDOM_CUTS))] if self.random_cuts else []
-        return ";".join(f"{k}={v}" for k, v in [*self.pairs(), *extra])
-
-    def scenario(self) -> Scenario:
-        """The scenario the upstream plays (the cut key changes write boundaries, not bytes)."""
-        return apply(Scenario(), self.pairs())
-
-    def request(self) -> dict[str, object]:
-        """The JSON body of the request."""
-        doc: dict[str, object] = {
-            "model": MODEL,
-            "stream": True,
-            "messages": [{"role": "user", "content": "hopmeter probe: say something"}],
-        }
-        if self.api == "openai":
-            doc["stream_options"] = {"include_usage": True}
-        else:
-            doc["max_tokens"] = self.tokens
-        return doc
-
-    def plan(self) -> list[formats.Planned]:
-        """The events the upstream sends, in order."""
-        s = self.scenario()
-        if self.api == "anthropic":
-            return formats.anthropic_messages(s, MODEL)
-        return formats.openai_chat(s, MODEL, True)
-
-    def expected_body(self) -> bytes:
-        """The decoded body the client should receive, `created` zeroed."""
-        body = b"".join(p.body for p in self.plan()).replace(b"\n", _ENDINGS[self.line_ending])
-        return _CREATED.sub(b'"created":0', body)
-
-    def clock_s(self) -> list[float]:
-        """When the upstream sends each token-carrying event, seconds after it got the request."""
-        s = self.scenario()
-        due = [0.0]
-        for gap in s.intervals():
-            due.append(due[-1] + gap)
-        return [
-            s.ttft_s + s.prelude_s + due[p.last_token]
-            for p in self.plan()
-            if p.last_token is not None
-        ]
-
-    def expected_text(self) -> str:
-        """The visible reply."""
-        return "".join(formats.reply_tokens(self.scenario())[1])
+# What the detectors find that fails a probe whatever the origin: the path held the body or
+# released it in windows, damaged characters, cut the stream or did not stream it. The rest
+# (headers, compression that still streams, CR line endings, a stall the model itself may have
+# taken) is reported, not failed.
+PATH_FAILURES = frozenset(
+    {
+        FindingKind.WHOLE_BODY_HOLD,
+        FindingKind.BURST_GAPS,
+        FindingKind.REPLACEMENT_CHAR,
+        FindingKind.TRUNCATED,
+        FindingKind.NOT_STREAMED,
+    }
+)
+NOTES = {
+    "not_hopmeter": "the origin does not play the canary (it is not a hopmeter upstream): "
+    "judged on timing only, with hopmeter's detectors",
+    "dropped": "the origin is a hopmeter upstream but did not get the X-Hopmeter-Scenario header "
+    "(a gateway on the way drops it): judged on timing only, with hopmeter's detectors",
+    "reframed": "a gateway re-frames the canary's events on the way: its text and timing are "
+    "checked, not its bytes",
+}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -149,29 +85,12 @@ class Verdict:
         }
 
 
-def _first_difference(want: bytes, got: bytes) -> str:
-    n = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
-    if n is None and len(got) < len(want):
-        return f"the body ended after {len(got)} of {len(want)} bytes"
-    if n is None:
-        return f"{len(got) - len(want)} bytes more than expected after the end"
-    lo = max(0, n - 12)
-    return f"byte {n} differs: expected {want[lo : n + 12]!r}, got {got[lo : n + 12]!r}"
+class _Estimates:
+    """Token counts for the probe: the core's text-shape estimate, reconciled to usage."""
 
-
-def _decode(
-    headers: Mapping[str, str], reads: Sequence[tuple[float, bytes]]
-) -> tuple[list[tuple[float, bytes]], str | None]:
-    """(decoded reads with their times, error) after undoing Content-Encoding."""
-    decoder = make_decoder(headers.get("content-encoding"))
-    out: list[tuple[float, bytes]] = []
-    try:
-        for t, data in reads:
-            out.append((t, decoder.decode(data)))
-        out.append((reads[-1][0] if reads else 0.0, decoder.flush()))
-    except (DecodingError, StreamLimitError) as exc:
-        return out, str(exc)
-    return out, None
+    def for_model(self, model: str | None) -> Counter:
+        del model
+        return estimate_counter()
 
 
 def judge(
@@ -182,118 +101,155 @@ def judge(
     *,
     sends: Sequence[float] | None = None,
     t_wall_start: float = 0.0,
+    t_headers_s: float | None = None,
 ) -> Verdict:
-    """The verdict on one reply: `reads` are (seconds since the request, bytes) as they arrived;
-    `sends` the upstream's wall-clock send time of each token-carrying event, when known."""
+    """The verdict on one reply: `reads` are (seconds since the request, bytes) as they arrived,
+    still content-encoded; `sends` the upstream's wall-clock send time of each token-carrying
+    event, when known."""
     v = Verdict(line_ending=spec.line_ending, status=status)
     ctype = headers.get("content-type", "")
     v.figures.update(content_type=ctype, content_encoding=headers.get("content-encoding"))
-    v.figures["request_id"] = headers.get("x-hopmeter-request-id")
+    v.figures["request_id"] = header_of(headers, REQUEST_ID_HEADERS)
     if status != 200:
         v.problems.append(f"status {status}, expected 200")
         return v
     if not ctype.lower().startswith("text/event-stream"):
         v.problems.append(f"content type {ctype!r}, expected text/event-stream")
-    decoded, error = _decode(headers, reads)
-    if error:
-        v.problems.append(f"body could not be decoded: {error}")
-    body = _CREATED.sub(b'"created":0', b"".join(d for _, d in decoded))
-    want = spec.expected_body()
-    v.figures["bytes_intact"] = body == want
-    if body != want:
-        v.problems.append(f"bytes changed: {_first_difference(want, body)}")
-    frames = _frames(decoded, v)
-    _check_events(spec, frames, v)
-    _timing(spec, reads, frames, v)
-    _holds(spec, sends, t_wall_start, v)
+    meter, record = _measure(spec, headers, reads, t_wall_start, t_headers_s)
+    texts = meter.event_texts()
+    text = "".join(texts)
+    check, note = _check(spec, headers, text)
+    v.figures.update(check=check, check_note=note)
+    v.figures["findings"] = [f["kind"] for f in record.get("findings") or []]
+    _events(spec, meter, texts, check, v)
+    _timing(spec, reads, meter, record, v, check=check)
+    if check is ProbeCheck.BYTES:
+        strict.check_bytes(spec, headers, reads, v.figures, v.problems)
+        strict.check_line_endings(spec, v.figures, v.problems)
+    if check is ProbeCheck.TIMING:
+        _path_findings(record, v)
+    else:
+        strict.check_holds(spec, sends, t_wall_start, v.figures, v.problems)
+        strict.check_text(spec, text, meter, v.figures, v.problems)
     return v
 
 
-def _frames(decoded: Sequence[tuple[float, bytes]], v: Verdict) -> list[Frame]:
-    sse = SseDecoder()
-    frames: list[Frame] = []
-    for t, data in decoded:
-        frames += sse.feed(data, t)
-    frames += sse.close(decoded[-1][0] if decoded else 0.0)
-    v.figures["line_endings"] = dict(sse.line_endings)
-    return frames
+def _check(spec: Spec, headers: Mapping[str, str], text: str) -> tuple[ProbeCheck, str | None]:
+    """How strictly the reply can be judged, and the one line saying why when not by bytes."""
+    if spec.played(headers, text):
+        if "x-hopmeter-request-id" in headers:
+            return ProbeCheck.BYTES, None
+        return ProbeCheck.TEXT, NOTES["reframed"]
+    if header_of(headers, REQUEST_ID_HEADERS) is not None:
+        return ProbeCheck.TIMING, NOTES["dropped"]
+    return ProbeCheck.TIMING, NOTES["not_hopmeter"]
 
 
-def _check_events(spec: Spec, frames: Sequence[Frame], v: Verdict) -> None:
-    parser = make_parser(Api.OPENAI_CHAT if spec.api == "openai" else Api.ANTHROPIC_MESSAGES)
-    deltas = [parser.parse(f) for f in frames]
-    text = "".join(d.content for d in deltas)
-    expected = len(spec.plan())
-    v.figures.update(events=len(frames), events_expected=expected)
-    v.figures["text_intact"] = text == spec.expected_text()
-    endings = v.figures["line_endings"]
-    wrong = {k: n for k, n in endings.items() if n and k != spec.line_ending}
-    if wrong:
-        v.problems.append(f"line endings changed: asked for {spec.line_ending}, got {wrong}")
-    if len(frames) != expected:
-        v.problems.append(f"{len(frames)} events arrived, the upstream sent {expected}")
-    if not v.figures["text_intact"]:
-        v.problems.append("the reply text differs from what the upstream sent")
-    if sum(f.replacement_chars for f in frames):
-        v.problems.append("U+FFFD in the events: a character was split and decoded alone")
-    if not any(d.terminal for d in deltas):
-        v.problems.append("no terminal event: the stream was cut")
-    firsts = [f.t_s for f, d in zip(frames, deltas, strict=True) if d.visible]
-    v.figures["first_word_s"] = firsts[0] if firsts else None
-    v.figures["token_arrivals_s"] = [
-        round(f.t_s, 6) for f, d in zip(frames, deltas, strict=True) if d.content
-    ]
+def _measure(
+    spec: Spec,
+    headers: Mapping[str, str],
+    reads: Sequence[tuple[float, bytes]],
+    t_wall_start: float,
+    t_headers_s: float | None,
+) -> tuple[FlowMeter, dict[str, Any]]:
+    """The reply measured as the proxy measures a flow: the meter, and the record it makes."""
+    api = Api.OPENAI_CHAT if spec.api == "openai" else Api.ANTHROPIC_MESSAGES
+    meter = FlowMeter(
+        api=api,
+        content_type=headers.get("content-type", ""),
+        content_encoding=headers.get("content-encoding"),
+        headers=headers,
+    )
+    for t, data in reads:
+        meter.feed(data, t)
+    end = reads[-1][0] if reads else (t_headers_s or 0.0)
+    meter.close(end)
+    result = finish_flow(
+        flow_id="probe",
+        trace_id=None,
+        hop="probe",
+        listener="probe",
+        request=RequestInfo(
+            method="POST",
+            scheme="",
+            host="",
+            path=spec.path,
+            t_start=t_wall_start,
+            t_end=t_wall_start,
+            bytes=0,
+            model=spec.model,
+            stream_requested=True,
+        ),
+        response=ResponseInfo(
+            status=200, http_version="HTTP/1.1", headers=headers, t_headers_s=t_headers_s
+        ),
+        meter=meter,
+        ended="complete",
+        bytes_out=meter.bytes_wire,
+        counters=_Estimates(),
+        stall_threshold_s=STALL_THRESHOLD_S,
+    )
+    return meter, result.record
+
+
+def _events(
+    spec: Spec, meter: FlowMeter, texts: Sequence[str], check: ProbeCheck, v: Verdict
+) -> None:
+    times = meter.events.t_s
+    v.figures["events"] = meter.events_seen
+    v.figures["events_expected"] = len(spec.plan()) if check is ProbeCheck.BYTES else None
+    v.figures["first_word_s"] = meter.facts.first_visible_s
+    v.figures["token_arrivals_s"] = [round(t, 6) for t, s in zip(times, texts, strict=False) if s]
+    framer = meter.framer
+    v.figures["line_endings"] = dict(getattr(framer, "line_endings", {}))
 
 
 def _timing(
-    spec: Spec, reads: Sequence[tuple[float, bytes]], frames: Sequence[Frame], v: Verdict
+    spec: Spec,
+    reads: Sequence[tuple[float, bytes]],
+    meter: FlowMeter,
+    record: Mapping[str, Any],
+    v: Verdict,
+    *,
+    check: ProbeCheck,
 ) -> None:
     arrivals: list[float] = v.figures["token_arrivals_s"]
-    close = BURST_SHARE / spec.rate
+    fig = record.get("figures") or {}
+    times = meter.events.t_s
+    if check is not ProbeCheck.TIMING:  # bursts against the canary's known token clock
+        close = BURST_SHARE / spec.rate
+        v.figures["bursts"] = sum(
+            1 for i, t in enumerate(arrivals) if i == 0 or t - arrivals[i - 1] >= close
+        )
+        v.figures["clock_span_s"] = round(spec.clock_s()[-1] - spec.clock_s()[0], 6)
     v.figures.update(
         reads=len(reads),
-        bursts=sum(1 for i, t in enumerate(arrivals) if i == 0 or t - arrivals[i - 1] >= close),
         first_byte_s=reads[0][0] if reads else None,
-        first_event_s=frames[0].t_s if frames else None,
-        last_event_s=frames[-1].t_s if frames else None,
-        clock_span_s=round(spec.clock_s()[-1] - spec.clock_s()[0], 6),
+        first_event_s=times[0] if times else None,
+        last_event_s=times[-1] if times else None,
+        tokens=fig.get("tokens"),
+        itl_p50_s=fig.get("itl_p50_s"),
+        itl_p99_s=fig.get("itl_p99_s"),
+        max_gap_s=fig.get("max_gap_s"),
     )
 
 
-def _holds(spec: Spec, sends: Sequence[float] | None, t_wall_start: float, v: Verdict) -> None:
-    """How long the path held each token: from the send log, else against the token clock."""
-    arrivals: list[float] = v.figures["token_arrivals_s"]
-    clock = spec.clock_s()
-    if not arrivals or len(arrivals) != len(clock):
-        return  # the event check already failed; holds would pair the wrong tokens
-    if sends is not None and len(sends) == len(arrivals):
-        # the upstream stamps a send after its write returns (and, with split writes, after a
-        # 5 ms pause), so an unheld token can show a few ms below zero: that is no hold
-        holds = [max(0.0, t_wall_start + a - s) for a, s in zip(arrivals, sends, strict=True)]
-        source, before_last = "upstream_sends", t_wall_start + arrivals[0] < sends[-1]
-    else:
-        lags = [a - c for a, c in zip(arrivals, clock, strict=True)]
-        holds = [lag - min(lags) for lag in lags]  # the least-held token bounds the path's delay
-        # the upstream sent the last token at about its clock time plus the least lag
-        source, before_last = "token_clock", arrivals[0] < clock[-1] + min(lags)
-    span = clock[-1] - clock[0]
-    whole = span >= WHOLE_BODY_MIN_SPAN_S and holds[0] >= WHOLE_BODY_SHARE * span
-    p50 = weighted_quantile(holds, [1] * len(holds), 0.5)
-    v.figures["holds"] = {
-        "source": source,
-        "first_word_s": round(holds[0], 6),
-        "p50_s": None if p50 is None else round(p50, 6),
-        "max_s": round(max(holds), 6),
-        "whole_body": whole,
-        "first_event_before_last_send": before_last,
-    }
-    if whole:
-        v.problems.append(
-            f"held: the first word arrived {holds[0]:.2f}s late, with the last ({source}); "
-            "a hop buffers the whole body: turn off buffering and compression for event streams"
-        )
-    elif max(holds) > MAX_HOLD_S:
-        v.problems.append(
-            f"held: a token arrived {max(holds):.2f}s late ({source}), above {MAX_HOLD_S}s; "
-            "a buffer or compressor on the path releases the stream in bursts"
-        )
+def _path_findings(record: Mapping[str, Any], v: Verdict) -> None:
+    """Timing only: what the proxy's detectors find that the path did."""
+    for f in record.get("findings") or []:
+        if f["kind"] not in PATH_FAILURES:
+            continue
+        ev = f.get("evidence") or {}
+        if f["kind"] == FindingKind.WHOLE_BODY_HOLD:
+            v.problems.append(
+                f"held: the whole body arrived in one burst {ev.get('final_burst_at_s', 0):.2f}s "
+                f"after the request, after {ev.get('wait_before_burst_s', 0):.2f}s of silence "
+                f"(whole_body_hold); {f['fix']}"
+            )
+        elif f["kind"] == FindingKind.BURST_GAPS:
+            v.problems.append(
+                f"held: tokens arrived in {ev.get('bursts')} bursts about "
+                f"{ev.get('stall_period_s', 0):.2f}s apart (burst_gaps); {f['fix']}"
+            )
+        else:
+            v.problems.append(f"{f['kind']}: {f['fix']}")

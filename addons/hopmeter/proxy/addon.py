@@ -29,7 +29,7 @@ from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy.chaos import Chaos, parse_actions
-from hopmeter.proxy.config import parse_listener
+from hopmeter.proxy.config import parse_listener, parse_seconds
 from hopmeter.proxy.pairing import Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizers import Counters, load_counter
@@ -45,9 +45,12 @@ class HopMeter:
         self.counter: Counters | None = None
         self.internal_errors = 0
         self.observers: list[FlowObserver] = []
+        # called with the flow and its record as soon as the record is built (before pairing)
+        self.flow_listeners: list[Callable[[http.HTTPFlow, FlowResult], None]] = []
         self.pairing = Pairing(schedule=_call_later, emit=self._emit)
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.chaos_actions: tuple[str, ...] = ()
+        self.stall_threshold_s = 0.5  # hopmeter_stall_threshold, parsed
         self.queue = MeasureQueue()
         # Set by `done`: the outputs are closing, so flows that still start on connections open
         # until the process exits are forwarded but not measured (their record could not be
@@ -65,9 +68,9 @@ class HopMeter:
         )
         loader.add_option(
             "hopmeter_stall_threshold",
-            float,
-            0.5,
-            "A gap between tokens at or above this many seconds is a stall.",
+            str,  # seconds as text: mitmproxy's --set cannot set a float option
+            "0.5",
+            "A gap between tokens at or above this many seconds is a stall (e.g. 0.5 or 500ms).",
         )
         loader.add_option(
             "hopmeter_tokenizer",
@@ -97,11 +100,13 @@ class HopMeter:
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if "hopmeter_stall_threshold" in updated and not opts.hopmeter_stall_threshold > 0:
-            raise exceptions.OptionsError(
-                f"hopmeter_stall_threshold must be a positive number of seconds, "
-                f"got {opts.hopmeter_stall_threshold}"
-            )
+        if "hopmeter_stall_threshold" in updated:
+            try:
+                self.stall_threshold_s = parse_seconds(
+                    opts.hopmeter_stall_threshold, "hopmeter_stall_threshold"
+                )
+            except UsageError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
         if "hopmeter_listeners" in updated:
             try:
                 self.listener_names = parse_listeners(opts.hopmeter_listeners)
@@ -153,6 +158,16 @@ class HopMeter:
         """Stop handing flows to `observer`."""
         if observer in self.observers:
             self.observers.remove(observer)
+
+    def add_flow_listener(self, listener: Callable[[http.HTTPFlow, FlowResult], None]) -> None:
+        """Call `listener(flow, result)` when a flow's record is built, before pairing."""
+        if listener not in self.flow_listeners:
+            self.flow_listeners.append(listener)
+
+    def remove_flow_listener(self, listener: Callable[[http.HTTPFlow, FlowResult], None]) -> None:
+        """Stop calling `listener`."""
+        if listener in self.flow_listeners:
+            self.flow_listeners.remove(listener)
 
     def _notify(self, notice: Callable[[FlowObserver], None], where: str) -> None:
         """Call `notice` on every observer; one that raises is counted and the rest still run."""
@@ -315,6 +330,11 @@ class HopMeter:
         except Exception as exc:
             self.internal_error("finish", exc)
             return
+        for listener in self.flow_listeners:
+            try:
+                listener(flow, result)
+            except Exception as exc:
+                self.internal_error("flow_listener", exc)
         try:
             ready = self.pairing.finish(result)
         except Exception as exc:
@@ -376,7 +396,7 @@ class HopMeter:
             ended=ended,
             bytes_out=tap.bytes_out if tap is not None else 0,
             counters=self.counter,
-            stall_threshold_s=ctx.options.hopmeter_stall_threshold,
+            stall_threshold_s=self.stall_threshold_s,
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
             failure=state.failure,

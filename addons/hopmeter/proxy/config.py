@@ -8,6 +8,7 @@ of the CLI imports this module, and `hopmeter report` has no use for mitmproxy.
 from __future__ import annotations
 
 import errno
+import math
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,28 @@ def parse_hostport(value: str, flag: str) -> tuple[str, int]:
     except ValueError:
         raise UsageError(f"{flag} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080") from None
     return host, port
+
+
+def parse_seconds(value: str, option: str, *, zero_ok: bool = False) -> float:
+    """A duration option's value in seconds: `0.5`, `0.5s` or `500ms`; a clear error otherwise.
+
+    The duration options are strings, not floats: mitmproxy's `--set`, its `set` command and its
+    console editor cannot set a float option at all (mitmdump exits at start-up).
+    """
+    text = value.strip().lower()
+    scale = 1.0
+    if text.endswith("ms"):
+        text, scale = text[:-2], 0.001
+    elif text.endswith("s"):
+        text = text[:-1]
+    try:
+        seconds = float(text) * scale
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+        least = "0 or more" if zero_ok else "a positive number of"
+        raise UsageError(f"{option} {value!r}: expected {least} seconds, e.g. 0.5 or 500ms")
+    return seconds
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

@@ -22,8 +22,10 @@ import time
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.config import parse_seconds
 from hopmeter.proxy.failures import http1_client
 from hopmeter.proxy.readiness import Readiness
 
@@ -47,21 +49,26 @@ class Drain:
         self.draining = False
         self.task: asyncio.Task[None] | None = None
         self.idle_closed = 0
+        self.timeout_s = DEFAULT_DRAIN_TIMEOUT_S  # hopmeter_drain_timeout, parsed
         # client connections carrying a WebSocket: busy, though no HTTP flow is in flight
         self.websockets: set[str] = set()
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
             "hopmeter_drain_timeout",
-            float,
-            DEFAULT_DRAIN_TIMEOUT_S,
+            str,  # seconds as text: mitmproxy's --set cannot set a float option
+            f"{DEFAULT_DRAIN_TIMEOUT_S:g}",
             "On SIGTERM, seconds to let the streams in flight finish before stopping (a second "
             "signal stops at once); keep it below the pod's terminationGracePeriodSeconds.",
         )
 
     def configure(self, updated: set[str]) -> None:
-        if "hopmeter_drain_timeout" in updated and ctx.options.hopmeter_drain_timeout < 0:
-            raise exceptions.OptionsError("hopmeter_drain_timeout must be 0 or more seconds")
+        if "hopmeter_drain_timeout" in updated:
+            value = ctx.options.hopmeter_drain_timeout
+            try:
+                self.timeout_s = parse_seconds(value, "hopmeter_drain_timeout", zero_ok=True)
+            except UsageError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
 
     def signal(self) -> None:
         """The event loop's handler for SIGTERM and SIGINT."""
@@ -94,7 +101,7 @@ class Drain:
         return self.meter.in_flight() + len(self.websockets)
 
     async def _drain(self, started_s: float) -> None:
-        timeout_s = ctx.options.hopmeter_drain_timeout
+        timeout_s = self.timeout_s
         ctx.options.update(server=False)  # Proxyserver closes the listening sockets
         self._close_idle()
         log.warning(

@@ -31,8 +31,10 @@ from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.upstream import CAUSE_FIXES, STATUS_SENT, UpstreamFailure
 from hopmeter.core.vocab import Ended
+from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.config import parse_seconds
 from hopmeter.proxy.failures import (
     CANCELLED,
     CauseLog,
@@ -79,40 +81,39 @@ class UpstreamGuard:
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
+        # durations as text (10, 1.5s, 500ms): mitmproxy's --set cannot set a float option
         loader.add_option(
             "hopmeter_connect_timeout",
-            float,
-            10.0,
+            str,
+            "10",
             "Seconds to open the upstream connection (TCP and TLS) before answering 504.",
         )
         loader.add_option(
             "hopmeter_read_timeout",
-            float,
-            600.0,
+            str,
+            "600",
             "Longest upstream silence, in seconds: before the response headers (answered 504) "
             "and between chunks of a response (the stream is cut).",
         )
         loader.add_option(
             "hopmeter_failure_log_interval",
-            float,
-            10.0,
+            str,
+            "10",
             "Seconds between log lines about one cause of upstream failures.",
         )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        for name in (
-            "hopmeter_connect_timeout",
-            "hopmeter_read_timeout",
-            "hopmeter_failure_log_interval",
-        ):
-            if name in updated and not getattr(opts, name) > 0:
-                raise exceptions.OptionsError(
-                    f"{name} must be a positive number of seconds, got {getattr(opts, name)}"
-                )
-        self.connect_timeout_s = opts.hopmeter_connect_timeout
-        self.read_timeout_s = opts.hopmeter_read_timeout
-        self.causes.interval_s = opts.hopmeter_failure_log_interval
+        try:
+            if "hopmeter_connect_timeout" in updated:
+                self.connect_timeout_s = _seconds(opts.hopmeter_connect_timeout, "connect")
+            if "hopmeter_read_timeout" in updated:
+                self.read_timeout_s = _seconds(opts.hopmeter_read_timeout, "read")
+            if "hopmeter_failure_log_interval" in updated:
+                interval = opts.hopmeter_failure_log_interval
+                self.causes.interval_s = parse_seconds(interval, "hopmeter_failure_log_interval")
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
 
     def running(self) -> None:
         opts = ctx.options
@@ -313,3 +314,7 @@ class UpstreamGuard:
 
 def _loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
+
+
+def _seconds(value: str, which: str) -> float:
+    return parse_seconds(value, f"hopmeter_{which}_timeout")

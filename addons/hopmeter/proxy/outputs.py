@@ -24,7 +24,7 @@ from hopmeter.export.records import RecordSink
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
-from hopmeter.proxy.config import parse_hostport
+from hopmeter.proxy.config import parse_hostport, parse_seconds
 from hopmeter.proxy.readiness import Readiness
 
 if TYPE_CHECKING:
@@ -92,9 +92,13 @@ class RecordsOutput(FlowObserver):
 
     def _close(self) -> None:
         self.meter.remove_observer(self)
-        if self.sink is not None:
-            self.sink.close()
-            self.sink = None
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            try:
+                sink.close()
+            except OSError as exc:  # the last lines were still buffered: a full disk, say
+                self.lost += 1
+                log.error("hopmeter: ERROR closing the records file", error=str(exc))
 
 
 class ConsoleOutput(FlowObserver):
@@ -115,9 +119,9 @@ class ConsoleOutput(FlowObserver):
         )
         loader.add_option(
             "hopmeter_summary_interval",
-            float,
-            60.0,
-            "Seconds between compact console summaries (0 = none).",
+            str,  # seconds as text: mitmproxy's --set cannot set a float option
+            "60",
+            "Seconds between compact console summaries (0 = none; e.g. 60 or 500ms).",
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -128,9 +132,12 @@ class ConsoleOutput(FlowObserver):
             raise exceptions.OptionsError(
                 f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
             )
-        interval_s = ctx.options.hopmeter_summary_interval
-        if interval_s < 0:
-            raise exceptions.OptionsError("hopmeter_summary_interval must be 0 or more seconds")
+        try:
+            interval_s = parse_seconds(
+                ctx.options.hopmeter_summary_interval, "hopmeter_summary_interval", zero_ok=True
+            )
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         running = self.console is not None and self.console.started
         self._stop()
         self.console = Console(mode, interval_s)
@@ -202,6 +209,7 @@ class MetricsOutput(FlowObserver):
             raise exceptions.OptionsError(str(exc)) from None
 
     def done(self) -> None:
+        self.meter.remove_observer(self)
         self._stop()
 
     def _stop(self) -> None:

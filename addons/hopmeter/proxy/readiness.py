@@ -26,6 +26,8 @@ from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
 from hopmeter.core.vocab import Ended
+from hopmeter.errors import UsageError
+from hopmeter.proxy.config import parse_seconds
 from hopmeter.proxy.failures import address_text, connect_cause
 
 Address = tuple[str, int]
@@ -60,26 +62,28 @@ class Readiness:
     def load(self, loader: Loader) -> None:
         loader.add_option(
             "hopmeter_ready_interval",
-            float,
-            2.0,
+            str,  # seconds as text: mitmproxy's --set cannot set a float option
+            "2",
             "Seconds between the checks that each reverse upstream accepts connections (/readyz).",
         )
         loader.add_option(
             "hopmeter_ready_timeout",
-            float,
-            1.0,
+            str,
+            "1",
             "Seconds a readiness check waits for the upstream's connection.",
         )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        for name in ("hopmeter_ready_interval", "hopmeter_ready_timeout"):
-            if name in updated and not getattr(opts, name) > 0:
-                raise exceptions.OptionsError(
-                    f"{name} must be a positive number of seconds, got {getattr(opts, name)}"
-                )
-        self.interval_s = opts.hopmeter_ready_interval
-        self.timeout_s = opts.hopmeter_ready_timeout
+        try:
+            if "hopmeter_ready_interval" in updated:
+                interval = opts.hopmeter_ready_interval
+                self.interval_s = parse_seconds(interval, "hopmeter_ready_interval")
+            if "hopmeter_ready_timeout" in updated:
+                timeout = opts.hopmeter_ready_timeout
+                self.timeout_s = parse_seconds(timeout, "hopmeter_ready_timeout")
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         if "mode" in updated:
             self.targets = reverse_upstreams(opts.mode)
             self.states = {a: s for a, s in self.states.items() if a in self.targets}

@@ -21,6 +21,7 @@ from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
+from hopmeter.proxy.ui import HopView
 
 # mitmproxy closes a client connection after this long without any event (`tcp_timeout`, 600 s
 # by default); hopmeter's read timeout must come first, or a silent upstream ends as an empty
@@ -31,12 +32,13 @@ TCP_TIMEOUT_MARGIN_S = 60
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
     the measuring addon, the upstream guard (after it: it reads the stream tap the measuring
-    addon installs), the readiness check, then the outputs that observe the measuring addon."""
+    addon installs), the readiness check, then the outputs that observe the measuring addon,
+    then what mitmweb and the console show (idle elsewhere)."""
     meter = HopMeter()
     readiness = Readiness()
     outputs = [
         MetricsOutput(meter, readiness),
-        *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput)),
+        *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput, HopView)),
     ]
     return [meter, UpstreamGuard(meter, readiness), readiness, *outputs]
 
@@ -85,14 +87,14 @@ async def run_proxy(
             # still wins: `extra` is applied last)
             connection_strategy="lazy",
             tcp_timeout=int(max(600, cfg.read_timeout_s + TCP_TIMEOUT_MARGIN_S)),
-            hopmeter_connect_timeout=cfg.connect_timeout_s,
-            hopmeter_read_timeout=cfg.read_timeout_s,
-            hopmeter_drain_timeout=cfg.drain_timeout_s,
+            hopmeter_connect_timeout=repr(cfg.connect_timeout_s),
+            hopmeter_read_timeout=repr(cfg.read_timeout_s),
+            hopmeter_drain_timeout=repr(cfg.drain_timeout_s),
             hopmeter_hop=cfg.hop,
             hopmeter_listeners=cfg.listener_names,
             hopmeter_records=cfg.records,
             hopmeter_metrics=cfg.metrics,
-            hopmeter_stall_threshold=cfg.stall_threshold_s,
+            hopmeter_stall_threshold=repr(cfg.stall_threshold_s),
             hopmeter_tokenizer=cfg.tokenizer,
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
@@ -100,9 +102,10 @@ async def run_proxy(
             hopmeter_chaos=cfg.chaos,
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
-            hopmeter_summary_interval=cfg.summary_interval_s,
+            hopmeter_summary_interval=repr(cfg.summary_interval_s),
         )
-        set_options(opts, cfg.extra)
+        if cfg.extra:
+            opts.set(*cfg.extra)
     except exceptions.OptionsError as exc:
         raise UsageError(str(exc)) from None
     loop = asyncio.get_running_loop()
@@ -118,24 +121,6 @@ async def run_proxy(
     # protocol then reports each cancellation as an error. They are not errors: stay quiet.
     loop.set_exception_handler(_quiet_cancellations)
     return 0
-
-
-def set_options(opts: options.Options, pairs: list[str]) -> None:
-    """Apply `--set NAME=VALUE` pairs. mitmproxy's own parser has no float options (it raises
-    NotImplementedError for them), and hopmeter's seconds are floats: those are converted here."""
-    rest = []
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if name in opts and isinstance(opts.default(name), float):
-            try:
-                number = float(value)
-            except ValueError:
-                raise exceptions.OptionsError(f"{name}: {value!r} is not a number") from None
-            opts.update(**{name: number})
-        else:
-            rest.append(pair)
-    if rest:
-        opts.set(*rest)
 
 
 def drop_legacy_log_events() -> None:

@@ -186,11 +186,11 @@ class UpstreamServer:
             )
             log.tokens = s.total_tokens
             log.events.append((time.time(), s.total_tokens, len(body)))
-            await _plain(w, 200, body, "application/json", {"x-hopmeter-request-id": rid})
+            await _plain(w, 200, body, "application/json", _own_headers(req, rid))
             return True
         else:
             plan, ctype = _plan(api, s, model, doc, req.path)
-        return await self._stream(w, s, plan, ctype, log)
+        return await self._stream(w, s, plan, ctype, log, own=_own_headers(req, rid))
 
     async def _stream(
         self,
@@ -199,8 +199,10 @@ class UpstreamServer:
         plan: list[formats.Planned],
         ctype: str,
         log: SendLog,
+        *,
+        own: dict[str, str],
     ) -> bool:
-        headers = {"content-type": ctype, "x-hopmeter-request-id": log.request_id}
+        headers = {"content-type": ctype, **own}
         if s.headers == "good":
             headers["cache-control"] = "no-cache, no-transform"
             headers["x-accel-buffering"] = "no"
@@ -256,6 +258,16 @@ class UpstreamServer:
         w.write(b"0\r\n\r\n")
         await w.drain()
         return True
+
+
+def _own_headers(req: Request, request_id: str) -> dict[str, str]:
+    """The headers that name this upstream in a reply: the request id for its send log, and the
+    scenario header it played, echoed, so a client can tell its scenario reached the upstream."""
+    own = {"x-hopmeter-request-id": request_id}
+    played = req.headers.get("x-hopmeter-scenario")
+    if played is not None:
+        own["x-hopmeter-scenario"] = played
+    return own
 
 
 async def _write_chunks(w: asyncio.StreamWriter, parts: list[bytes]) -> float:

@@ -1,0 +1,68 @@
+"""The duration options set from the command line: mitmdump's --set and `hopmeter run`'s flags.
+
+mitmproxy's --set cannot set a float option at all (mitmdump exits), so hopmeter_stall_threshold
+and hopmeter_summary_interval are text read as seconds; both ways of setting them must work.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hopmeter.cli import addon_path
+from tests.harness.procs import Proc, free_port, hopmeter, measuring, read_records
+
+pytestmark = pytest.mark.integration
+STALLED = "tokens=12;rate=40;stall_at=6;stall_s=0.4"  # one 0.4 s gap: a stall only below 0.4 s
+
+
+def _stall_threshold(port: int, records: Path) -> float:
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json={"model": "gpt-4o", "stream": True},
+        headers={"x-hopmeter-scenario": STALLED},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    (rec,) = read_records(records, 1)
+    (stall,) = [f for f in rec["findings"] if f["kind"] == "stall"]
+    return float(stall["evidence"]["threshold_s"])
+
+
+def test_mitmdump_set_takes_seconds_as_text(tmp_path: Path) -> None:
+    """`mitmdump --set hopmeter_stall_threshold=300ms --set hopmeter_summary_interval=0` starts,
+    and the stall is measured against 0.3 s."""
+    up, port = free_port(), free_port()
+    records = tmp_path / "records.jsonl"
+    mitmdump = str(Path(sys.executable).with_name("mitmdump"))
+    with hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="up", ports=(up,)):
+        proc = Proc(
+            [
+                mitmdump,
+                *("-s", str(addon_path())),
+                *("--mode", f"reverse:http://127.0.0.1:{up}@127.0.0.1:{port}"),
+                *("--set", "hopmeter_stall_threshold=300ms"),
+                *("--set", "hopmeter_summary_interval=0"),
+                *("--set", f"hopmeter_records={records}", "--set", "hopmeter_metrics=off"),
+                *("--set", f"confdir={tmp_path / 'mitm'}"),
+            ],
+            tmp_path / "mitmdump.log",
+        )
+        try:
+            proc.wait_port(port)
+            assert _stall_threshold(port, records) == pytest.approx(0.3)
+        finally:
+            proc.stop()
+
+
+def test_hopmeter_run_flag_sets_the_same_option(tmp_path: Path) -> None:
+    """`hopmeter run --stall-threshold 0.3` measures the same stall against 0.3 s."""
+    up = free_port()
+    with (
+        hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="up", ports=(up,)),
+        measuring(tmp_path, f"http://127.0.0.1:{up}", "--stall-threshold", "0.3") as proxy,
+    ):
+        assert _stall_threshold(proxy.port, proxy.records) == pytest.approx(0.3)

@@ -1,0 +1,52 @@
+"""Flow records written out by hand, for report tests that need exact numbers (no processes).
+
+rec = flow("edge", T0, [[0.5, 1, 5], ...])   # events: [t_offset_s, tokens, content_offset]
+EDGE, ORIGIN                                  # one trace seen at two hops, the edge holding it
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+T0 = 1796000000.0  # epoch seconds of the outermost request start
+
+
+def flow(
+    hop: str,
+    t_start: float,
+    events: list[list[float]],
+    *,
+    trace: str | None = "t1",
+    api: str = "openai.chat",
+    model: str | None = "gpt-4o",
+    figures: dict[str, Any] | None = None,
+    findings: list[dict[str, Any]] | None = None,
+    hops: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A hopmeter.flow/1 record with the fields the report reads."""
+    rec: dict[str, Any] = {
+        "schema": "hopmeter.flow/1",
+        "trace_id": trace,
+        "flow_id": f"{trace}-{hop}",
+        "hop": hop,
+        "api": api,
+        "model": model,
+        "request": {"method": "POST", "path": "/v1/chat/completions", "t_start": t_start},
+        "response": {
+            "status": 200,
+            "t_first_byte": t_start + (events[0][0] if events else 0.0),
+            "ended": "complete",
+        },
+        "events": events,
+        "figures": figures or {},
+        "findings": findings or [],
+    }
+    if hops is not None:
+        rec["hops"] = hops
+    return rec
+
+
+# The origin sees three tokens 0.1 s apart; the edge (started 1 ms earlier) sees them all at 0.5 s:
+# the segment between them holds the first token 0.399 s, the last 0.2 s.
+ORIGIN = flow("origin", T0 + 0.001, [[0.05, 0, 0], [0.1, 1, 5], [0.2, 1, 9], [0.3, 1, 14]])
+EDGE = flow("edge", T0, [[0.5, 0, 0], [0.5, 1, 5], [0.5, 1, 9], [0.501, 1, 14]])

@@ -1,0 +1,85 @@
+"""`hopmeter join`: records of one trace written by separate hopmeters, joined into segments."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from hopmeter.report import join as join_command
+from hopmeter.report.join import join
+from tests.report.literal import EDGE, ORIGIN, T0, flow
+
+
+def _write(path: Path, *records: dict[str, Any]) -> str:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return str(path)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="hopmeter")
+    join_command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["join", *argv])
+
+
+def test_two_records_of_a_trace_make_one_segment() -> None:
+    """An edge's and an origin's records of one trace join into the segment between them, with
+    its holds measured token by token."""
+    (entry,) = join([ORIGIN, EDGE])
+    assert entry["trace_id"] == "t1"
+    (segment,) = entry["hops"]
+    assert segment["segment"] == "edge>origin"
+    assert segment["inner_hop"] == "origin"
+    assert segment["tokens_aligned"] == 3
+    assert segment["first_token_hold_s"] == pytest.approx(0.399)
+    assert (segment["hold_p50_s"], segment["hold_max_s"]) == pytest.approx((0.299, 0.399))
+    assert segment["whole_body"] is False
+
+
+def test_three_hops_make_two_segments_outermost_first() -> None:
+    """A trace seen at three hops has two segments, in request order whatever the input order."""
+    inner = flow("model", T0 + 0.002, [[0.09, 1, 5], [0.19, 1, 9], [0.29, 1, 14]])
+    (entry,) = join([inner, EDGE, ORIGIN])
+    assert [s["segment"] for s in entry["hops"]] == ["edge>origin", "origin>model"]
+
+
+def test_traces_seen_once_or_without_events_are_dropped() -> None:
+    """A trace with one record, a record without a trace id and one without events join nothing."""
+    lone = flow("edge", T0, [[0.1, 1, 3]], trace="t2")
+    untraced = {**flow("edge", T0, [[0.1, 1, 3]]), "trace_id": None}
+    no_events = {**flow("origin", T0, []), "trace_id": "t3", "events": None}
+    edge3 = flow("edge", T0, [[0.1, 1, 3]], trace="t3")
+    assert join([lone, untraced, no_events, edge3, ORIGIN]) == []
+
+
+def test_run_prints_a_line_per_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`hopmeter join` reads the hosts' files and prints one line per segment, holds in ms."""
+    edge = _write(tmp_path / "edge.jsonl", EDGE)
+    origin = _write(tmp_path / "origin.jsonl", ORIGIN)
+    assert join_command.run(_args(edge, origin)) == 0
+    assert capsys.readouterr().out == (
+        "t1 edge>origin first_token_hold=399.0ms p50=299.0ms p99=399.0ms max=399.0ms "
+        "whole_body=no skew=0.0ms findings=-\n"
+    )
+
+
+def test_run_json_prints_an_object_per_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --json each joined trace is one JSON line, the same entry join() returns."""
+    path = _write(tmp_path / "both.jsonl", ORIGIN, EDGE)
+    assert join_command.run(_args("--json", path)) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert orjson.loads(line) == orjson.loads(orjson.dumps(join([ORIGIN, EDGE])[0]))
+
+
+def test_run_fails_when_nothing_joined(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Records that share no trace between hops exit 1 with one line saying so on stderr."""
+    path = _write(tmp_path / "edge.jsonl", EDGE)
+    assert join_command.run(_args(path)) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == "hopmeter join: no trace was seen at two hops\n"

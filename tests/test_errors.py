@@ -1,0 +1,72 @@
+"""The error hierarchy: one base the command line catches, usage errors the user can fix."""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+from pathlib import Path
+
+import pytest
+
+from hopmeter import errors
+from hopmeter.cli import main
+from hopmeter.core.decoding import GzipDecoder
+from hopmeter.errors import (
+    DecodedSizeError,
+    DecodingError,
+    HopmeterError,
+    OtelConfigError,
+    StreamLimitError,
+    UsageError,
+)
+
+CLASSES = [
+    c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__
+]
+
+
+def test_every_error_is_a_hopmeter_error() -> None:
+    """Each error hopmeter raises on purpose is caught by the command line's one handler."""
+    assert HopmeterError in CLASSES and len(CLASSES) > 1
+    assert all(issubclass(c, HopmeterError) for c in CLASSES)
+
+
+def test_errors_the_user_fixes_are_usage_errors() -> None:
+    """Port, tokenizer, scenario, transcript, chaos and OpenTelemetry errors are usage errors."""
+    usage = {c.__name__ for c in CLASSES if issubclass(c, UsageError) and c is not UsageError}
+    assert usage == {
+        "PortError",
+        "TokenizerError",
+        "ScenarioError",
+        "TranscriptError",
+        "ChaosError",
+        "OtelConfigError",
+    }
+    assert issubclass(OtelConfigError, ValueError)  # configuration code expects a ValueError
+
+
+def test_a_compression_bomb_is_both_a_decoding_error_and_a_limit() -> None:
+    """A bomb stopped by the decoder's cap is caught as a decoding failure and as a limit."""
+    bomb = gzip.compress(bytes(1_000_000))
+    with pytest.raises(DecodedSizeError) as caught:
+        GzipDecoder(max_bytes=10_000).decode(bomb)
+    assert isinstance(caught.value, DecodingError)
+    assert isinstance(caught.value, StreamLimitError)
+
+
+def test_the_command_line_prints_an_error_as_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A HopmeterError (here, an unreadable records file) is one line on stderr and status 2."""
+    missing = tmp_path / "none.jsonl"
+    assert main(["report", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"hopmeter: cannot read records from {missing}: No such file or directory\n"
+
+
+def test_a_usage_error_names_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error from a command (a mistyped scenario key) is one line naming the known keys."""
+    assert main(["upstream", "--scenario", "colaesce=2"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("hopmeter: unknown scenario key 'colaesce'")
+    assert "coalesce" in line

@@ -1,0 +1,61 @@
+"""Structured logs: secrets and content never reach a log line; lines read `message key=value`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from hopmeter.log import REDACTED, get_logger, redact, render
+
+
+def test_credentials_and_content_are_redacted_by_field_name() -> None:
+    """Fields named like a credential or like user content are replaced, whatever their case."""
+    event: dict[str, Any] = {
+        "event": "flow",
+        "Authorization": "Bearer sk-live",
+        "cookie": "sid=1",
+        "x-api-key": "k",
+        "api_key": "k",
+        "client_secret": "s",
+        "password": "p",
+        "session_id": "s1",
+        "prompt": "hello",
+        "messages": [{"role": "user"}],
+        "response_body": b"{}",
+        "reply_text": "hi",
+    }
+    out = redact(None, "info", event)
+    assert out["event"] == "flow"
+    assert {k for k, v in out.items() if v == REDACTED} == set(event) - {"event"}
+
+
+def test_measurements_are_left_as_they_are() -> None:
+    """Fields that carry measurements and names keep their values, and the message is never
+    redacted even when it mentions a secret."""
+    event = {"event": "the cookie jar", "hop": "edge", "ttft_s": 0.25, "status": 200, "model": "x"}
+    assert redact(None, "info", dict(event)) == event
+
+
+def test_render_puts_the_message_first() -> None:
+    """A line is the message, then key=value in the order given; nothing trails a bare message."""
+    assert render(None, "info", {"event": "flow", "hop": "edge", "n": 3}) == "flow hop=edge n=3"
+    assert render(None, "info", {"event": "started"}) == "started"
+
+
+def test_a_log_call_reaches_the_standard_library_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    """hopmeter's logger writes through stdlib logging (mitmproxy shows it), already redacted."""
+    caplog.set_level(logging.INFO, logger="hopmeter")
+    get_logger().info("flow finished", authorization="Bearer sk-live-123", hop="edge")
+    (record,) = [r for r in caplog.records if r.name == "hopmeter"]
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == "flow finished authorization=[redacted] hop=edge"
+    assert "sk-live" not in caplog.text
+
+
+def test_levels_below_the_loggers_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """A debug line is not even rendered when the hopmeter logger is at INFO."""
+    caplog.set_level(logging.INFO, logger="hopmeter")
+    get_logger().debug("noisy", hop="edge")
+    assert [r for r in caplog.records if r.name == "hopmeter"] == []
