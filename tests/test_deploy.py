@@ -51,12 +51,14 @@ def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-def parse_hopmeter(argv: list[str]) -> Any:
-    """Parse a hopmeter command line with the real parser; argparse errors fail the test."""
+def parse_hopmeter(argv: list[str], environ: dict[str, str] | None = None) -> Any:
+    """Parse a hopmeter command line with the real parser, HOPMETER_* variables from `environ`
+    only; argparse errors fail the test."""
+    from hopmeter import env
     from hopmeter.cli import build_parser
 
     try:
-        return build_parser().parse_args(argv)
+        return env.parse_args(build_parser(), argv, environ or {})
     except SystemExit as exc:  # argparse reports a bad flag by exiting
         pytest.fail(f"hopmeter {shlex.join(argv)} does not parse (exit {exc.code})")
 
@@ -148,6 +150,9 @@ def test_compose_runs_the_documented_commands() -> None:
     assert listeners["edge"].startswith("reverse:http://nginx:8081@")
     assert listeners["origin"].startswith("reverse:http://upstream:9000@")
     assert args.metrics == "0.0.0.0:9464"
+    # the drain (--drain-timeout, default 20 s) fits in the time compose gives before SIGKILL
+    grace = int(services["hopmeter"]["stop_grace_period"].rstrip("s"))
+    assert grace >= args.drain_timeout + 5
     nginx_conf = (NGINX / "hopmeter-demo.conf").read_text()
     assert "listen 8081;" in nginx_conf and "server hopmeter:8082;" in nginx_conf
     assert listeners["origin"].endswith(":8082")
@@ -196,28 +201,46 @@ def test_kubernetes_manifests_validate_strictly() -> None:
 
 
 def test_sidecar_runs_hopmeter_as_documented() -> None:
-    """The sidecar fronts the model server, probes /healthz, runs as non-root with resources."""
+    """The sidecar fronts the model server (configured by environment), probes /readyz for
+    readiness and /healthz for liveness, runs as non-root with resources."""
     deployment, service = manifests()
     assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (hopmeter,) = [c for c in pod["containers"] if c["name"] == "hopmeter"]
     assert len(pod["containers"]) == 2
-    args = parse_hopmeter(hopmeter["args"])
-    assert (args.upstream, args.listen, args.hop, args.metrics) == (
+    environ = {e["name"]: e["value"] for e in hopmeter["env"]}
+    args = parse_hopmeter(hopmeter["args"], environ)
+    assert (args.upstream, args.listen, args.hop, args.metrics, args.quiet) == (
         "http://127.0.0.1:8000",
         "0.0.0.0:8080",
         "pod",
         "0.0.0.0:9464",
+        True,
     )
     ports = {p["name"]: p["containerPort"] for p in hopmeter["ports"]}
     assert ports == {"http": 8080, "metrics": 9464}
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert hopmeter[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert hopmeter["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert hopmeter["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert hopmeter["securityContext"]["runAsNonRoot"] is True
     assert hopmeter["securityContext"]["runAsUser"] != 0
     assert {"requests", "limits"} <= hopmeter["resources"].keys()
     assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "metrics"}
+
+
+def test_sidecar_grace_period_covers_the_drain() -> None:
+    """terminationGracePeriodSeconds covers hopmeter's preStop, its drain and time to finish;
+    the model server's preStop outlives hopmeter's drain, so the streams have an upstream."""
+    (deployment, _) = manifests()
+    pod = deployment["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    hopmeter, model = containers["hopmeter"], containers["model-server"]
+    environ = {e["name"]: e["value"] for e in hopmeter["env"]}
+    drain = parse_hopmeter(hopmeter["args"], environ).drain_timeout
+    pre_stop = hopmeter["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop >= 5  # endpoints take a few seconds to drop a terminating pod
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+    assert model["lifecycle"]["preStop"]["sleep"]["seconds"] >= pre_stop + drain
 
 
 # --- YAML style -------------------------------------------------------------------------------
@@ -315,8 +338,16 @@ def test_dockerfile_builds_a_wheel_and_runs_it_unprivileged() -> None:
     (entry,) = [args for kind, args in final if kind == "ENTRYPOINT"]
     assert entry == '["hopmeter"]'
     (cmd,) = [args for kind, args in final if kind == "CMD"]
-    assert cmd == '["run", "--listen", "0.0.0.0:8080", "--metrics", "0.0.0.0:9464"]'
-    parse_hopmeter(["run", "--listen", "0.0.0.0:8080", "--metrics", "0.0.0.0:9464"])
+    assert cmd == '["run"]'
+    environ = dict(
+        pair.split("=", 1)
+        for kind, args in final
+        if kind == "ENV"
+        for pair in args.split()
+        if pair.startswith("HOPMETER_")
+    )
+    args = parse_hopmeter(["run"], environ)
+    assert (args.listen, args.metrics) == ("0.0.0.0:8080", "0.0.0.0:9464")
 
 
 def test_dockerignore_lets_in_exactly_what_the_build_copies() -> None:

@@ -251,6 +251,10 @@ def test_service_is_named_on_the_resource(memory: Any) -> None:
         ({"response": {"ended": "client_gone"}}, "client_gone"),
         ({"findings": [{"kind": "truncated"}]}, "truncated"),
         ({"response": None}, "no_response"),
+        (
+            {"response": None, "upstream_error": {"cause": "connect_refused"}},
+            "connect_refused",
+        ),
     ],
 )
 def test_failures_set_error_status(

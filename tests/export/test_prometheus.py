@@ -286,6 +286,26 @@ def test_counters_count_flows_tokens_events_findings_and_stalls(
     assert value(registry, "hopmeter_findings_total", kind="other") == 1
 
 
+def test_a_flow_the_proxy_answered_counts_its_cause_and_the_status_sent(
+    registry: CollectorRegistry,
+) -> None:
+    """No response, a top-level `ended` and the 502 the proxy answered: flows_total has the
+    cause as `ended` and 5xx as the status class, and the finding is counted."""
+    Metrics(registry).observe_flow(
+        {
+            "hop": "edge",
+            "request": {"path": "/v1/chat/completions"},
+            "ended": "connect_refused",
+            "upstream_error": {"cause": "connect_refused", "status_sent": 502},
+            "api": "other",
+            "model": None,
+            "findings": [{"kind": "upstream_unreachable"}],
+        }
+    )
+    assert value(registry, "hopmeter_flows_total", status_class="5xx", ended="connect_refused") == 1
+    assert value(registry, "hopmeter_findings_total", kind="upstream_unreachable") == 1
+
+
 def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
     registry: CollectorRegistry,
 ) -> None:

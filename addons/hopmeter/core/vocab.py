@@ -44,13 +44,37 @@ TERMINATED_APIS: Final = frozenset(
 
 
 class Ended(StrEnum):
-    """How a flow ended (`response.ended` in the record, the `ended` label of flows_total)."""
+    """How a flow ended (`ended` in the record, the `ended` label of flows_total)."""
 
     COMPLETE = "complete"  # the response finished as HTTP says it should
     UPSTREAM_RESET = "upstream_reset"  # the upstream closed or reset the connection mid-body
     CLIENT_GONE = "client_gone"  # the client hung up before the end
     ERROR = "error"  # any other failure mitmproxy reported
     SHUTDOWN = "shutdown"  # still in flight when the proxy stopped
+    # The upstream could not be reached: the proxy answered 502 (504 for connect_timeout).
+    CONNECT_REFUSED = "connect_refused"  # nothing listens on the upstream port
+    DNS_FAILED = "dns_failed"  # the upstream host name does not resolve
+    TLS_FAILED = "tls_failed"  # the TLS handshake with the upstream failed
+    CONNECT_FAILED = "connect_failed"  # any other connect error (no route, host down, ...)
+    CONNECT_TIMEOUT = "connect_timeout"  # no connection (TCP and TLS) within the connect timeout
+    # The upstream was reached and went silent past the read timeout.
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # no response headers in time: answered 504
+    UPSTREAM_IDLE = "upstream_idle"  # silent mid-body after the headers: the stream was cut
+
+
+# Endings where the upstream could not be reached or went silent: the proxy answered (or cut the
+# stream) itself, and the record says why in `upstream_error`.
+UPSTREAM_FAILURES: Final = frozenset(
+    {
+        Ended.CONNECT_REFUSED,
+        Ended.DNS_FAILED,
+        Ended.TLS_FAILED,
+        Ended.CONNECT_FAILED,
+        Ended.CONNECT_TIMEOUT,
+        Ended.UPSTREAM_TIMEOUT,
+        Ended.UPSTREAM_IDLE,
+    }
+)
 
 
 class TokenSource(StrEnum):
@@ -95,6 +119,8 @@ class FindingKind(StrEnum):
     SLOW_CLIENT = "slow_client"  # the client, not the path, set the pace (core.delivery)
     PROXY_HOLD = "proxy_hold"  # this hop's own process held bytes (core.delivery)
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"  # no connection: refused, DNS, TLS, timeout
+    UPSTREAM_SILENT = "upstream_silent"  # connected, then no headers or no bytes in time
 
 
 class ProbeCheck(StrEnum):

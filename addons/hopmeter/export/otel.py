@@ -244,7 +244,7 @@ def span_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
         ("gen_ai.usage.input_tokens", figures.get("usage_input_tokens")),
         ("gen_ai.usage.output_tokens", figures.get("tokens")),
         ("hopmeter.api", api),
-        ("hopmeter.ended", response.get("ended")),
+        ("hopmeter.ended", response.get("ended", record.get("ended"))),
         ("error.type", error_type(record)),
         *((f"hopmeter.{key}", figures.get(key)) for key in FIGURES),
     )
@@ -286,7 +286,9 @@ def error_type(record: Mapping[str, Any]) -> str | None:
     """Why the flow failed (a 5xx status, an end other than complete, truncated), or None."""
     response = record.get("response")
     if not response:
-        return "no_response"
+        # the upstream failed and the proxy answered (connect_refused, upstream_timeout, ...)
+        cause = (record.get("upstream_error") or {}).get("cause")
+        return str(cause) if cause else "no_response"
     status = response.get("status")
     if isinstance(status, int) and status >= 500:
         return str(status)

@@ -261,7 +261,9 @@ class Metrics:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
         ended = vocabulary_label(response.get("ended", record.get("ended")), ENDINGS)
-        status = status_class(response.get("status"))
+        # no response: the status the proxy answered in its place (502, 504), if it did
+        sent = (record.get("upstream_error") or {}).get("status_sent")
+        status = status_class(response.get("status", sent))
         child(self.flows, (*labels, status, ended)).inc(1, exemplar)
         short = (hop, api, model)
         tokens = _num(figures.get("tokens"))

@@ -34,6 +34,9 @@ class ProxyConfig:
     chaos_seed: int = 0
     console: str = "text"  # "text" | "json" | "off"
     summary_interval_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    drain_timeout_s: float = 20.0
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
 

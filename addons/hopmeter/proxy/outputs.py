@@ -25,6 +25,7 @@ from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import parse_hostport, parse_seconds
+from hopmeter.proxy.readiness import Readiness
 
 if TYPE_CHECKING:
     from hopmeter.export.otel import OtelExporter
@@ -164,10 +165,12 @@ class ConsoleOutput(FlowObserver):
 
 
 class MetricsOutput(FlowObserver):
-    """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`."""
+    """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`, with
+    /healthz and, given the proxy's `readiness`, /readyz beside them."""
 
-    def __init__(self, meter: HopMeter) -> None:
+    def __init__(self, meter: HopMeter, readiness: Readiness | None = None) -> None:
         self.meter = meter
+        self.readiness = readiness
         self.metrics: Metrics | None = None
         self.server: MetricsServer | None = None
 
@@ -176,7 +179,7 @@ class MetricsOutput(FlowObserver):
             "hopmeter_metrics",
             str,
             "127.0.0.1:9464",
-            'Prometheus endpoint HOST:PORT (/metrics, /healthz), or "off".',
+            'Prometheus endpoint HOST:PORT (/metrics, /healthz, /readyz), or "off".',
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -200,7 +203,8 @@ class MetricsOutput(FlowObserver):
                 address=f"{host}:{port}",
             )
         try:
-            self.server = serve(self.metrics, host, port)
+            ready = self.readiness.answer if self.readiness is not None else None
+            self.server = serve(self.metrics, host, port, ready)
         except PortError as exc:
             raise exceptions.OptionsError(str(exc)) from None
 
