@@ -61,6 +61,9 @@ class HopView:
     ttft_s: float | None
     itl_p50_s: float | None
     finding_kinds: frozenset[str]
+    # First to last token of the whole stream, when `events` lists only its head (a capped
+    # timeline); None: the span of `events` is the stream's.
+    token_span_s: float | None = None
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> HopView:
@@ -75,6 +78,7 @@ class HopView:
             ttft_s=fig.get("ttft_s"),
             itl_p50_s=fig.get("itl_p50_s"),
             finding_kinds=frozenset(f["kind"] for f in rec.get("findings") or []),
+            token_span_s=fig.get("token_span_s"),
         )
 
 
@@ -167,7 +171,9 @@ def align(outer: HopView, inner: HopView) -> Segment:
     first = holds[0] if holds else None
     whole = False
     if inner_tokens and out and first is not None:
-        span = inner_tokens[-1][0] - inner_tokens[0][0]
+        span = inner.token_span_s
+        if span is None:
+            span = inner_tokens[-1][0] - inner_tokens[0][0]
         whole = span >= WHOLE_BODY_MIN_SPAN_S and first >= WHOLE_BODY_SHARE * span
     return Segment(
         segment=f"{outer.hop}>{inner.hop}",
@@ -216,8 +222,10 @@ def _segment_findings(
 
 def chain(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
     """Segments between consecutive hops of one trace, outermost first (by request start)."""
-    views = sorted(
-        (HopView.from_record(r) for r in records if r.get("events") is not None),
-        key=lambda v: v.t_start,
-    )
-    return [align(a, b) for a, b in itertools.pairwise(views)]
+    return chain_views([HopView.from_record(r) for r in records if r.get("events") is not None])
+
+
+def chain_views(views: Iterable[HopView]) -> list[Segment]:
+    """Segments between consecutive views by request start, outermost first."""
+    ordered = sorted(views, key=lambda v: v.t_start)
+    return [align(a, b) for a, b in itertools.pairwise(ordered)]
