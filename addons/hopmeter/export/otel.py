@@ -158,7 +158,7 @@ class OtelExporter:
             span_limits=SPAN_LIMITS,
             shutdown_on_exit=False,  # close() is called by the addon's done()
         )
-        batch = MAX_TIMELINE_BATCH if timeline else MAX_EXPORT_BATCH
+        batch = min(MAX_TIMELINE_BATCH, MAX_EXPORT_BATCH) if timeline else MAX_EXPORT_BATCH
         self._provider.add_span_processor(
             BatchSpanProcessor(
                 self._guard, max_queue_size=MAX_QUEUED_SPANS, max_export_batch_size=batch
