@@ -24,7 +24,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from operator import le
 from typing import Any
 
 from hopmeter.errors import TimelineError
@@ -125,7 +125,7 @@ def _ints(name: str, value: object, limit: int) -> array[int]:
         raise TimelineError(f"{name} is not an array")
     if len(value) > HARD_MAX_EVENTS:
         raise TimelineError(f"{name} has {len(value)} elements (at most {HARD_MAX_EVENTS})")
-    if any(type(v) is not int for v in value):
+    if not set(map(type, value)) <= {int}:  # bools and floats too are refused
         raise TimelineError(f"{name} holds something other than integers")
     try:
         out = array("i", value)  # C conversion; past int32 raises OverflowError
@@ -137,7 +137,7 @@ def _ints(name: str, value: object, limit: int) -> array[int]:
 
 
 def _rising(values: array[int]) -> bool:
-    return all(a <= b for a, b in pairwise(values))
+    return all(map(le, values, values[1:]))
 
 
 def _count(name: str, value: object) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import pairwise
+from operator import le
 from typing import Any
 
 import orjson
@@ -44,7 +44,7 @@ def decode_request(body: bytes) -> list[SpanView]:
         )
         for ss in rs.scope_spans:
             for s in ss.spans:
-                hopmeter = any(kv.key == HOP_KEY for kv in s.attributes)
+                values = {kv.key: kv.value for kv in s.attributes}  # one pass over the wrappers
                 out.append(
                     SpanView(
                         trace_id=s.trace_id,
@@ -54,8 +54,8 @@ def decode_request(body: bytes) -> list[SpanView]:
                         start_ns=s.start_time_unix_nano,
                         end_ns=s.end_time_unix_nano,
                         service=service,
-                        attrs={kv.key: _value(kv.value) for kv in s.attributes}
-                        if hopmeter
+                        attrs={k: _value(v) for k, v in values.items()}
+                        if HOP_KEY in values
                         else None,
                     )
                 )
@@ -107,9 +107,13 @@ def _int_array(v: AnyValue) -> list[int] | None:
     array = v.array_value
     values = [x.int_value for x in array.values]
     n = len(values)
-    if not n or values[0] < 0 or any(a > b for a, b in pairwise(values)):
+    if not n or values[0] < 0 or not all(map(le, values, values[1:])):
         return None
-    expected = 4 * n + sum(n - bisect_left(values, step) for step in _VARINT_STEPS)
+    expected = 4 * n
+    for step in _VARINT_STEPS:
+        if step > values[-1]:
+            break
+        expected += n - bisect_left(values, step)
     return values if array.ByteSize() == expected else None
 
 
