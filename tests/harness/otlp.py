@@ -125,7 +125,7 @@ def post(
         conn.close()
 
 
-# -- literal spans ----------------------------------------------------------------------------------
+# -- literal spans ---------------------------------------------------------------------------------
 def _any(value: Any) -> AnyValue:
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
@@ -179,7 +179,7 @@ def request_of(spans: Sequence[Span], service: str = "hopmeter") -> ExportTraceS
     return request
 
 
-# -- the router -------------------------------------------------------------------------------------
+# -- the router ------------------------------------------------------------------------------------
 def pick(trace_id: bytes, backends: Sequence[str]) -> int:
     """Rendezvous (highest random weight) hashing of a trace id over backends."""
     weights = [hashlib.blake2b(trace_id + b.encode(), digest_size=8).digest() for b in backends]
@@ -245,7 +245,9 @@ class TraceRouter:
                 status = 503
                 continue
             with self._lock:
-                self.forwarded[i] += sum(len(ss.spans) for rs in part.resource_spans for ss in rs.scope_spans)
+                self.forwarded[i] += sum(
+                    len(ss.spans) for rs in part.resource_spans for ss in rs.scope_spans
+                )
         return status
 
     def __enter__(self) -> TraceRouter:

@@ -60,7 +60,9 @@ def test_bad_requests_get_otlp_statuses_and_are_counted(tmp_path: Path) -> None:
         metrics = join.metrics()
     expect = {"400": 3, "415": 2, "413": 2, "405": 1, "404": 1}
     for status_code, n in expect.items():
-        assert metrics[f'hopmeter_join_requests_total{{status="{status_code}",transport="http"}}'] == n
+        assert (
+            metrics[f'hopmeter_join_requests_total{{status="{status_code}",transport="http"}}'] == n
+        )
     grpc_bad = 'hopmeter_join_requests_total{status="INVALID_ARGUMENT",transport="grpc"}'
     assert metrics[grpc_bad] == 1
     assert metrics['hopmeter_join_spans_total{outcome="accepted"}'] == 0

@@ -35,9 +35,7 @@ def _send(port: int, scenario: str = SCENARIO) -> None:
 
 
 @contextlib.contextmanager
-def _two_hosts(
-    tmp: Path, config: str | None, collector: str
-) -> Iterator[tuple[int, Path, Path]]:
+def _two_hosts(tmp: Path, config: str | None, collector: str) -> Iterator[tuple[int, Path, Path]]:
     """upstream <- origin hopmeter [<- nginx] <- edge hopmeter, two processes exporting OTLP to
     `collector`: (the edge port, the edge's records, the origin's records)."""
     up, origin, edge = free_port(), free_port(), free_port()
