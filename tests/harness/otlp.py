@@ -10,6 +10,7 @@ compression the Collector's exporter uses.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import http.client
@@ -168,6 +169,47 @@ def hop_span(
         end_time_unix_nano=start_ns + 1_000_000_000,
         attributes=[KeyValue(key=k, value=_any(v)) for k, v in attrs.items()],
     )
+
+
+def exported(
+    records: Sequence[dict[str, Any]], *, timeline: bool = True
+) -> ExportTraceServiceRequest:
+    """The export request hopmeter's own OtelExporter makes of `records` (the SDK's encoder)."""
+    from types import SimpleNamespace
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from hopmeter.export.otel import OtelExporter
+
+    memory = InMemorySpanExporter()
+    exporter = OtelExporter("http://127.0.0.1:4318", exporter=memory, timeline=timeline)
+    for record in records:
+        exporter.observe(SimpleNamespace(record=record))
+    assert exporter.flush(10)
+    exporter.close()
+    return encode_spans(memory.get_finished_spans())
+
+
+def to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
+    """OTLP JSON, as the Collector's file exporter writes a request: camelCase, hex ids."""
+    from google.protobuf.json_format import MessageToDict
+
+    doc = MessageToDict(request, use_integers_for_enums=True)
+
+    def hex_ids(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
+                    node[key] = base64.b64decode(value).hex()
+                else:
+                    hex_ids(value)
+        elif isinstance(node, list):
+            for value in node:
+                hex_ids(value)
+
+    hex_ids(doc)
+    return doc
 
 
 def request_of(spans: Sequence[Span], service: str = "hopmeter") -> ExportTraceServiceRequest:

@@ -125,7 +125,9 @@ class JoinService:
         self.window.close(self.clock())
         self.settle()
         if self.sink is not None:
-            self.sink.close()
+            with contextlib.suppress(OSError):  # lines it could not take are counted already
+                self.sink.close()
+            self.sink = None
 
     def counts(self) -> JoinCounts:
         """A snapshot of the counters (read by the metrics endpoint's thread)."""

@@ -84,6 +84,11 @@ class JoinWindow:
         """Traces in the window now."""
         return len(self._traces)
 
+    @property
+    def held_tombstones(self) -> int:
+        """Ids of ended traces remembered now."""
+        return self._tombstone_count
+
     def count(self, outcome: SpanOutcome) -> None:
         """Count a span the service turned away before the window (foreign, malformed, ...)."""
         self.spans[outcome] += 1
