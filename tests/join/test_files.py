@@ -85,5 +85,5 @@ def test_unreadable_files_are_named(tmp_path: Path, data: bytes, why: str) -> No
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     """A path that cannot be read says which and why."""
-    with pytest.raises(HopmeterError, match="cannot read .*nope: No such file"):
+    with pytest.raises(HopmeterError, match=r"cannot read .*nope: No such file"):
         list(read_flows([str(tmp_path / "nope")]))
