@@ -3,13 +3,14 @@
 #   docker build -t hopmeter .
 #   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 hopmeter run http://host.docker.internal:8000 --listen 0.0.0.0:8080 --metrics 0.0.0.0:9464
 
-# --- builder: hopmeter and every dependency as wheels --------------------------------------
+# --- builder: hopmeter, its OpenTelemetry extra and every dependency as wheels -------------
 FROM python:3.12-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY addons ./addons
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# the otel extra: --otel-endpoint and `hopmeter join --serve` (deploy/fleet/) need it
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"
 
 # --- final: the wheels installed into a clean image, run as an unprivileged user -----------
 FROM python:3.12-slim
@@ -21,7 +22,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 hopmeter \
  && useradd --system --uid 10001 --gid hopmeter --create-home --home-dir /home/hopmeter hopmeter
 COPY --from=builder /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/hopmeter-*.whl \
+RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl \
  && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/hopmeter
