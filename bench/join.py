@@ -2,6 +2,7 @@
 
     python bench/join.py              # throughput and memory: bench/results/<time>-join.json
     python bench/join.py --rounds 1   # one round per point (quicker, noisier)
+    python bench/join.py --redraw bench/results/<file>-join.json   # the README table again
 
 The service runs as its own process, as deployed; this process only sends pre-encoded export
 requests over one keep-alive connection and reads the service's CPU time from /proc, so each
@@ -333,14 +334,56 @@ def memory() -> dict[str, float]:
     return out
 
 
+README = ROOT / "bench" / "README.md"
+MARKERS = ("<!-- bench:join -->", "<!-- /bench:join -->")
+
+
+def render(result: dict[str, Any], path: Path) -> str:
+    """The README's table of one run."""
+    mem = result["memory"]
+    lines = [
+        f"Run `{result['started']}`. Raw: `{path.relative_to(ROOT)}`. Best of "
+        f"{result.get('rounds', 3)} rounds; the service's CPU, one core.",
+        "",
+        "| token events a span | encoding | spans/s | timeline events/s | µs a span |",
+        "| ---: | --- | ---: | ---: | ---: |",
+    ]
+    for p in result["throughput"]:
+        lines.append(
+            f"| {p['events_per_span']:,} | {p['encoding']} | {p['spans_per_cpu_s']:,} "
+            f"| {p['events_per_cpu_s']:,} | {p['cpu_us_per_span']:,} |"
+        )
+    lines += [
+        "",
+        f"Memory: {mem['traces']:,.0f} traces of two 200-event spans held in the window raised "
+        f"RSS from {mem['rss_before_mib']} to {mem['rss_after_mib']} MiB: "
+        f"{mem['bytes_per_trace']:,} B a trace, {mem['bytes_per_event']} B a timeline event.",
+    ]
+    return "\n".join(lines)
+
+
+def redraw(result: dict[str, Any], path: Path) -> None:
+    """Replace the table between the markers in bench/README.md."""
+    text = README.read_text()
+    start, end = text.index(MARKERS[0]), text.index(MARKERS[1])
+    table = render(result, path)
+    README.write_text(text[: start + len(MARKERS[0])] + "\n" + table + "\n" + text[end:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per point; the best is kept")
+    parser.add_argument("--redraw", type=Path, help="redraw README's table from a saved run")
     args = parser.parse_args()
+    if args.redraw is not None:
+        path = args.redraw.resolve()
+        redraw(json.loads(path.read_text()), path)
+        return
     started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     result = {
         "kind": "join",
         "started": started,
+        "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()},
         "throughput": [asdict(p) for p in throughput(args.rounds)],
         "memory": memory(),
@@ -348,7 +391,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{started}-join.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path.relative_to(ROOT)}")
+    redraw(result, path)
+    print(f"wrote {path.relative_to(ROOT)} and the table in bench/README.md")
 
 
 if __name__ == "__main__":

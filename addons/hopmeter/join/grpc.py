@@ -36,6 +36,10 @@ EXPORT_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MAX_MESSAGE = 32 * 2**20
 MAX_STREAMS = 16  # concurrent calls per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
 MAX_HEADER_LIST_BYTES = 64 * 1024  # h2's default; a call's headers are a few hundred bytes
+# Larger DATA frames and windows than h2's 16 KiB and 64 KiB: a 2 MB export in 16 KiB frames is
+# 128 frames and as many window updates, each a Python event; the buffer bound still holds.
+MAX_FRAME_BYTES = 1 << 20
+WINDOW_BYTES = 8 << 20
 READ_CHUNK = 256 * 1024
 IDLE_TIMEOUT_S = 300.0  # gRPC clients keep connections open between exports
 GRPC_PREFIX = struct.Struct(">BI")  # compressed flag, message length
@@ -111,14 +115,16 @@ class GrpcReceiver:
         """One h2c connection, until the client goes away."""
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         conn = h2.connection.H2Connection(config)
-        conn.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
+        conn.initiate_connection()
+        conn.update_settings(
+            {
                 h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES,
-            },
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_BYTES,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+            }
         )
-        conn.initiate_connection()
+        conn.increment_flow_control_window(WINDOW_BYTES)  # the connection's, past the 64 KiB start
         calls: dict[int, _Call] = {}
         try:
             writer.write(conn.data_to_send())
