@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from hopmeter.core.spans import SpanView
+from hopmeter.join import service as service_module
 from hopmeter.join.otlp import decode_request
 from hopmeter.join.service import JoinService
 from tests.harness.otlp import hop_span, request_of
@@ -109,3 +113,41 @@ def test_an_unwritable_records_file_is_counted_not_raised(tmp_path: Path) -> Non
     svc.settle()
     svc.stop()
     assert svc.lost_records == 1 and svc.segments["true"] == 1
+
+
+def test_a_bug_reading_one_span_loses_only_that_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception while filing a span is counted as an internal error and that span rejected;
+    the rest of the request is filed."""
+    svc = JoinService(config(tmp_path, records=""))
+    real = service_module.read_span
+
+    def flaky(view: SpanView) -> object:
+        if view.span_id == ORIGIN:
+            raise RuntimeError("a bug")
+        return real(view)
+
+    monkeypatch.setattr(service_module, "read_span", flaky)
+    rejected, _ = svc.accept(spans(hop_span(TRACE, ORIGIN, hop="origin"), hop_span(TRACE, EDGE)))
+    assert rejected == 1 and svc.counts().spans["accepted"] == 1
+    samples = {
+        (s.name, tuple(s.labels.items())): s.value
+        for family in svc.metrics.registry.collect()
+        for s in family.samples
+    }
+    assert samples["hopmeter_internal_errors_total", (("where", "join_accept"),)] == 1
+    svc.stop()
+
+
+def test_the_service_loads_no_mitmproxy() -> None:
+    """The join service imports neither mitmproxy nor the proxy layer."""
+    code = (
+        "import sys, hopmeter.join.service, hopmeter.join.files, hopmeter.report.join\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'mitmproxy']\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,35 @@ def test_a_file_that_is_neither_is_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     why = "no resourceSpans in the JSON document"
     assert out.stderr.strip() == f"hopmeter: {path} is neither flow records nor OTLP traces: {why}"
+
+
+def test_without_the_otel_extra_records_and_json_join_and_serve_names_the_install(
+    held_path: Path, tmp_path: Path
+) -> None:
+    """With opentelemetry unimportable, records and OTLP JSON still join, and --serve and
+    protobuf files are one line naming `pip install 'hopmeter[otel]'`."""
+    spans = tmp_path / "spans.jsonl"
+    spans.write_bytes(orjson.dumps(to_otlp_json(exported(_records(held_path)))) + b"\n")
+    framed = tmp_path / "spans.pb"
+    framed.write_bytes(b"\x00\x00\x00\x00")
+    code = (
+        "import sys\n"
+        "for m in ('opentelemetry', 'opentelemetry.proto', 'google.rpc'):\n"
+        "    sys.modules[m] = None\n"
+        "from hopmeter.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code, "join", *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    assert run(str(held_path)).returncode == 0
+    assert run(str(spans)).returncode == 0
+    for args in (["--serve", "--metrics", "off"], [str(framed)]):
+        out = run(*args)
+        assert out.returncode == 2, out.stderr
+        assert "pip install 'hopmeter[otel]'" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1

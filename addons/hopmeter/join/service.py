@@ -82,12 +82,16 @@ class JoinService:
         now = self.clock()
         rejected = 0
         for view in spans:
-            span = read_span(view)
-            if isinstance(span, SpanOutcome):
-                self.window.count(span)
-                rejected += span is SpanOutcome.MALFORMED
-            elif self.window.add(span, now) is SpanOutcome.OVERFLOW:
+            try:
+                span = read_span(view)
+                if isinstance(span, SpanOutcome):
+                    self.window.count(span)
+                    rejected += span is SpanOutcome.MALFORMED
+                elif self.window.add(span, now) is SpanOutcome.OVERFLOW:
+                    rejected += 1
+            except Exception as exc:  # a bug in reading one span must not lose the others
                 rejected += 1
+                self._internal_error("join_accept", exc)
         return rejected, REJECTED_WHY if rejected else ""
 
     def settle(self) -> None:
@@ -98,8 +102,7 @@ class JoinService:
                 segment = align(pair.outer.view(), pair.inner.view())
                 self.metrics.observe_segment(segment, trace_id)
             except Exception as exc:  # a bug in measuring must not stop the service
-                self.metrics.internal_error("join_align")
-                log.error("hopmeter join: a segment could not be aligned", error=repr(exc))
+                self._internal_error("join_align", exc)
                 continue
             self.segments["true" if pair.linked else "false"] += 1
             line = {
@@ -117,7 +120,10 @@ class JoinService:
     # -- the rest --------------------------------------------------------------------------------
     def tick(self) -> None:
         """End the traces whose window passed (chaining unlinked ones) and write their segments."""
-        self.window.expire(self.clock())
+        try:
+            self.window.expire(self.clock())
+        except Exception as exc:  # the service goes on; the counter says something is wrong
+            self._internal_error("join_expire", exc)
         self.settle()
 
     def stop(self) -> None:
@@ -140,6 +146,13 @@ class JoinService:
             out_of_order=window.out_of_order,
             window_traces=window.held_traces,
             window_events=window.held_events,
+        )
+
+    def _internal_error(self, where: str, exc: Exception) -> None:
+        """Count a bug caught in the service (hopmeter_internal_errors_total) and log it."""
+        self.metrics.internal_error(where)
+        log.error(
+            "hopmeter join: internal error, the service goes on", where=where, error=repr(exc)
         )
 
     def _write(self, line: bytes) -> None:
