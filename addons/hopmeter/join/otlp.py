@@ -1,7 +1,7 @@
 """OTLP protobuf for the join: requests and files in as `SpanView`s, responses and statuses out.
 
 The one module of the join that imports opentelemetry-proto (and googleapis-common-protos, which
-it depends on), both in the `otel` extra: `require()` names the install when they are missing.
+it depends on), both in the `otel` extra: its importers catch the ImportError and name the install.
 Reads a binary `ExportTraceServiceRequest` (OTLP/HTTP `application/x-protobuf`, the OTLP/gRPC
 message), the Collector file exporter's `format: proto` files (a 4-byte big-endian length before
 each message) and a bare `TracesData` (a trace backend's protobuf download: the same bytes).
