@@ -131,6 +131,27 @@ def _first_reaching(offsets: Sequence[int], times: Sequence[float], target: int)
     return times[i] if i < len(times) else None
 
 
+def _reaching(
+    outer_tokens: Sequence[tuple[float, int, int]], inner_tokens: Sequence[tuple[float, int, int]]
+) -> list[tuple[float, float, int]]:
+    """(inner time, outer time, tokens) of each inner token event the outer hop also saw."""
+    out_offsets = [c for _, _, c in outer_tokens]
+    out_times = [t for t, _, _ in outer_tokens]
+    out = []
+    for t_in, k, c in inner_tokens:
+        t_out = _first_reaching(out_offsets, out_times, c)
+        if t_out is not None:
+            out.append((t_in, t_out, k))
+    return out
+
+
+def _bounds(
+    outer: HopView, inner: HopView, reached: Sequence[tuple[float, float, int]]
+) -> tuple[float | None, float | None]:
+    lower = max((t_in - t_out for t_in, t_out, _ in reached), default=None)
+    return lower, inner.t_start - outer.t_start
+
+
 def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | None]:
     """Bounds on (inner clock - outer clock) that causality allows.
 
@@ -138,35 +159,22 @@ def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | N
     Lower: each token left the inner hop before the outer hop saw it, so for every aligned token
     inner_t - skew <= outer_t.
     """
-    upper = inner.t_start - outer.t_start
-    out = _token_times(outer)
-    out_offsets = [c for _, _, c in out]
-    out_times = [t for t, _, _ in out]
-    lower: float | None = None
-    for t_in, _, c in _token_times(inner):
-        t_out = _first_reaching(out_offsets, out_times, c)
-        if t_out is not None:
-            lower = t_in - t_out if lower is None else max(lower, t_in - t_out)
-    return lower, upper
+    return _bounds(outer, inner, _reaching(_token_times(outer), _token_times(inner)))
 
 
 def align(outer: HopView, inner: HopView) -> Segment:
     """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later)."""
-    lower, upper = skew_bounds(outer, inner)
+    out = _token_times(outer)
+    inner_tokens = _token_times(inner)
+    reached = _reaching(out, inner_tokens)  # once, for the bounds and the holds
+    lower, upper = _bounds(outer, inner, reached)
     skew = 0.0
     if lower is not None and lower > skew:
         skew = lower
     if upper is not None and upper < skew:
         skew = upper  # contradictory bounds (clock jumps): trust the request order
-    out = _token_times(outer)
-    out_offsets = [c for _, _, c in out]
-    out_times = [t for t, _, _ in out]
     holds: list[float] = []
-    inner_tokens = _token_times(inner)
-    for t_in, k, c in inner_tokens:
-        t_out = _first_reaching(out_offsets, out_times, c)
-        if t_out is None:
-            continue
+    for t_in, t_out, k in reached:
         holds.extend([t_out - (t_in - skew)] * k)
     first = holds[0] if holds else None
     whole = False

@@ -348,7 +348,8 @@ class Metrics:
 
     def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
-        values = [(v, 1) for v in (_num(h) for h in holds_s) if v is not None]
+        # align's holds are floats; anything else (NaN, negative, not a number) is left out
+        values = [(float(h), 1) for h in holds_s if type(h) in (float, int) and h >= 0]
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
 
     def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
