@@ -123,6 +123,7 @@ ITL = "hopmeter_inter_token_latency_seconds"
 HOLD = "hopmeter_hold_seconds"
 FLOWS = "hopmeter_flows_total"
 FINDINGS = "hopmeter_findings_total"
+SEGMENT_FINDINGS = "hopmeter_segment_findings_total"
 BYTES = "hopmeter_bytes_total"
 
 OVERVIEW = [
@@ -294,6 +295,18 @@ HOPS = [
             Target(
                 f"sum by (kind, hop) (increase({FINDINGS}{{{HOLDING_KINDS}, {SEL_HA}}}[{RI}]))",
                 "{{kind}} at {{hop}}",
+            )
+        ],
+    ),
+    Panel(
+        "Findings introduced by each segment",
+        "Findings present at a segment's outer hop but not its inner one (and a batching "
+        "segment's tell), from the live pairing or a join service: the segment caused them.",
+        "short",
+        [
+            Target(
+                f"sum by (kind, segment) (increase({SEGMENT_FINDINGS}{{{SEG}}}[{RI}]))",
+                "{{kind}} on {{segment}}",
             )
         ],
     ),
