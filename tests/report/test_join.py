@@ -116,6 +116,10 @@ def test_spans_without_a_timeline_are_named_when_nothing_joins(tmp_path: Path) -
         (["--serve", "x.jsonl"], "--serve receives spans over OTLP: give it no files"),
         (["--serve", "--listen", "nowhere:port"], "--listen 'nowhere:port': expected HOST:PORT"),
         (["--serve", "--window", "0"], "must be above 0"),
+        (
+            ["--serve", "--metrics", "off", "--records", "/nonexistent/dir/joined.jsonl"],
+            "cannot write joined records to /nonexistent/dir/joined.jsonl: No such file",
+        ),
     ],
 )
 def test_bad_join_command_lines_are_one_line(args: list[str], message: str) -> None:

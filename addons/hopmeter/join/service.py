@@ -25,7 +25,7 @@ import orjson
 from hopmeter.core.hops import align
 from hopmeter.core.spans import SpanView, read_span
 from hopmeter.core.vocab import SpanOutcome
-from hopmeter.errors import PortError
+from hopmeter.errors import PortError, UsageError
 from hopmeter.export.join_metrics import JoinCounts, JoinMetrics
 from hopmeter.export.prometheus import Metrics, new_registry
 from hopmeter.export.records import RecordSink
@@ -168,7 +168,13 @@ class JoinService:
 
 def run(cfg: ServeConfig) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a clean stop."""
-    service = JoinService(cfg)
+    try:
+        service = JoinService(cfg)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write joined records to {cfg.records}: {exc.strerror}; pick a writable "
+            "path with --records"
+        ) from None
     try:
         server = serve(service.metrics, *cfg.metrics) if cfg.metrics is not None else None
     except PortError:
