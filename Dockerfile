@@ -7,13 +7,14 @@
 # `docker stop` sends SIGTERM: hopmeter drains (HOPMETER_DRAIN_TIMEOUT, 20 s); give it
 # `docker stop -t 30` (compose: stop_grace_period: 30s), the default 10 s cuts the drain short.
 
-# --- builder: hopmeter and every dependency as wheels --------------------------------------
+# --- builder: hopmeter, its OpenTelemetry extra and every dependency as wheels -------------
 FROM python:3.12-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY addons ./addons
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# the otel extra: --otel-endpoint and `hopmeter join --serve` (deploy/fleet/) need it
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"
 
 # --- final: the wheels installed into a clean image, run as an unprivileged user -----------
 FROM python:3.12-slim
@@ -27,7 +28,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 hopmeter \
  && useradd --system --uid 10001 --gid hopmeter --create-home --home-dir /home/hopmeter hopmeter
 COPY --from=builder /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/hopmeter-*.whl \
+RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl \
  && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/hopmeter

@@ -469,6 +469,29 @@ def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
     assert value(registry, "hopmeter_hold_seconds_bucket", segment="edge>origin", le="0.005") == 2
 
 
+def test_a_segment_observes_its_holds_and_counts_its_findings(registry: CollectorRegistry) -> None:
+    """observe_segment: one hold per token, one count per finding the segment introduced, and
+    every finding kind's series for the segment from 0."""
+    from hopmeter.core.hops import HopView, align
+
+    def view(hop: str, first: float, kinds: frozenset[str]) -> HopView:
+        events = [[first + i * 0.05, 1, 4 * (i + 1)] for i in range(4)]
+        return HopView(
+            hop=hop, t_start=10.0, t_first_byte=None, events=events, ttft_s=first,
+            itl_p50_s=0.05, finding_kinds=kinds,
+        )  # fmt: skip
+
+    segment = align(view("edge", 0.3, frozenset({"burst_gaps"})), view("origin", 0.1, frozenset()))
+    Metrics(registry).observe_segment(segment, TRACE)
+    assert value(registry, "hopmeter_hold_seconds_count", segment="edge>origin") == 4
+    findings = "hopmeter_segment_findings_total"
+    assert value(registry, findings, segment="edge>origin", kind="burst_gaps") == 1
+    assert (
+        "hopmeter_segment_findings_total",
+        frozenset({("segment", "edge>origin"), ("kind", "stall")}),
+    ) in samples(registry)
+
+
 def test_internal_errors_and_active_streams(registry: CollectorRegistry) -> None:
     """Internal errors count by site; the active-streams gauge goes up and down."""
     metrics = Metrics(registry)

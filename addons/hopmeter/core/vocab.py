@@ -129,3 +129,26 @@ class ProbeCheck(StrEnum):
     BYTES = "bytes"  # a hopmeter upstream played the canary: every byte, event and hold checked
     TEXT = "text"  # ... behind a gateway that re-frames events: text and holds, not bytes
     TIMING = "timing"  # the origin does not play the canary: the detectors on timing alone
+
+
+class SpanOutcome(StrEnum):
+    """What a join service did with one span it received (`hopmeter_join_spans_total{outcome}`)."""
+
+    ACCEPTED = "accepted"  # a hopmeter span with a timeline, kept in the window
+    FOREIGN = "foreign"  # not a hopmeter span (no hopmeter.hop): ignored
+    NO_TIMELINE = "no_timeline"  # a hopmeter span sent with the timeline off: nothing to join
+    MALFORMED = "malformed"  # a hopmeter span with absurd ids, times or timeline: rejected
+    DUPLICATE = "duplicate"  # its span id is already in the window (an exporter's retry)
+    LATE = "late"  # its trace already left the window
+    OVERFLOW = "overflow"  # the window was full of events this span's trace alone holds
+
+
+class TraceOutcome(StrEnum):
+    """How a trace left a join service's window (`hopmeter_join_traces_total{outcome}`)."""
+
+    JOINED = "joined"  # every span of it was paired with a neighbour hop
+    PARTLY_JOINED = "partly_joined"  # some spans paired, some never found theirs
+    UNLINKED = "unlinked"  # several spans, no parent links: chained by start time at the end
+    ONE_SIDED = "one_sided"  # one span only: its other hop never arrived within the window
+    EVICTED = "evicted"  # pushed out early because the window was at its bound
+    LOST = "lost"  # still waiting when the service stopped

@@ -60,6 +60,12 @@ def add_parser(sub: Any) -> None:
         help="export a span per flow to this OTLP/HTTP endpoint (pip install hopmeter[otel])",
     )
     p.add_argument(
+        "--otel-timeline",
+        choices=("on", "off"),
+        default="on",
+        help="carry each flow's token timeline in its span, for `hopmeter join` (default on)",
+    )
+    p.add_argument(
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument(
@@ -197,6 +203,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
         otel_endpoint=args.otel_endpoint,
+        otel_timeline=args.otel_timeline == "on",
         chaos=args.chaos,
         chaos_seed=args.chaos_seed,
         console="off" if args.quiet else "json" if args.json else "text",

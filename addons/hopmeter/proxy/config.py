@@ -30,6 +30,7 @@ class ProxyConfig:
     log_content: bool = False
     trace_header: bool = True
     otel_endpoint: str = ""
+    otel_timeline: bool = True
     chaos: str = ""
     chaos_seed: int = 0
     console: str = "text"  # "text" | "json" | "off"

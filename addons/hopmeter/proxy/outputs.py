@@ -228,7 +228,7 @@ class MetricsOutput(FlowObserver):
             own_holds=result.delivery.holds if result.delivery is not None else None,
         )
         for seg in result.segments:
-            self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
+            self.metrics.observe_segment(seg, result.record.get("trace_id"))
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""
@@ -261,9 +261,16 @@ class OtelOutput(FlowObserver):
             "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
             "(needs `pip install hopmeter[otel]`).",
         )
+        loader.add_option(
+            "hopmeter_otel_timeline",
+            bool,
+            True,
+            "Carry each flow's token timeline in its span (what `hopmeter join` needs to align "
+            "hops from spans); false keeps spans small.",
+        )
 
     def configure(self, updated: set[str]) -> None:
-        if "hopmeter_otel_endpoint" in updated:
+        if updated & {"hopmeter_otel_endpoint", "hopmeter_otel_timeline"}:
             self._set(ctx.options.hopmeter_otel_endpoint.strip())
 
     def observe(self, result: FlowResult) -> None:
@@ -289,7 +296,7 @@ class OtelOutput(FlowObserver):
                 f"'hopmeter[otel]' ({exc})"
             ) from None
         try:
-            self.exporter = OtelExporter(endpoint)
+            self.exporter = OtelExporter(endpoint, timeline=ctx.options.hopmeter_otel_timeline)
         except OtelConfigError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         self.meter.add_observer(self)

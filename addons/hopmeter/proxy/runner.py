@@ -99,6 +99,7 @@ async def run_proxy(
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
             hopmeter_otel_endpoint=cfg.otel_endpoint,
+            hopmeter_otel_timeline=cfg.otel_timeline,
             hopmeter_chaos=cfg.chaos,
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
