@@ -80,7 +80,9 @@ def test_openai_sdk_streams_intact_and_measured(path: dict[str, Any]) -> None:
     assert usage is not None and usage.completion_tokens == 30
     assert rec["api"] == "openai.chat" and rec["model"] == "gpt-4o-mini"
     _check_against_upstream(rec, _sent(path, request_id))
-    assert rec["figures"]["ttft_s"] - rec["figures"]["ttfb_s"] >= 0.3  # the prelude's wait
+    # the prelude's 0.3 s wait (the prelude itself may reach the proxy a little late on a busy
+    # host, which shortens what the proxy sees of the wait, never lengthens it past it)
+    assert rec["figures"]["ttft_s"] - rec["figures"]["ttfb_s"] >= 0.25
     line = path["records"].read_text()
     assert SECRET not in line and "a secret prompt" not in line and "Bearer" not in line
 
