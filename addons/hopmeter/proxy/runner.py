@@ -12,13 +12,13 @@ from typing import Any
 
 from mitmproxy import exceptions, options
 from mitmproxy import log as mitmlog
-from mitmproxy.tools.dump import DumpMaster
 
 from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
+from hopmeter.proxy.master import LeanMaster
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.ui import HopView
@@ -69,8 +69,8 @@ async def run_proxy(
     finish within the drain timeout; a second one stops at once.
     """
     opts = options.Options()
-    master = DumpMaster(opts, with_termlog=True, with_dumper=False)
-    drop_legacy_log_events()
+    # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
+    master = LeanMaster(opts)
     addons = default_addons()
     meter, readiness = addons[0], addons[2]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
