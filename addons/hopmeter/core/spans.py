@@ -21,7 +21,8 @@ from hopmeter.errors import TimelineError
 
 HOP_KEY = "hopmeter.hop"  # the attribute that makes a span hopmeter's
 MAX_HOP_CHARS = 128  # a hop is a short name (a label value downstream)
-# Span attributes (hopmeter.<figure>) read back into the record's figures.
+# Span attributes (hopmeter.<figure>) read back into the record's figures; the exporter writes
+# these and the token source (hopmeter.export.otel.FIGURES).
 FIGURES = (
     "ttfb_s",
     "ttfe_s",

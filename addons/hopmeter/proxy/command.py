@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopmeter.argtypes import positive_int, positive_seconds, seconds
 from hopmeter.env import bind_env, source
 from hopmeter.errors import UsageError
 from hopmeter.proxy.config import (
@@ -46,7 +47,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--records", default="", metavar="PATH", help='JSON lines file ("-" = stdout)')
     p.add_argument("--metrics", default="127.0.0.1:9464", metavar="HOST:PORT|off")
-    p.add_argument("--stall-threshold", type=_positive_float, default=0.5, metavar="SECONDS")
+    p.add_argument("--stall-threshold", type=positive_seconds, default=0.5, metavar="SECONDS")
     p.add_argument("--tokenizer", default="", metavar="NAME|PATH")
     p.add_argument(
         "--log-content",
@@ -77,7 +78,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chaos-seed", type=int, default=0, metavar="N", help="seed for --chaos")
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="N proxy processes on the same ports (SO_REUSEPORT); metrics port + index each",
@@ -96,14 +97,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--connect-timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=10.0,
         metavar="SECONDS",
         help="seconds to connect to the upstream (TCP and TLS) before answering 504 (default 10)",
     )
     p.add_argument(
         "--read-timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=600.0,
         metavar="SECONDS",
         help="longest upstream silence: before the response headers (answered 504) and between "
@@ -111,7 +112,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        type=_seconds,
+        type=seconds,
         default=20.0,
         metavar="SECONDS",
         help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops "
@@ -128,40 +129,6 @@ def add_parser(sub: Any) -> None:
     )
     p.set_defaults(func=run)
     bind_env(p)
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
-    return n
-
-
-def _positive_float(value: str) -> float:
-    f = _number(value)
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
-    return f
-
-
-def _seconds(value: str) -> float:
-    f = _number(value)
-    if not f >= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more seconds")
-    return f
-
-
-def _number(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if f == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds")
-    return f
 
 
 def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:

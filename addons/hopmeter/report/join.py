@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from hopmeter.argtypes import positive_int, positive_seconds
 from hopmeter.core.hops import chain
 from hopmeter.errors import UsageError
 from hopmeter.join.files import OTEL_EXTRA, read_flows
@@ -73,34 +74,14 @@ def add_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--window",
-        type=_positive_float,
+        type=positive_seconds,
         default=WINDOW_S,
         metavar="SECONDS",
         help=f"how long a trace waits for its other hops (default {WINDOW_S:g})",
     )
-    serve.add_argument("--max-traces", type=_positive_int, default=MAX_TRACES, metavar="N")
-    serve.add_argument("--max-events", type=_positive_int, default=MAX_EVENTS, metavar="N")
+    serve.add_argument("--max-traces", type=positive_int, default=MAX_TRACES, metavar="N")
+    serve.add_argument("--max-events", type=positive_int, default=MAX_EVENTS, metavar="N")
     p.set_defaults(func=run)
-
-
-def _positive_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
-    return f
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
-    return n
 
 
 def _ms(x: float | None) -> str:
