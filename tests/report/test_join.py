@@ -62,7 +62,7 @@ def test_run_prints_a_line_per_segment(tmp_path: Path, capsys: pytest.CaptureFix
     assert join_command.run(_args(edge, origin)) == 0
     assert capsys.readouterr().out == (
         "t1 edge>origin first_token_hold=399.0ms p50=299.0ms p99=399.0ms max=399.0ms "
-        "whole_body=no skew=0.0ms findings=-\n"
+        "whole_body=no skew=0.0ms findings=- request_delay=1.0ms paired_by=trace\n"
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.figures import weighted_quantile
-from hopmeter.core.vocab import FindingKind
+from hopmeter.core.vocab import FindingKind, PairedBy
 
 # A segment that released its first token after this share of the inner hop's token span had
 # passed held the whole body: nothing, then everything (seed "GPU to pixel").
@@ -46,6 +46,16 @@ SEGMENT_FIXES = {
     FindingKind.SEGMENT_BATCHING: (
         "This segment turned a steady stream into bursts: inter-token latency fell while the "
         "first token came later; look for buffering or compression between these two hops."
+    ),
+    # LiteLLM 1.108.7, measured (docs/gateways.md); Kong's OpenTelemetry plugin documents its
+    # `propagation` settings; for the rest, only their own docs can say.
+    FindingKind.TRACE_CONTEXT_DROPPED: (
+        "A hop on this segment does not pass the W3C traceparent header on, so its two sides were "
+        "paired by their reply text (identical replies at once cannot be): make it forward "
+        'traceparent. LiteLLM: litellm_settings callbacks: ["otel"] and '
+        "forward_traceparent_to_llm_provider: true, both (with opentelemetry-sdk installed); "
+        "Kong: the OpenTelemetry plugin's propagation (inject w3c); Portkey and other gateways: "
+        "check their docs; a proxy of your own: copy traceparent onto the upstream request."
     ),
 }
 
@@ -90,6 +100,35 @@ class Segment:
     skew_s: float  # inner clock minus outer clock, as estimated
     skew_bounds_s: tuple[float | None, float | None]
     findings: tuple[dict[str, Any], ...]
+    paired_by: PairedBy = PairedBy.TRACE
+    inner_flow_id: str | None = None  # the inner hop's record, when known
+
+    @property
+    def request_delay_s(self) -> float | None:
+        """From the outer hop seeing the request to the inner hop seeing it, on one clock.
+
+        The upper skew bound is the raw difference of the two request starts; the estimated skew
+        takes its share back, so the delay lies between 0 (causality) and upper - lower.
+        """
+        upper = self.skew_bounds_s[1]
+        return None if upper is None else max(0.0, upper - self.skew_s)
+
+    @property
+    def request_delay_bounds_s(self) -> tuple[float | None, float | None]:
+        """What causality allows the request delay to be, whatever the clocks' skew."""
+        lower, upper = self.skew_bounds_s
+        if upper is None:
+            return (None, None)
+        return (0.0, None if lower is None else max(0.0, upper - lower))
+
+    @property
+    def added_ttft_s(self) -> float | None:
+        """What this segment added to the time to first token: the request's way in plus the
+        first token's hold on its way out (the skew cancels out of the sum)."""
+        delay = self.request_delay_s
+        if delay is None or self.first_token_hold_s is None:
+            return None
+        return delay + self.first_token_hold_s
 
     def as_dict(self) -> dict[str, Any]:
         """The `hops` entry of the outer record (docs/design.md §4)."""
@@ -102,10 +141,8 @@ class Segment:
         return {
             "segment": self.segment,
             "inner_hop": self.inner_hop,
-            "first_token_hold_s": None
-            if self.first_token_hold_s is None
-            else round(self.first_token_hold_s, 6),
-            "hold_p50_s": q(0.5),
+            "first_token_hold_s": _r(self.first_token_hold_s),
+            "hold_p50_s": _r(median(self.holds_s)),
             "hold_p99_s": q(0.99),
             "hold_max_s": round(max(self.holds_s), 6) if self.holds_s else None,
             "whole_body": self.whole_body,
@@ -113,7 +150,30 @@ class Segment:
             "skew_s": round(self.skew_s, 6),
             "skew_bounds_s": [None if b is None else round(b, 6) for b in self.skew_bounds_s],
             "findings": list(self.findings),
+            "paired_by": self.paired_by,
+            "inner_flow_id": self.inner_flow_id,
+            "request_delay_s": _r(self.request_delay_s),
+            "request_delay_bounds_s": [_r(b) for b in self.request_delay_bounds_s],
+            "added_ttft_s": _r(self.added_ttft_s),
         }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def median(values: Sequence[float]) -> float | None:
+    """The median as a median: the middle value, or the mean of the two middle ones.
+
+    A nearest-rank p50 picks the lower middle of an even count, which on a hold distribution of
+    two clusters (tokens released in two bursts) is one cluster's value, not the middle.
+    """
+    n = len(values)
+    if not n:
+        return None
+    ordered = sorted(values)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _token_times(v: HopView) -> list[tuple[float, int, int]]:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
+from hopmeter.core.fingerprint import FINGERPRINT_CHARS, fingerprint
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
 from hopmeter.core.vocab import TERMINATED_APIS
@@ -101,6 +102,7 @@ def finish_flow(
     stall_threshold_s: float,
     log_content: bool = False,
     measuring_error: str | None = None,
+    fingerprint_key: bytes | None = None,
 ) -> FlowResult:
     """Build the record of a finished flow: tokens, figures and (later) findings."""
     rec: dict[str, Any] = {
@@ -167,6 +169,11 @@ def finish_flow(
             rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
             rec["figures"] = _figures_dict(meter, figures, account)
             rec["stream"] = _stream_facts(meter)
+            fp = fingerprint(
+                meter.text_head(FINGERPRINT_CHARS), meter.visible_chars, fingerprint_key
+            )
+            if fp is not None:  # a digest of the opening, never the text (core.fingerprint)
+                rec["fingerprint"] = fp.as_dict()
             if log_content:
                 rec["content"] = meter.text()
     rec["api"] = api
