@@ -449,6 +449,35 @@ def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
     assert value(registry, "hopmeter_hold_seconds_bucket", segment="edge>origin", le="0.005") == 2
 
 
+def test_what_a_segment_adds_on_the_way_in_is_observed(registry: CollectorRegistry) -> None:
+    """A segment's request delay and added time to first token are one observation each."""
+    metrics = Metrics(registry)
+    metrics.observe_segment("edge>origin", 0.012, 0.019, TRACE)
+    metrics.observe_segment("edge>origin", None, None, TRACE)
+    delay = "hopmeter_segment_request_delay_seconds"
+    assert value(registry, f"{delay}_count", segment="edge>origin") == 1
+    assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.01") == 0
+    assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.025") == 1
+    assert value(registry, "hopmeter_segment_added_ttft_seconds_sum") == pytest.approx(0.019)
+
+
+def test_pairings_are_counted_by_how_and_how_sure(registry: CollectorRegistry) -> None:
+    """A flow's `pairing` counts once under its hop, how it was paired and how sure; an
+    ambiguous one under paired_by "none"; a record without the field not at all."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(
+        flow_record(pairing={"paired_by": "content", "match": "unique", "candidates": 1})
+    )
+    metrics.observe_flow(
+        flow_record(pairing={"paired_by": None, "match": "ambiguous", "candidates": 2})
+    )
+    metrics.observe_flow(flow_record())
+    name = "hopmeter_pairings_total"
+    assert value(registry, name, paired_by="content", match="unique") == 1
+    assert value(registry, name, paired_by="none", match="ambiguous") == 1
+    assert value(registry, name) == 2
+
+
 def test_internal_errors_and_active_streams(registry: CollectorRegistry) -> None:
     """Internal errors count by site; the active-streams gauge goes up and down."""
     metrics = Metrics(registry)

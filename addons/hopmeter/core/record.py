@@ -79,6 +79,9 @@ class FlowResult:
     figures: Figures | None
     tokens: TokenAccount | None
     segments: tuple[Any, ...] = ()  # hops.Segment per segment, on the outermost flow of a trace
+    # the reply's first visible characters, in memory only (never written): live pairing tells
+    # a flow still in flight that cannot be this reply from one that may be (proxy.pairing)
+    opening: str = ""
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -125,6 +128,7 @@ def finish_flow(
     }
     figures: Figures | None = None
     account: TokenAccount | None = None
+    opening = ""
     api = "other"
     model = request.model
     if response is not None:
@@ -169,9 +173,8 @@ def finish_flow(
             rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
             rec["figures"] = _figures_dict(meter, figures, account)
             rec["stream"] = _stream_facts(meter)
-            fp = fingerprint(
-                meter.text_head(FINGERPRINT_CHARS), meter.visible_chars, fingerprint_key
-            )
+            opening = meter.text_head(FINGERPRINT_CHARS)
+            fp = fingerprint(opening, meter.visible_chars, fingerprint_key)
             if fp is not None:  # a digest of the opening, never the text (core.fingerprint)
                 rec["fingerprint"] = fp.as_dict()
             if log_content:
@@ -193,7 +196,7 @@ def finish_flow(
     rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error
-    return FlowResult(record=rec, figures=figures, tokens=account)
+    return FlowResult(record=rec, figures=figures, tokens=account, opening=opening)
 
 
 def _abs(t0: float, offset: float | None) -> float | None:

@@ -33,6 +33,8 @@ from hopmeter.export.labels import (
     ENDINGS,
     FINDING_KINDS,
     OTHER,
+    PAIRED_BY,
+    PAIRING_MATCHES,
     TOKEN_SOURCES,
     ModelLabels,
     NameLabels,
@@ -167,6 +169,24 @@ class Metrics:
             HOLD_BUCKETS_S,
             ("segment",),
         )
+        self.request_delay = hist(
+            "segment_request_delay_seconds",
+            "From the outer listener seeing a request to the inner one seeing it, per segment.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.added_ttft = hist(
+            "segment_added_ttft_seconds",
+            "What a segment added to the time to first token: request delay + first-token hold.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.pairings = counter(
+            "pairings_total",
+            "Flows of a process with listeners of several hops, by how they were paired "
+            '(paired_by "none" with match "ambiguous": several replies alike, left unpaired).',
+            ("hop", "paired_by", "match"),
+        )
         self.flows = counter(
             "flows_total", "Finished flows.", (*FLOW_LABELS, "status_class", "ended")
         )
@@ -270,6 +290,12 @@ class Metrics:
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
             kind = vocabulary_label(kind, FINDING_KINDS)
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
+        pairing = record.get("pairing")
+        if isinstance(pairing, Mapping):
+            by = pairing.get("paired_by")
+            by = "none" if by is None else vocabulary_label(by, PAIRED_BY)
+            match = vocabulary_label(pairing.get("match"), PAIRING_MATCHES)
+            child(self.pairings, (hop, by, match)).inc(1, exemplar)
 
     def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
         """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""
@@ -344,6 +370,21 @@ class Metrics:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
         values = [(v, 1) for v in (_num(h) for h in holds_s) if v is not None]
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
+
+    def observe_segment(
+        self,
+        segment: str,
+        request_delay_s: float | None,
+        added_ttft_s: float | None,
+        trace_id: str | None,
+    ) -> None:
+        """Observe what one segment added on the way in, for one stream."""
+        label = (self.segments.label(segment),)
+        exemplar = _exemplar(trace_id)
+        for hist, value in ((self.request_delay, request_delay_s), (self.added_ttft, added_ttft_s)):
+            v = _num(value)
+            if v is not None:
+                self._child(hist, label).observe(v, exemplar)
 
     def internal_error(self, where: str) -> None:
         """Count one error inside hopmeter's measuring code, by site."""

@@ -222,8 +222,12 @@ class MetricsOutput(FlowObserver):
             gaps=result.figures.gaps if result.figures is not None else None,
             event_tokens=result.tokens.per_event if result.tokens is not None else None,
         )
+        trace_id = result.record.get("trace_id")
         for seg in result.segments:
-            self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
+            self.metrics.observe_holds(seg.segment, seg.holds_s, trace_id)
+            self.metrics.observe_segment(
+                seg.segment, seg.request_delay_s, seg.added_ttft_s, trace_id
+            )
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""
