@@ -86,9 +86,16 @@ FIXES: Mapping[str, str] = {
         "Turn compression off for streaming endpoints: a compressor waits to fill its window "
         "before it writes."
     ),
+    # Not every proxy honours these headers: Apache Traffic Server's compress plugin and h2o's
+    # compress handler decide by content type (and h2o by x-compress-hint), not by
+    # Cache-Control: no-transform (their docs; ATS held a reply whole for 1.95 s against an
+    # upstream that sent both headers, issue 22). docs/gateways.md lists the sources.
     FindingKind.BUFFERING_HEADERS: (
         "Send X-Accel-Buffering: no and Cache-Control: no-cache, no-transform, and no "
-        "Content-Length or ETag, so every proxy streams the response."
+        "Content-Length or ETag: nginx and caches that honour them then stream the response. "
+        "Compressors that ignore them need their own switch: Apache Traffic Server's compress "
+        "plugin (leave text/event-stream out of compressible-content-type), h2o (compress: OFF "
+        "on the path, or send x-compress-hint: off)."
     ),
     FindingKind.REPLACEMENT_CHAR: (
         "The server decodes token bytes one at a time: hold bytes until they form valid UTF-8 "
