@@ -12,6 +12,7 @@ from hopmeter.core.matching import (
     segments,
     trace_dropped,
     with_findings,
+    without_content,
 )
 from hopmeter.core.vocab import FindingKind, PairedBy, PairingMatch
 
@@ -155,3 +156,17 @@ def test_segments_say_how_they_were_paired_and_findings_follow() -> None:
     assert [f["kind"] for f in rec["findings"]] == ["trace_context_dropped", "stall"]
     traced = segments([edge, {**origin, "trace_id": "t-edge"}])
     assert traced[0].paired_by == PairedBy.TRACE and trace_dropped(traced) == []
+
+
+def test_without_content_keeps_trace_pairs_and_makes_the_rest_ambiguous() -> None:
+    """When something in flight may still carry the same reply, content pairs are undone: the
+    flows of a trace seen at two hops stay paired by trace, the others say ambiguous."""
+    a = _rec("edge", "t1", "f1", "same", t0=100.0, events=[[0.3, 1, 4]])
+    b = _rec("mid", "t1", "f2", "same", t0=100.01, events=[[0.2, 1, 4]])
+    c = _rec("origin", "t2", "f3", "same", t0=100.02, events=[[0.1, 1, 4]])
+    full = match_records([c, b, a])
+    assert full.groups == [[2, 1, 0]]
+    undone = without_content(full, [c, b, a])
+    assert undone.groups == [[2, 1]]
+    assert undone.outcomes[0].match == PairingMatch.AMBIGUOUS
+    assert undone.outcomes[1].paired_by == undone.outcomes[2].paired_by == PairedBy.TRACE

@@ -153,8 +153,11 @@ def test_a_dropped_trace_is_paired_by_content() -> None:
 
 
 def test_a_shared_trace_in_a_process_of_two_hops_says_trace() -> None:
-    """Flows that share a trace are paired by it, without the finding."""
-    p, _timers, _emitted = content_pairing()
+    """Flows that share a trace at every hop are paired by it, without the finding, at once:
+    a flow in flight with the same opening cannot change that."""
+    p, _timers, _emitted = content_pairing(
+        [LiveFlow(trace_id="x", t_start=10.0, opening="", chars=0)]
+    )
     p.start("t1", 10.0)
     p.start("t1", 10.02)
     assert p.finish(reply("origin", "t1", 10.02)) == []

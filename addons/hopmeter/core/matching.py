@@ -259,3 +259,29 @@ def with_findings(record: Record, extra: Sequence[Mapping[str, Any]]) -> dict[st
 def match_records(records: Sequence[Record], slack_s: float = LIVE_SLACK_S) -> Matching:
     """`match` on records (refs are their indexes in `records`)."""
     return match([Flow.from_record(i, r) for i, r in enumerate(records)], slack_s)
+
+
+def without_content(matching: Matching, records: Sequence[Record]) -> Matching:
+    """`matching` without its content pairs: flows that shared a trace across hops stay paired
+    by it, every other one is ambiguous (something in flight may carry the same reply)."""
+    by_trace: dict[object, list[int]] = defaultdict(list)
+    for i, rec in enumerate(records):
+        by_trace[rec.get("trace_id")].append(i)
+    groups = [
+        sorted(refs, key=lambda i: float((records[i].get("request") or {}).get("t_start") or 0))
+        for refs in by_trace.values()
+        if len(refs) > 1
+    ]
+    outcomes = {}
+    for refs in by_trace.values():
+        across = len({records[i].get("hop") for i in refs}) > 1
+        for i in refs:
+            was = matching.outcomes[i]
+            outcomes[i] = (
+                Outcome(paired_by=PairedBy.TRACE, match=PairingMatch.UNIQUE)
+                if across
+                else Outcome(
+                    paired_by=None, match=PairingMatch.AMBIGUOUS, candidates=was.candidates
+                )
+            )
+    return Matching(groups=groups, outcomes=outcomes)

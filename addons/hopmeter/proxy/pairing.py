@@ -28,15 +28,13 @@ from hopmeter.core.fingerprint import Fingerprint
 from hopmeter.core.hops import Segment, chain
 from hopmeter.core.matching import (
     LIVE_SLACK_S,
-    Matching,
-    Outcome,
     match_records,
     segments,
     trace_dropped,
     with_findings,
+    without_content,
 )
 from hopmeter.core.record import FlowResult
-from hopmeter.core.vocab import PairedBy, PairingMatch
 from hopmeter.log import get_logger
 
 log = get_logger()
@@ -50,7 +48,7 @@ MAX_TRACES = 8192
 # (ambiguous) if a flow that could be the same reply is still in flight.
 PARK_TIMEOUT_S = 30.0
 # Requests waiting to be paired by content. Each holds its finished records (a few KB); past the
-# bound the oldest are decided at once, as on the timeout.
+# bound, groups are decided at once (as on the timeout) until it holds again.
 MAX_PENDING = 4096
 # While requests wait, how often flows in flight are looked at again (their text grows and may
 # rule them out); a finishing flow looks at once.
@@ -225,7 +223,12 @@ class Pairing:
         """A trace closed: decide it now if it cannot pair further, else let it wait."""
         if not results:
             return []
-        self._pending.append(_Unit(results, self._clock()))
+        unit = _Unit(results, self._clock())
+        if {r.record.get("hop") for r in results} >= self.hops:
+            # seen at every hop: no other trace can be its partner or make another's ambiguous
+            # (candidates share no hop), so nothing in flight can change its pairing
+            return self._settle([unit], unsure=False)
+        self._pending.append(unit)
         return self._settle_all()
 
     def _recheck_later(self) -> None:
@@ -277,7 +280,7 @@ class Pairing:
         records = [r.record for r in results]
         matching = match_records(records, LIVE_SLACK_S)
         if unsure:  # a flow that may carry the same reply is still in flight: trace pairs only
-            matching = _trace_only(matching, records)
+            matching = without_content(matching, records)
         out = [
             dataclasses.replace(r, record={**r.record, "pairing": matching.outcomes[i].as_dict()})
             for i, r in enumerate(results)
@@ -334,32 +337,6 @@ def _components(units: Sequence[_Unit]) -> list[list[_Unit]]:
                 comp, end = [u], u.t_end
         out.append(comp)
     return out
-
-
-def _trace_only(matching: Matching, records: Sequence[dict[str, object]]) -> Matching:
-    """`matching` without its content pairs: flows that shared a trace across hops stay paired
-    by it, every other one is ambiguous (something in flight may carry the same reply)."""
-    by_trace: dict[object, list[int]] = defaultdict(list)
-    for i, rec in enumerate(records):
-        by_trace[rec.get("trace_id")].append(i)
-    groups = [
-        sorted(refs, key=lambda i: float(records[i]["request"]["t_start"]))  # type: ignore[index]
-        for refs in by_trace.values()
-        if len(refs) > 1
-    ]
-    outcomes = {}
-    for refs in by_trace.values():
-        across = len({records[i].get("hop") for i in refs}) > 1
-        for i in refs:
-            was = matching.outcomes[i]
-            outcomes[i] = (
-                Outcome(paired_by=PairedBy.TRACE, match=PairingMatch.UNIQUE)
-                if across
-                else Outcome(
-                    paired_by=None, match=PairingMatch.AMBIGUOUS, candidates=was.candidates
-                )
-            )
-    return Matching(groups=groups, outcomes=outcomes)
 
 
 def attach(outer: FlowResult, segments: list[Segment]) -> FlowResult:
