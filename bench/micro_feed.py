@@ -11,6 +11,10 @@ Rows indented under FlowMeter.feed are its parts, timed alone. The rows "plain c
 time the general path (every event built as a Frame and a Delta) that chat chunks took before the
 plain path; "4 events per chunk" is what a busy proxy reads when several events coalesce. The
 Anthropic rows feed Anthropic's token event (`event: content_block_delta` and its data line).
+The two rows under the tap add mitmproxy's write of the chunk to a stand-in client transport,
+without and with the chunk followed out to the client (hopmeter.proxy.delivery): their
+difference is what the extra timestamps cost per event on the stream's path; the looks at the
+queues that follow are timed in bench/micro_delivery.py.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import gc
 import json
 import math
+import socket
 import statistics
 import sys
 import time
@@ -26,7 +31,7 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -43,6 +48,9 @@ from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.vocab import Api
 from hopmeter.proxy.tokenizers import load_counter
+
+if TYPE_CHECKING:
+    from hopmeter.proxy.tap import ResponseTap
 
 EVENTS_PER_FLOW = 400
 FLOWS = 10  # 4,000 events per round: short rounds, so best-of filters out other work
@@ -123,9 +131,8 @@ def feed_coalesced(general: bool = False) -> Callable[[int], object]:
     return lambda i: None if i % 4 else m.feed(four, i * 0.02)
 
 
-def tap() -> Callable[[int], object]:
-    """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
-    (with no event loop running, MeasureQueue measures at once: both are timed)."""
+def new_tap() -> ResponseTap:
+    """A ResponseTap with a meter, as responseheaders leaves it."""
     from hopmeter.proxy.tap import FlowState, MeasureQueue, ResponseTap  # noqa: PLC0415 - heavy
 
     fields = FlowState.__dataclass_fields__
@@ -135,7 +142,38 @@ def tap() -> Callable[[int], object]:
         kwargs["span_id"] = "0" * 16
     t = ResponseTap(FlowState(**kwargs), MeasureQueue(), lambda where, exc: None)
     t.meter = new_meter()
+    return t
+
+
+def tap() -> Callable[[int], object]:
+    """ResponseTap.__call__ as mitmproxy calls it, then the deferred measuring of its chunk
+    (with no event loop running, MeasureQueue measures at once: both are timed)."""
+    t = new_tap()
     return lambda i: t(CHUNK)
+
+
+def tap_written(followed: bool) -> Callable[[int], object]:
+    """The tap as above, then mitmproxy's write of the chunk to a stand-in client transport (the
+    selector transport's checks, no send()); `followed` adds following the bytes out: the tap's
+    FlowOut arms the connection's counter and the write goes through the counting wrapper."""
+    from micro_delivery import FRAMED, StandInTransport  # noqa: PLC0415 - the bench's own
+
+    from hopmeter.proxy.client_conn import ConnTracker  # noqa: PLC0415 - heavy
+    from hopmeter.proxy.delivery import FlowOut  # noqa: PLC0415
+
+    t = new_tap()
+    transport = StandInTransport()
+    if followed:
+        tracker = ConnTracker(transport, socket.socket(), lambda *a: None, lambda *a: None)
+        t.out = FlowOut("HTTP/1.1")
+        t.out.conn = tracker
+    write = transport.write
+
+    def call(i: int) -> object:
+        t(CHUNK)
+        return write(FRAMED)
+
+    return call
 
 
 def plain_events() -> Callable[[int], object]:
@@ -343,6 +381,8 @@ def bytes_per_event(keep_text: bool = True) -> float:
 
 CASES: list[tuple[str, Callable[[], Callable[[int], object]]]] = [
     ("ResponseTap.__call__ (tap + FlowMeter.feed)", tap),
+    ("  ... then mitmproxy's write (stand-in transport)", lambda: tap_written(False)),
+    ("  ... bytes out followed (chunk armed, counting write)", lambda: tap_written(True)),
     ("FlowMeter.feed", feed),
     ("  SseDecoder.plain_data_events (plain chat path)", plain_events),
     ("  plain_chat_payload (plain chat path)", plain_payload),

@@ -121,11 +121,14 @@ TTFB = "hopmeter_time_to_first_byte_seconds"
 TTFE = "hopmeter_time_to_first_event_seconds"
 ITL = "hopmeter_inter_token_latency_seconds"
 HOLD = "hopmeter_hold_seconds"
+OWN_HOLD = "hopmeter_own_hold_seconds"
+CLIENT_WAIT = "hopmeter_client_wait_seconds"
 REQUEST_DELAY = "hopmeter_segment_request_delay_seconds"
 ADDED_TTFT = "hopmeter_segment_added_ttft_seconds"
 PAIRINGS = "hopmeter_pairings_total"
 FLOWS = "hopmeter_flows_total"
 FINDINGS = "hopmeter_findings_total"
+SEGMENT_FINDINGS = "hopmeter_segment_findings_total"
 BYTES = "hopmeter_bytes_total"
 
 OVERVIEW = [
@@ -225,6 +228,7 @@ OVERVIEW = [
 
 WHOLE_BODY = f'kind="whole_body_hold", {SEL_HA}'
 HOLDING_KINDS = 'kind=~"whole_body_hold|burst_gaps|compression_on_stream|buffering_headers"'
+DELIVERY_KINDS = 'kind=~"slow_client|proxy_hold"'
 SEG = 'segment=~"$segment"'
 
 HOPS = [
@@ -267,6 +271,34 @@ HOPS = [
         "Per-token holds of the selected segments over time; a band at seconds is a buffering hop.",
         HOLD,
         SEG,
+    ),
+    Panel(
+        "Each hop's own hold per token",
+        "How long a hop's own process held each token: from reading it to handing it to the "
+        "client's socket. A tenth of a millisecond is mitmproxy and hopmeter at work; "
+        "milliseconds and up are a busy or starved proxy (proxy_hold).",
+        "s",
+        p50_p99(OWN_HOLD),
+    ),
+    Panel(
+        "Client wait per flow by hop",
+        "How long each flow's bytes waited on the client to take them (its reads, its receive "
+        "buffer, its HTTP/2 window). High here with a low own hold: the client set the pace, "
+        "not the path.",
+        "s",
+        p50_p99(CLIENT_WAIT),
+    ),
+    Panel(
+        "Slow clients and proxy holds by hop",
+        "Flows per interval where the client set the pace (slow_client) or the hop's own "
+        "process held bytes (proxy_hold).",
+        "short",
+        [
+            Target(
+                f"sum by (kind, hop) (increase({FINDINGS}{{{DELIVERY_KINDS}, {SEL_HA}}}[{RI}]))",
+                "{{kind}} at {{hop}}",
+            )
+        ],
     ),
     Panel(
         "Added to the first token by segment",
@@ -319,6 +351,18 @@ HOPS = [
             Target(
                 f"sum by (kind, hop) (increase({FINDINGS}{{{HOLDING_KINDS}, {SEL_HA}}}[{RI}]))",
                 "{{kind}} at {{hop}}",
+            )
+        ],
+    ),
+    Panel(
+        "Findings introduced by each segment",
+        "Findings present at a segment's outer hop but not its inner one (and a batching "
+        "segment's tell), from the live pairing or a join service: the segment caused them.",
+        "short",
+        [
+            Target(
+                f"sum by (kind, segment) (increase({SEGMENT_FINDINGS}{{{SEG}}}[{RI}]))",
+                "{{kind}} on {{segment}}",
             )
         ],
     ),
@@ -612,7 +656,8 @@ def dashboards() -> dict[str, dict[str, Any]]:
         "hopmeter-hops.json": dashboard(
             "hopmeter-hops",
             "hopmeter / Hops",
-            "How long each segment between two listeners holds each token.",
+            "How long each segment between two listeners holds each token, each hop's own hold, "
+            "and how long clients kept the bytes waiting.",
             HOPS,
             [segment, *flow_variables()],
         ),

@@ -50,3 +50,11 @@ class ChaosError(UsageError):
 
 class OtelConfigError(UsageError, ValueError):
     """An OpenTelemetry endpoint or setting that cannot work."""
+
+
+class OtlpError(HopmeterError, ValueError):
+    """An OTLP payload or file that is not a trace export hopmeter can read (HTTP 400)."""
+
+
+class TimelineError(OtlpError):
+    """A span's hopmeter.timeline attributes are present but absurd (lengths, order, range)."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from hopmeter.core.delivery import Delivery
 from hopmeter.core.detectors import StreamView, detect_burst_gaps, diagnose
 
 GOOD = {
@@ -264,3 +267,82 @@ def test_equal_token_batches_are_a_token_count_pattern() -> None:
     f = diagnose(view(times, chunk_times_s=chunk_times, chunk_bytes=sizes, ttfb_s=0.3))
     assert [x.kind for x in f] == ["burst_gaps"]
     assert f[0].evidence["pattern"] == "token_count"
+
+
+def delivery(**kw: object) -> Delivery:
+    """A measured delivery: a client that kept up and a hop that held nothing, unless told."""
+    args: dict[str, object] = dict(
+        measured=True,
+        reason=None,
+        http_version="HTTP/1.1",
+        chunks_out=[],
+        client_wait_s=0.0,
+        client_wait_is_lower_bound=False,
+        queued_bytes_max=0,
+        queued_at_close_bytes=None,
+        rwnd_limited_s=0.0,
+        holds=(),
+        hold_p50_s=0.0001,
+        hold_p99_s=0.0003,
+        hold_max_s=0.0004,
+        own_steps=0,
+        own_step_max_s=None,
+        own_step_max_cpu_s=None,
+        loop_lag_max_s=None,
+        involuntary_switches=3,
+    )
+    args.update(kw)
+    return Delivery(**args)  # type: ignore[arg-type]
+
+
+class TestSlowClient:
+    def test_a_client_that_kept_up_draws_nothing(self) -> None:
+        """No wait on the client, no hold in the hop: no delivery finding."""
+        assert kinds(view(clock(60, 50), delivery=delivery())) == []
+
+    def test_a_long_wait_on_the_client_is_slow_client_with_its_evidence(self) -> None:
+        """Waiting on the client for most of the stream is slow_client, the wait in evidence."""
+        v = view(
+            clock(60, 50),
+            delivery=delivery(client_wait_s=2.5, queued_bytes_max=800_000, rwnd_limited_s=2.4),
+        )
+        (found,) = diagnose(v)
+        assert found.kind == "slow_client" and found.severity == "warning"
+        ev = found.evidence
+        assert (ev["client_wait_s"], ev["queued_bytes_max"], ev["rwnd_limited_s"]) == (
+            2.5,
+            800_000,
+            2.4,
+        )
+        assert ev["wait_to_stream"] == pytest.approx(2.5 / 1.18, abs=1e-3)
+
+    def test_short_waits_are_noise(self) -> None:
+        """A wait under both the share of the stream and the absolute floor is not a finding."""
+        long_stream = clock(600, 50)  # 12 s: 10% is 1.2 s
+        assert kinds(view(long_stream, delivery=delivery(client_wait_s=1.0))) == []
+        assert kinds(view(clock(5, 50), delivery=delivery(client_wait_s=0.09))) == []
+
+    def test_downloads_go_at_one_sides_pace_without_fault(self) -> None:
+        """A body that is not an event stream is never slow_client."""
+        v = view(clock(60, 50), event_stream=False, delivery=delivery(client_wait_s=5.0))
+        assert "slow_client" not in kinds(v)
+
+
+class TestProxyHold:
+    def test_a_chunk_held_in_the_hop_is_proxy_hold(self) -> None:
+        """A read-to-write hold of 60 ms inside this hop is proxy_hold."""
+        v = view(clock(60, 50), delivery=delivery(hold_max_s=0.06, hold_p99_s=0.06))
+        (found,) = diagnose(v)
+        assert found.kind == "proxy_hold" and found.evidence["hold_max_s"] == 0.06
+
+    def test_a_slow_own_step_is_proxy_hold_even_with_no_chunk_held(self) -> None:
+        """hopmeter's own measuring using 50 ms of CPU while the flow streamed is proxy_hold."""
+        d = delivery(own_steps=3, own_step_max_s=0.055, own_step_max_cpu_s=0.05)
+        (found,) = diagnose(view(clock(60, 50), delivery=d))
+        assert found.kind == "proxy_hold"
+        assert (found.evidence["own_step_max_cpu_s"], found.evidence["own_steps"]) == (0.05, 3)
+
+    def test_a_process_left_waiting_by_the_os_is_not_hopmeters_step(self) -> None:
+        """A 50 ms step that used 1 ms of CPU was the host, not hopmeter: no finding from it."""
+        d = delivery(own_steps=1, own_step_max_s=0.05, own_step_max_cpu_s=0.001)
+        assert kinds(view(clock(60, 50), delivery=d)) == []

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hopmeter.core.hops import HopView, Segment, align, chain, median, skew_bounds
+from hopmeter.core.hops import HopView, Segment, align, chain, chain_views, median, skew_bounds
 
 
 def record(hop: str, t_start: float, events: list[list[float]], **fig: Any) -> dict[str, Any]:
@@ -98,6 +98,59 @@ def test_chain_orders_hops_by_request_start() -> None:
         record("c", 2.0, steady(5, 0.1, 0.1)),
     ]
     assert [s.segment for s in chain(recs)] == ["a>b", "b>c"]
+
+
+def test_the_inner_hops_own_hold_and_the_wire_are_told_apart() -> None:
+    """Where the inner hop followed its bytes out, each hold splits into its own read -> out and
+    the wire's out -> the outer hop's read; the old hold keeps its meaning (their sum)."""
+    events = steady(10, 0.05, 0.1)
+    inner = record("origin", 1000.0, events)
+    inner["chunks"] = [[e[0], 100] for e in events]
+    # the origin's process held each chunk 0.2 ms, except the fourth: 30 ms
+    inner["chunks_out"] = [
+        [e[0] + (0.03 if i == 3 else 0.0002), None] for i, e in enumerate(events)
+    ]
+    outer = record(
+        "edge",
+        1000.0,
+        [[e[0] + (0.031 if i == 3 else 0.0012), 1, e[2]] for i, e in enumerate(events)],
+    )
+    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    assert d["tokens_out"] == d["tokens_aligned"] == 10
+    assert d["inner_hold_p50_s"] == pytest.approx(0.0002)
+    assert d["inner_hold_max_s"] == pytest.approx(0.03)
+    assert d["wire_hold_max_s"] == pytest.approx(0.001)
+    assert d["hold_max_s"] == pytest.approx(0.031)  # unchanged: inner own + wire
+
+
+def test_without_out_times_the_split_is_empty() -> None:
+    """A record from a hopmeter that did not follow its bytes out has no split, only the hold."""
+    inner = record("origin", 1000.001, steady(5, 0.05, 0.1))
+    outer = record("edge", 1000.0, steady(5, 0.05, 0.102))
+    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    assert d["tokens_out"] == 0 and d["wire_hold_p99_s"] is None and d["inner_hold_max_s"] is None
+    assert d["tokens_aligned"] == 5
+
+
+def test_a_capped_inner_timeline_uses_the_whole_streams_token_span() -> None:
+    """When the inner hop lists only the head of a long stream, whole_body is judged against
+    the whole stream's token span, not the head's."""
+    head = steady(10, 0.05, 0.1)  # 0.45 s of a stream that went on for 20 s
+    outer = record("edge", 1000.0, [[0.8 + i * 0.05, 1, (i + 1) * 5] for i in range(10)])
+    inner = record("origin", 1000.0, head)
+    held = align(HopView.from_record(outer), HopView.from_record(inner))
+    inner["figures"]["token_span_s"] = 20.0
+    whole = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert held.first_token_hold_s == whole.first_token_hold_s == pytest.approx(0.7)
+    assert not whole.whole_body  # 0.7 s of a 20 s stream is no whole-body hold
+
+
+def test_chain_views_orders_by_request_start() -> None:
+    """chain_views pairs views by request start whatever order they are given in."""
+    a = HopView.from_record(record("edge", 10.0, steady(3, 0.1, 0.2)))
+    b = HopView.from_record(record("mid", 10.001, steady(3, 0.1, 0.1)))
+    c = HopView.from_record(record("origin", 10.002, steady(3, 0.1, 0.05)))
+    assert [s.segment for s in chain_views([c, a, b])] == ["edge>mid", "mid>origin"]
 
 
 def test_hold_p50_is_a_median_of_two_clusters() -> None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+from hopmeter.core.delivery import DeliverySeen
+from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
 from hopmeter.core.tokens import Counter, estimate_counter
+from hopmeter.core.upstream import CAUSE_FIXES, UpstreamFailure
+from hopmeter.core.vocab import Ended
 
 SSE = {"content-type": "text/event-stream"}
 
@@ -17,13 +24,18 @@ class EstimateCounters:
         return estimate_counter()
 
 
-def record_of(api: str, body: list[bytes]) -> dict[str, object]:
+def record_of(api: str, body: list[bytes]) -> dict[str, Any]:
     """The record of one response whose chunks arrive 10 ms apart."""
+    return result_of(api, body).record
+
+
+def result_of(api: str, body: list[bytes], delivery: DeliverySeen | None = None) -> FlowResult:
+    """The result of one response whose chunks arrive 10 ms apart."""
     meter = FlowMeter(api=api, content_type=SSE["content-type"], content_encoding=None)
     for i, data in enumerate(body):
         meter.feed(data, 0.1 + i / 100)
     meter.close(0.1 + len(body) / 100)
-    result = finish_flow(
+    return finish_flow(
         flow_id="f",
         trace_id=None,
         hop="edge",
@@ -43,8 +55,8 @@ def record_of(api: str, body: list[bytes]) -> dict[str, object]:
         bytes_out=meter.bytes_wire,
         counters=EstimateCounters(),
         stall_threshold_s=0.5,
+        delivery=delivery,
     )
-    return result.record
 
 
 def test_malformed_payload_is_counted_in_the_stream_facts():
@@ -87,3 +99,106 @@ def test_unknown_stream_counts_malformed_events_once_its_api_is_known():
     )
     assert rec["api"] == "openai.chat"
     assert rec["stream"]["malformed_events"] == 1  # type: ignore[index]
+
+
+CHAT = [
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":" there"}}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+def followed(n: int, wait_until: float) -> FlowChunks:
+    """`n` chunks read 10 ms apart from offset 0.1 (monotonic 100.1), written at once; the kernel
+    held the last one unsent until `wait_until` (monotonic)."""
+    led, flow = Ledger(), FlowChunks()
+    for i in range(n):
+        c = new_chunk(50, 100.1 + i / 100)
+        flow.add(c)
+        led.arm(c)
+        led.wrote(58, c[1] + 0.0001, False)
+    led.sample(wait_until, -math.inf, 0, 58)  # the first look: the last chunk still unsent
+    led.sample(wait_until + 0.001, wait_until, 0, 0)
+    return flow
+
+
+def seen(flow: FlowChunks | None, measured: bool = True) -> DeliverySeen:
+    """What a proxy saw of the flow's bytes, the request having started at monotonic 100."""
+    return DeliverySeen(
+        reason=None if measured else "no socket",
+        measured=measured,
+        chunks=flow,
+        mono0=100.0,
+        skew_s=0.0,
+        http_version="HTTP/1.1",
+    )
+
+
+def test_out_times_line_up_with_the_chunks_they_follow():
+    """chunks_out has one [out_s, sent_s] per listed chunk; the delivery section sums them up."""
+    result = result_of("openai.chat", CHAT, seen(followed(3, 100.5)))
+    rec = result.record
+    assert [c[0] for c in rec["chunks"]] == [0.1, 0.11, 0.12]
+    assert rec["chunks_out"] == [[0.1001, 0.1001], [0.1101, 0.1101], [0.1201, 0.5]]
+    section = rec["delivery"]
+    assert section["measured"] and section["reason"] is None
+    assert section["client_wait_s"] == 0.3799  # the last chunk: written at 0.1201, unsent at 0.5
+    assert section["hold_max_s"] == 0.0001
+    assert result.delivery is not None and result.delivery.holds
+
+
+def test_a_flow_not_followed_has_a_reason_and_no_out_times():
+    """Not measured: the delivery section says why, and there is no chunks_out to misread."""
+    rec = result_of("openai.chat", CHAT, seen(None, measured=False)).record
+    assert "chunks_out" not in rec
+    assert rec["delivery"]["measured"] is False and rec["delivery"]["reason"] == "no socket"
+
+
+def test_records_built_offline_have_no_delivery_section():
+    """Without what a proxy saw (tools, tests), the record says nothing about delivery."""
+    rec = record_of("openai.chat", CHAT)
+    assert "delivery" not in rec and "chunks_out" not in rec
+
+
+def unanswered(failure: UpstreamFailure | None, ended: str) -> dict[str, Any]:
+    """The record of a request that never got a response."""
+    request = RequestInfo(
+        method="POST", scheme="http", host="h", path="/v1/chat/completions", t_start=1.7e9,
+        t_end=None, bytes=0,
+    )  # fmt: skip
+    return finish_flow(
+        flow_id="f", trace_id=None, hop="edge", listener="edge", request=request, response=None,
+        meter=None, ended=ended, bytes_out=0, counters=EstimateCounters(), stall_threshold_s=0.5,
+        failure=failure,
+    ).record  # fmt: skip
+
+
+def test_every_record_says_how_it_ended_also_without_a_response():
+    """A flow with no response has a top-level `ended` (and no `response`); one with a
+    response repeats its `response.ended` at the top level."""
+    rec = unanswered(None, "client_gone")
+    assert rec["ended"] == "client_gone"
+    assert "response" not in rec and "upstream_error" not in rec
+    assert rec["findings"] == []
+    answered = record_of("openai.chat", [b"data: [DONE]\n\n"])
+    assert answered["ended"] == answered["response"]["ended"] == "complete"  # type: ignore[index]
+
+
+def test_an_upstream_failure_is_named_with_its_status_and_fix():
+    """A refused connect: `upstream_error` says the cause, the detail and the 502 the client
+    got, and the first finding carries the cause's fix."""
+    failure = UpstreamFailure(
+        cause=Ended.CONNECT_REFUSED, detail="ECONNREFUSED 127.0.0.1:8000", status_sent=502
+    )
+    rec = unanswered(failure, failure.cause)
+    assert rec["ended"] == "connect_refused"
+    assert rec["upstream_error"] == {
+        "cause": "connect_refused",
+        "detail": "ECONNREFUSED 127.0.0.1:8000",
+        "status_sent": 502,
+    }
+    (finding,) = rec["findings"]
+    assert finding["kind"] == "upstream_unreachable"
+    assert finding["severity"] == "error"
+    assert finding["fix"] == CAUSE_FIXES[Ended.CONNECT_REFUSED]
+    assert "ended=connect_refused" in summary_line(rec)

@@ -286,6 +286,26 @@ def test_counters_count_flows_tokens_events_findings_and_stalls(
     assert value(registry, "hopmeter_findings_total", kind="other") == 1
 
 
+def test_a_flow_the_proxy_answered_counts_its_cause_and_the_status_sent(
+    registry: CollectorRegistry,
+) -> None:
+    """No response, a top-level `ended` and the 502 the proxy answered: flows_total has the
+    cause as `ended` and 5xx as the status class, and the finding is counted."""
+    Metrics(registry).observe_flow(
+        {
+            "hop": "edge",
+            "request": {"path": "/v1/chat/completions"},
+            "ended": "connect_refused",
+            "upstream_error": {"cause": "connect_refused", "status_sent": 502},
+            "api": "other",
+            "model": None,
+            "findings": [{"kind": "upstream_unreachable"}],
+        }
+    )
+    assert value(registry, "hopmeter_flows_total", status_class="5xx", ended="connect_refused") == 1
+    assert value(registry, "hopmeter_findings_total", kind="upstream_unreachable") == 1
+
+
 def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
     registry: CollectorRegistry,
 ) -> None:
@@ -449,11 +469,43 @@ def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
     assert value(registry, "hopmeter_hold_seconds_bucket", segment="edge>origin", le="0.005") == 2
 
 
+def test_a_segment_observes_its_holds_and_counts_its_findings(registry: CollectorRegistry) -> None:
+    """observe_segment: one hold per token, one count per finding the segment introduced, and
+    every finding kind's series for the segment from 0."""
+    from hopmeter.core.hops import HopView, align
+
+    def view(hop: str, first: float, kinds: frozenset[str]) -> HopView:
+        events = [[first + i * 0.05, 1, 4 * (i + 1)] for i in range(4)]
+        return HopView(
+            hop=hop, t_start=10.0, t_first_byte=None, events=events, ttft_s=first,
+            itl_p50_s=0.05, finding_kinds=kinds,
+        )  # fmt: skip
+
+    segment = align(view("edge", 0.3, frozenset({"burst_gaps"})), view("origin", 0.1, frozenset()))
+    Metrics(registry).observe_segment(segment, TRACE)
+    assert value(registry, "hopmeter_hold_seconds_count", segment="edge>origin") == 4
+    findings = "hopmeter_segment_findings_total"
+    assert value(registry, findings, segment="edge>origin", kind="burst_gaps") == 1
+    assert (
+        "hopmeter_segment_findings_total",
+        frozenset({("segment", "edge>origin"), ("kind", "stall")}),
+    ) in samples(registry)
+
+
 def test_what_a_segment_adds_on_the_way_in_is_observed(registry: CollectorRegistry) -> None:
-    """A segment's request delay and added time to first token are one observation each."""
+    """A segment's request delay and added time to first token are one observation each; a
+    segment whose request starts are unknown observes neither."""
+    from hopmeter.core.hops import Segment
+
+    def seg(bounds: tuple[float | None, float | None]) -> Segment:
+        return Segment(
+            segment="edge>origin", inner_hop="origin", holds_s=(0.007,), first_token_hold_s=0.007,
+            whole_body=False, skew_s=0.0, skew_bounds_s=bounds, findings=(),
+        )  # fmt: skip
+
     metrics = Metrics(registry)
-    metrics.observe_segment("edge>origin", 0.012, 0.019, TRACE)
-    metrics.observe_segment("edge>origin", None, None, TRACE)
+    metrics.observe_segment(seg((-0.007, 0.012)), TRACE)
+    metrics.observe_segment(seg((None, None)), TRACE)
     delay = "hopmeter_segment_request_delay_seconds"
     assert value(registry, f"{delay}_count", segment="edge>origin") == 1
     assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.01") == 0
@@ -549,3 +601,23 @@ def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
     for key, v in a.items():
         assert b[key] == pytest.approx(v, rel=1e-9, abs=1e-9), key
     assert value(passed, "hopmeter_inter_token_latency_seconds_count") > 100
+
+
+def test_client_wait_per_flow_and_own_hold_per_token(registry: CollectorRegistry) -> None:
+    """A followed flow adds one client wait and one own-hold observation per token."""
+    rec = flow_record(delivery={"measured": True, "client_wait_s": 1.7})
+    Metrics(registry).observe_flow(rec, own_holds=[(0.00008, 1), (0.0004, 3), (0.06, 2)])
+    labels = {"hop": "edge", "api": "openai.chat", "route": "/v1/chat/completions"}
+    assert value(registry, "hopmeter_client_wait_seconds_count", **labels) == 1
+    assert value(registry, "hopmeter_client_wait_seconds_bucket", le="2.5", **labels) == 1
+    assert value(registry, "hopmeter_client_wait_seconds_bucket", le="1.0", **labels) == 0
+    assert value(registry, "hopmeter_own_hold_seconds_count", **labels) == 6
+    assert value(registry, "hopmeter_own_hold_seconds_bucket", le="0.0005", **labels) == 4
+
+
+def test_flows_not_followed_add_no_delivery_observation(registry: CollectorRegistry) -> None:
+    """A flow whose bytes were not followed to the client says nothing about client wait."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(delivery={"measured": False, "client_wait_s": None}))
+    metrics.observe_flow(flow_record())
+    assert value(registry, "hopmeter_client_wait_seconds_count", hop="edge") == 0

@@ -365,12 +365,16 @@ def test_slow_client_backpressure_and_bounded_memory(proxy: Proxy) -> None:
         f"{ahead_max / 2**20:.2f} MiB (bound {in_flight_max / 2**20:.2f}); proxy rate "
         f"{proxy_rate / 2**20:.2f} MiB/s vs client {client_rate / 2**20:.2f} MiB/s; "
         f"proxy-read -> client-read lag max {max(lags):.3f} s; upstream-send -> proxy-read lag "
-        f"max {max(upstream_to_proxy):.3f} s; record duration {rec['figures']['duration_s']} s"
+        f"max {max(upstream_to_proxy):.3f} s; record duration {rec['figures']['duration_s']} s; "
+        f"client wait {rec['delivery']['client_wait_s']} s, queued max "
+        f"{rec['delivery']['queued_bytes_max'] / 2**20:.2f} MiB"
     )
     # Memory: the bytes waiting for the client sit in kernel buffers, not in hopmeter.
     assert peak_growth_kb < 16 * 1024, peak_growth_kb
     assert rec["response"]["ended"] == "complete"
     assert rec["response"]["bytes_out"] == rec["response"]["bytes_wire"]
+    # the record now says who set the pace: the client, not the upstream
+    assert "slow_client" in [f["kind"] for f in rec["findings"]]
 
 
 def _received_by(series: list[tuple[float, int]], t: float) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
 from hopmeter.proxy import addon as addon_module
 from hopmeter.proxy.addon import HopMeter, classify_error, parse_listeners
+from tests.harness.live_client import live_client, run, unread
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -194,6 +196,19 @@ class TestHooks:
         meter.response(flow)  # the end arriving after the stop adds nothing
         assert len(rec.results) == 1
 
+    def test_flows_that_start_after_the_stop_are_forwarded_unmeasured(
+        self, meter: HopMeter
+    ) -> None:
+        """After done() the outputs are closed: a flow still starting on an open connection
+        gets its bytes through unchanged and no record (nothing could write it)."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        meter.done()
+        flow = sse_flow()
+        assert stream_through(meter, flow, [SSE, DONE]) == [SSE, DONE, b""]
+        meter.response(flow)
+        assert rec.results == [] and meter.in_flight() == 0
+
     def test_a_client_that_hangs_up_ends_the_flow(self, meter: HopMeter) -> None:
         """The error hook finishes a flow whose client went away, as client_gone."""
         rec = Recorder()
@@ -310,3 +325,47 @@ class TestOptions:
 def test_classify_error(message: str, ended: str) -> None:
     """mitmproxy's error messages map to the record's endings."""
     assert classify_error(message) == ended
+
+
+class TestDelivery:
+    def test_a_flow_without_a_live_client_says_why_it_was_not_followed(
+        self, meter: HopMeter
+    ) -> None:
+        """Outside a running proxy there is no client transport: the record says so."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        stream_through(meter, sse_flow(), [SSE, DONE])
+        section = rec.results[0].record["delivery"]
+        assert section["measured"] is False and section["reason"]
+        assert "chunks_out" not in rec.results[0].record
+
+    def test_a_live_client_gets_out_times_for_every_chunk(self) -> None:
+        """On mitmproxy's own handler for a real socket, each chunk mitmproxy writes is followed
+        and the record waits for the kernel to send the last one."""
+
+        async def test() -> None:
+            hm = HopMeter()
+            rec = Recorder()
+            async with live_client(0, hm) as live:
+                live.tctx.configure(hm, hopmeter_hop="edge")
+                hm.add_observer(rec)
+                flow = sse_flow()
+                flow.client_conn = live.handler.client
+                hm.requestheaders(flow)
+                hm.responseheaders(flow)
+                tap = flow.response.stream  # type: ignore[union-attr]
+                assert callable(tap)
+                for chunk in (SSE, SSE, DONE):
+                    live.writer.write(b"%x\r\n%s\r\n" % (len(chunk), tap(chunk)))  # as mitmproxy
+                hm.response(flow)
+                while not rec.results:
+                    await asyncio.sleep(0.001)
+                assert unread(live.peer).count(b"data: ") == 3
+
+            record = rec.results[0].record
+            assert record["delivery"]["measured"] and record["delivery"]["reason"] is None
+            assert len(record["chunks_out"]) == len(record["chunks"]) == 3
+            for (t_in, _), (out, sent) in zip(record["chunks"], record["chunks_out"], strict=True):
+                assert t_in <= out <= sent
+
+        run(test)

@@ -183,3 +183,18 @@ def test_missing_output_folder_is_a_usage_error(tmp_path: Path) -> None:
     args = _args(str(tmp_path / "absent.jsonl"), "--html", str(tmp_path / "nope" / "r.html"))
     with pytest.raises(HopmeterError, match=r"--html .*: folder .*nope does not exist"):
         report.run(args)
+
+
+@pytest.mark.integration
+def test_segments_show_the_inner_hops_own_hold_apart(tmp_path: Path, streaming_path: Path) -> None:
+    """Real two-hop records carry out times: each band draws the origin's own part in its own
+    colour, and the holds table gives the origin's own p99 and the wire's apart."""
+    page = _page(tmp_path, streaming_path)
+    assert page.sections and all(s.bands == ["edge>origin"] for s in page.sections)
+    assert any(tag == "path" and a.get("class") == "own" for tag, a in page.tags)
+    assert "inner hop's own p99" in page.text and "wire p99" in page.text
+    for recs in _traces(streaming_path).values():
+        (outer,) = [r for r in recs if r.get("hops")]
+        seg = outer["hops"][0]
+        assert seg["tokens_out"] == seg["tokens_aligned"] > 0
+        assert seg["wire_hold_p99_s"] is not None and seg["inner_hold_p99_s"] is not None

@@ -156,6 +156,25 @@ def test_records_without_offsets_or_events_still_build() -> None:
     assert empty.lanes[0].marks == () and empty.span_s > 0
 
 
+def test_a_run_splits_where_the_inner_hop_followed_its_bytes_out() -> None:
+    """With the origin's out times, each run knows when the token left the origin's process."""
+    origin = {
+        **ORIGIN,
+        "chunks": [[0.05, 20], [0.1, 30], [0.2, 30], [0.3, 30]],
+        "chunks_out": [[0.0501, 0.0501], [0.1001, 0.1001], [0.25, 0.25], [0.3001, 0.3001]],
+    }
+    (band,) = build([origin, EDGE], 0.5).bands
+    lefts = [round(r.t_left_s, 6) for r in band.runs if r.t_left_s is not None]
+    assert lefts == [0.1011, 0.251, 0.3011]  # shifted by the origin's 1 ms later start
+    assert "0.0500 s in origin's own process" in band.runs[1].label
+
+
+def test_records_without_out_times_draw_whole_runs() -> None:
+    """A record from a hopmeter that did not follow its bytes out: no split, as before."""
+    (band,) = build([ORIGIN, EDGE], 0.5).bands
+    assert all(r.t_left_s is None for r in band.runs)
+
+
 def _fingerprinted(rec: dict[str, Any], trace: str) -> dict[str, Any]:
     """`rec` under another trace id, carrying the fingerprint of one shared reply."""
     fp = fingerprint("fourteen chars", 14)

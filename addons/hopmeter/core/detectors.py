@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import Any
 
+from hopmeter.core.delivery import Delivery
 from hopmeter.core.vocab import SEVERITY_ORDER, Ended, FindingKind, Severity
 
 # -- thresholds, in one table, each with where the number comes from --------------------------
@@ -71,6 +72,24 @@ THRESHOLDS: dict[str, float] = {
     "slow_first_token_s": 0.5,
     # not_streamed: a document reply this long (tokens) would have shown its first words earlier.
     "not_streamed_min_tokens": 20,
+    # slow_client: the stream waited on the client for at least this share of its duration
+    # (first to last chunk read). Measured on loopback: readers that keep up wait 0-4 ms over
+    # 1 s streams (0-0.4 %), readers that sleep between reads 50-90 % (tests/integration/
+    # test_delivery.py); a tenth sits far from both.
+    "slow_client_share": 0.1,
+    # ... and at least this long in all: 100 ms is where a wait starts to be felt (the limit for
+    # "instantaneous", Nielsen, Usability Engineering 1993, ch. 5), so shorter waits are noise.
+    "slow_client_min_s": 0.1,
+    # proxy_hold: this hop's own hold of one chunk (read -> handed to the client's socket) at or
+    # above this. Three display frames (seed "GPU to pixel": a frame is 16.7 ms), a jump a reader
+    # sees; on a loaded 2-core host with load 4-8 the hold's p99 was 0.2-3.7 ms (research runs
+    # of issue 17), so this is over ten times what contention alone produced.
+    "proxy_hold_s": 0.05,
+    # ... or one of hopmeter's own steps (measuring, building a record) used at least this much
+    # CPU while the flow streamed: more than a display frame during which the loop every stream
+    # shares served none of them. CPU, not wall time, so a process the OS left waiting on a busy
+    # host is not taken for hopmeter's own cost (that shows as loop lag instead).
+    "proxy_step_cpu_s": 1 / 60,
 }
 
 FIXES: Mapping[str, str] = {
@@ -124,6 +143,26 @@ FIXES: Mapping[str, str] = {
         "The first visible token came well after the first byte (role prelude or reasoning): "
         "promise first-word times on TTFT, not TTFB."
     ),
+    FindingKind.SLOW_CLIENT: (
+        "The client, not the path, set the pace: it took the bytes slower than they came. Read "
+        "the stream in a loop that does no per-chunk work (render or parse elsewhere), give it a "
+        "larger receive buffer or HTTP/2 window; upstream and the hops are not the cause."
+    ),
+    FindingKind.PROXY_HOLD: (
+        "This hop's own process held bytes: when own_step_max_cpu_s is high, hopmeter's "
+        "measuring blocked its event loop (run --workers N, or report it); when loop lag and "
+        "involuntary switches are high, the host starved the proxy of CPU."
+    ),
+    # The two upstream kinds carry a fix per cause (core.upstream.CAUSE_FIXES); these are the
+    # kinds' summaries.
+    FindingKind.UPSTREAM_UNREACHABLE: (
+        "The proxy could not reach the upstream and answered 502 (504 on a connect timeout) "
+        "itself: the evidence names the cause; send traffic only when /readyz passes."
+    ),
+    FindingKind.UPSTREAM_SILENT: (
+        "The upstream went silent past --read-timeout: before its headers (answered 504) or "
+        "mid-stream (cut); look for a stuck or overloaded model server."
+    ),
 }
 
 
@@ -176,6 +215,7 @@ class StreamView:
     document_tokens: int = 0  # visible tokens of a reply that came as one JSON document
     stream_requested: bool | None = None
     has_terminal: bool = True  # whether this API defines a terminal event
+    delivery: Delivery | None = None  # the bytes' way to the client, when it was followed
 
 
 def _finding(kind: FindingKind, severity: Severity, **evidence: Any) -> Finding:
@@ -530,6 +570,67 @@ def detect_slow_first_token(v: StreamView) -> Finding | None:
     )
 
 
+def detect_slow_client(v: StreamView) -> Finding | None:
+    """The stream waited on the client for a good share of its duration.
+
+    Client wait is the time some chunk of the flow was seen waiting to be taken by the client's
+    side: in mitmproxy's HTTP/2 stream buffer (the client's window closed), in the transport's
+    user-space buffer, or in the kernel's queue unsent (the client's receive window closed). Event
+    streams only: a download always goes at the pace of one side, and that is no fault.
+    """
+    d = v.delivery
+    if d is None or not v.event_stream or d.client_wait_s is None or len(v.chunk_times_s) < 2:
+        return None
+    span = v.chunk_times_s[-1] - v.chunk_times_s[0]
+    wait = d.client_wait_s
+    if wait < THRESHOLDS["slow_client_min_s"] or wait < THRESHOLDS["slow_client_share"] * span:
+        return None
+    return _finding(
+        FindingKind.SLOW_CLIENT,
+        Severity.WARNING,
+        client_wait_s=round(wait, 4),
+        stream_s=round(span, 4),  # first to last chunk read; the wait can outlast it
+        wait_to_stream=round(wait / span, 3) if span > 0 else None,
+        client_wait_is_lower_bound=d.client_wait_is_lower_bound,
+        queued_bytes_max=d.queued_bytes_max,
+        rwnd_limited_s=None if d.rwnd_limited_s is None else round(d.rwnd_limited_s, 4),
+        http_version=d.http_version,
+    )
+
+
+def detect_proxy_hold(v: StreamView) -> Finding | None:
+    """This hop's own process held bytes: a chunk held between read and write, or one of
+    hopmeter's own steps blocking the loop while the flow streamed.
+
+    A slow measuring step holds no chunk already written; it delays reading the next ones, which
+    would pass for a slow upstream. So the step's CPU counts on its own, and the evidence carries
+    the loop's lag and the involuntary context switches to tell a busy hopmeter from a starved
+    host.
+    """
+    d = v.delivery
+    if d is None:
+        return None
+    hold = d.hold_max_s or 0.0
+    cpu = d.own_step_max_cpu_s or 0.0
+    if hold < THRESHOLDS["proxy_hold_s"] and cpu < THRESHOLDS["proxy_step_cpu_s"]:
+        return None
+    return _finding(
+        FindingKind.PROXY_HOLD,
+        Severity.WARNING,
+        hold_max_s=_round(d.hold_max_s),
+        hold_p99_s=_round(d.hold_p99_s),
+        own_steps=d.own_steps,
+        own_step_max_s=_round(d.own_step_max_s),
+        own_step_max_cpu_s=_round(d.own_step_max_cpu_s),
+        loop_lag_max_s=_round(d.loop_lag_max_s),
+        involuntary_switches=d.involuntary_switches,
+    )
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
 DETECTORS: tuple[Callable[[StreamView], Finding | None], ...] = (
     detect_whole_body_hold,
     detect_burst_gaps,
@@ -542,6 +643,8 @@ DETECTORS: tuple[Callable[[StreamView], Finding | None], ...] = (
     detect_not_streamed,
     detect_stall,
     detect_slow_first_token,
+    detect_slow_client,
+    detect_proxy_hold,
 )
 
 _INSIDE_A_HOLD = (FindingKind.BURST_GAPS, FindingKind.STALL, FindingKind.SLOW_FIRST_TOKEN)

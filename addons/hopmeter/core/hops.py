@@ -4,6 +4,9 @@ Two flow records that share a trace id saw the same stream at two points of its 
 carry `content_offset` (visible characters so far), which is the same at both points whatever the
 framing, chunking or compression in between; aligning them by it gives, for every token, the time
 the segment between the two points held it: `hold = t_outer - t_inner` (docs/design.md §5).
+Where the inner hop followed its bytes out (`chunks_out`), that hold splits in two: the inner
+hop's own (read -> left its process) and the wire between the hops (left the inner hop -> read
+by the outer one), reported apart.
 
 The same function serves the live case (two listeners of one process, one wall clock) and
 `hopmeter join` on records from separate hosts, where the clocks may disagree: the skew between
@@ -14,12 +17,12 @@ before the outer one sees it) and estimated within those bounds.
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopmeter.core.figures import weighted_quantile
+from hopmeter.core.figures import weighted_quantile, weighted_quantiles
 from hopmeter.core.vocab import FindingKind, PairedBy
 
 # A segment that released its first token after this share of the inner hop's token span had
@@ -71,21 +74,53 @@ class HopView:
     ttft_s: float | None
     itl_p50_s: float | None
     finding_kinds: frozenset[str]
+    out_s: Sequence[float | None] = ()  # per event: when it left this hop's process, if known
+    # First to last token of the whole stream, when `events` lists only its head (a capped
+    # timeline); None: the span of `events` is the stream's.
+    token_span_s: float | None = None
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> HopView:
         """The view of a `hopmeter.flow/1` record."""
         fig = rec.get("figures") or {}
         resp = rec.get("response") or {}
+        events = rec.get("events") or []
         return cls(
             hop=str(rec.get("hop", "")),
             t_start=float(rec["request"]["t_start"]),
             t_first_byte=resp.get("t_first_byte"),
-            events=rec.get("events") or [],
+            events=events,
             ttft_s=fig.get("ttft_s"),
             itl_p50_s=fig.get("itl_p50_s"),
             finding_kinds=frozenset(f["kind"] for f in rec.get("findings") or []),
+            # per event from a span (core.spans.span_record), else from the chunks it ended in
+            out_s=rec.get("events_out")
+            or events_out(events, rec.get("chunks") or [], rec.get("chunks_out") or []),
+            token_span_s=fig.get("token_span_s"),
         )
+
+
+def events_out(
+    events: Sequence[Sequence[Any]],
+    chunks: Sequence[Sequence[Any]],
+    chunks_out: Sequence[Sequence[Any]],
+) -> list[float | None]:
+    """When each event left the hop's process: the out time of the chunk that completed it.
+
+    An event's time is the read time of the chunk that ended it, to the same microsecond in the
+    record, so the match is exact; an event past the listed chunks (or in a record without
+    `chunks_out`) has none.
+    """
+    if not chunks_out or len(chunks_out) != len(chunks):
+        return []
+    times = [float(c[0]) for c in chunks]
+    out: list[float | None] = []
+    for ev in events:
+        t = float(ev[0])
+        i = bisect_right(times, t) - 1
+        row = chunks_out[i] if i >= 0 and times[i] == t else None
+        out.append(float(row[0]) if row and row[0] is not None else None)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +135,8 @@ class Segment:
     skew_s: float  # inner clock minus outer clock, as estimated
     skew_bounds_s: tuple[float | None, float | None]
     findings: tuple[dict[str, Any], ...]
+    inner_holds_s: tuple[float, ...] = ()  # per token the inner hop followed out: read -> out
+    wire_holds_s: tuple[float, ...] = ()  # ... and left the inner hop -> read by the outer one
     paired_by: PairedBy = PairedBy.TRACE
     inner_flow_id: str | None = None  # the inner hop's record, when known
 
@@ -138,7 +175,7 @@ class Segment:
             v = weighted_quantile(self.holds_s, w, p)
             return None if v is None else round(v, 6)
 
-        return {
+        out: dict[str, Any] = {
             "segment": self.segment,
             "inner_hop": self.inner_hop,
             "first_token_hold_s": _r(self.first_token_hold_s),
@@ -156,6 +193,24 @@ class Segment:
             "request_delay_bounds_s": [_r(b) for b in self.request_delay_bounds_s],
             "added_ttft_s": _r(self.added_ttft_s),
         }
+        # the hold split where the inner hop followed its bytes out: its own, and the wire's
+        out.update(_quantiles("inner_hold", self.inner_holds_s))
+        out.update(_quantiles("wire_hold", self.wire_holds_s))
+        out["tokens_out"] = len(self.wire_holds_s)
+        return out
+
+
+def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
+    """`{name}_p50_s` (a median), `{name}_p99_s` and `{name}_max_s` of per-token values (None
+    when none)."""
+    (p99,) = weighted_quantiles(values, [1] * len(values), (0.99,))
+    p50 = median(values)
+    top = max(values) if values else None
+    return {
+        f"{name}_p50_s": None if p50 is None else round(p50, 6),
+        f"{name}_p99_s": None if p99 is None else round(p99, 6),
+        f"{name}_max_s": None if top is None else round(top, 6),
+    }
 
 
 def _r(x: float | None) -> float | None:
@@ -181,10 +236,43 @@ def _token_times(v: HopView) -> list[tuple[float, int, int]]:
     return [(v.t_start + float(t), int(k), int(c)) for t, k, c, *_ in v.events if k > 0]
 
 
+def _token_outs(v: HopView) -> list[float | None]:
+    """When each token-carrying event left the hop (absolute), aligned with `_token_times`."""
+    if not v.out_s:
+        return []
+    return [
+        None if out is None else v.t_start + out
+        for (_, k, *_), out in zip(v.events, v.out_s, strict=True)
+        if k > 0
+    ]
+
+
 def _first_reaching(offsets: Sequence[int], times: Sequence[float], target: int) -> float | None:
     """When a hop's visible content first reached `target` characters (offsets are sorted)."""
     i = bisect_left(offsets, target)
     return times[i] if i < len(times) else None
+
+
+def _reaching(
+    outer_tokens: Sequence[tuple[float, int, int]], inner_tokens: Sequence[tuple[float, int, int]]
+) -> list[tuple[float, float, int, int]]:
+    """(inner time, outer time, tokens, index in `inner_tokens`) of each inner token event the
+    outer hop also saw."""
+    out_offsets = [c for _, _, c in outer_tokens]
+    out_times = [t for t, _, _ in outer_tokens]
+    out = []
+    for i, (t_in, k, c) in enumerate(inner_tokens):
+        t_out = _first_reaching(out_offsets, out_times, c)
+        if t_out is not None:
+            out.append((t_in, t_out, k, i))
+    return out
+
+
+def _bounds(
+    outer: HopView, inner: HopView, reached: Sequence[tuple[float, float, int, int]]
+) -> tuple[float | None, float | None]:
+    lower = max((t_in - t_out for t_in, t_out, _, _ in reached), default=None)
+    return lower, inner.t_start - outer.t_start
 
 
 def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | None]:
@@ -194,46 +282,45 @@ def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | N
     Lower: each token left the inner hop before the outer hop saw it, so for every aligned token
     inner_t - skew <= outer_t.
     """
-    upper = inner.t_start - outer.t_start
-    out = _token_times(outer)
-    out_offsets = [c for _, _, c in out]
-    out_times = [t for t, _, _ in out]
-    lower: float | None = None
-    for t_in, _, c in _token_times(inner):
-        t_out = _first_reaching(out_offsets, out_times, c)
-        if t_out is not None:
-            lower = t_in - t_out if lower is None else max(lower, t_in - t_out)
-    return lower, upper
+    return _bounds(outer, inner, _reaching(_token_times(outer), _token_times(inner)))
 
 
 def align(outer: HopView, inner: HopView) -> Segment:
     """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later)."""
-    lower, upper = skew_bounds(outer, inner)
+    out = _token_times(outer)
+    inner_tokens = _token_times(inner)
+    reached = _reaching(out, inner_tokens)  # once, for the bounds and the holds
+    lower, upper = _bounds(outer, inner, reached)
     skew = 0.0
     if lower is not None and lower > skew:
         skew = lower
     if upper is not None and upper < skew:
         skew = upper  # contradictory bounds (clock jumps): trust the request order
-    out = _token_times(outer)
-    out_offsets = [c for _, _, c in out]
-    out_times = [t for t, _, _ in out]
     holds: list[float] = []
-    inner_tokens = _token_times(inner)
-    for t_in, k, c in inner_tokens:
-        t_out = _first_reaching(out_offsets, out_times, c)
-        if t_out is None:
-            continue
+    own: list[float] = []
+    wire: list[float] = []
+    inner_outs = _token_outs(inner)
+    for t_in, t_out, k, i in reached:
         holds.extend([t_out - (t_in - skew)] * k)
+        left = inner_outs[i] if inner_outs else None
+        if left is not None:
+            own.extend([left - t_in] * k)
+            # a left time seen by a poll may be late by its interval: never below zero
+            wire.extend([max(0.0, t_out - (left - skew))] * k)
     first = holds[0] if holds else None
     whole = False
     if inner_tokens and out and first is not None:
-        span = inner_tokens[-1][0] - inner_tokens[0][0]
+        span = inner.token_span_s
+        if span is None:
+            span = inner_tokens[-1][0] - inner_tokens[0][0]
         whole = span >= WHOLE_BODY_MIN_SPAN_S and first >= WHOLE_BODY_SHARE * span
     return Segment(
         segment=f"{outer.hop}>{inner.hop}",
         inner_hop=inner.hop,
         holds_s=tuple(holds),
         first_token_hold_s=first,
+        inner_holds_s=tuple(own),
+        wire_holds_s=tuple(wire),
         whole_body=whole,
         skew_s=skew,
         skew_bounds_s=(lower, upper),
@@ -276,8 +363,10 @@ def _segment_findings(
 
 def chain(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
     """Segments between consecutive hops of one trace, outermost first (by request start)."""
-    views = sorted(
-        (HopView.from_record(r) for r in records if r.get("events") is not None),
-        key=lambda v: v.t_start,
-    )
-    return [align(a, b) for a, b in itertools.pairwise(views)]
+    return chain_views([HopView.from_record(r) for r in records if r.get("events") is not None])
+
+
+def chain_views(views: Iterable[HopView]) -> list[Segment]:
+    """Segments between consecutive views by request start, outermost first."""
+    ordered = sorted(views, key=lambda v: v.t_start)
+    return [align(a, b) for a, b in itertools.pairwise(ordered)]

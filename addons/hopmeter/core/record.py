@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from hopmeter.core.delivery import Delivery, DeliverySeen, summarize
 from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.fingerprint import FINGERPRINT_CHARS, fingerprint
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
+from hopmeter.core.upstream import UpstreamFailure, upstream_finding
 from hopmeter.core.vocab import TERMINATED_APIS
 
 SCHEMA = "hopmeter.flow/1"
@@ -79,6 +81,7 @@ class FlowResult:
     figures: Figures | None
     tokens: TokenAccount | None
     segments: tuple[Any, ...] = ()  # hops.Segment per segment, on the outermost flow of a trace
+    delivery: Delivery | None = None  # the bytes' way to the client, when the proxy followed it
     # the reply's first visible characters, in memory only (never written): live pairing tells
     # a flow still in flight that cannot be this reply from one that may be (proxy.pairing)
     opening: str = ""
@@ -105,9 +108,18 @@ def finish_flow(
     stall_threshold_s: float,
     log_content: bool = False,
     measuring_error: str | None = None,
+    delivery: DeliverySeen | None = None,
+    failure: UpstreamFailure | None = None,
     fingerprint_key: bytes | None = None,
 ) -> FlowResult:
-    """Build the record of a finished flow: tokens, figures and (later) findings."""
+    """Build the record of a finished flow: tokens, figures and findings.
+
+    Every record says how the flow `ended`, at the top level, also when no response came (the
+    upstream failed, or the client left first); `response.ended` repeats it when there is a
+    response. `failure` names why the upstream failed the flow (`upstream_error`, and a finding).
+    `delivery` is what the proxy saw of the bytes going out to the client (hopmeter.core.delivery);
+    without it (offline tools, tests) the record has no `delivery` section.
+    """
     rec: dict[str, Any] = {
         "schema": SCHEMA,
         "trace_id": trace_id,
@@ -128,6 +140,7 @@ def finish_flow(
     }
     figures: Figures | None = None
     account: TokenAccount | None = None
+    out: Delivery | None = None
     opening = ""
     api = "other"
     model = request.model
@@ -171,17 +184,24 @@ def finish_flow(
                 )
             ]
             rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
+            if delivery is not None:
+                out = summarize(delivery, meter.chunk_t, meter.events.t_s, account.per_event)
+                if out.measured:
+                    rec["chunks_out"] = out.chunks_out
             rec["figures"] = _figures_dict(meter, figures, account)
             rec["stream"] = _stream_facts(meter)
-            opening = meter.text_head(FINGERPRINT_CHARS)
-            fp = fingerprint(opening, meter.visible_chars, fingerprint_key)
-            if fp is not None:  # a digest of the opening, never the text (core.fingerprint)
-                rec["fingerprint"] = fp.as_dict()
-            if log_content:
-                rec["content"] = meter.text()
+            opening = _text_fields(rec, meter, log_content, fingerprint_key)
+        if delivery is not None:
+            if out is None:  # no measured response: nothing to align the chunks with
+                why = delivery.reason or "the response was not measured"
+                out = summarize(replace(delivery, measured=False, reason=why), (), (), ())
+            rec["delivery"] = out.as_dict()
+    rec["ended"] = ended
+    if failure is not None:
+        rec["upstream_error"] = failure.as_dict()
     rec["api"] = api
     rec["model"] = model
-    findings = []
+    findings = [] if failure is None else [upstream_finding(failure).as_dict()]
     if response is not None and meter is not None and figures is not None and account is not None:
         view = stream_view(
             meter=meter,
@@ -191,12 +211,26 @@ def finish_flow(
             ended=ended,
             stall_threshold_s=stall_threshold_s,
             stream_requested=request.stream_requested,
+            delivery=out,
         )
-        findings = [f.as_dict() for f in diagnose(view)]
+        findings += [f.as_dict() for f in diagnose(view)]
     rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error
-    return FlowResult(record=rec, figures=figures, tokens=account, opening=opening)
+    return FlowResult(record=rec, figures=figures, tokens=account, delivery=out, opening=opening)
+
+
+def _text_fields(
+    rec: dict[str, Any], meter: FlowMeter, log_content: bool, key: bytes | None
+) -> str:
+    """The reply's fingerprint (always) and text (with --log-content) in `rec`; its opening."""
+    opening = meter.text_head(FINGERPRINT_CHARS)
+    fp = fingerprint(opening, meter.visible_chars, key)
+    if fp is not None:  # a digest of the opening, never the text (core.fingerprint)
+        rec["fingerprint"] = fp.as_dict()
+    if log_content:
+        rec["content"] = meter.text()
+    return opening
 
 
 def _abs(t0: float, offset: float | None) -> float | None:
@@ -322,6 +356,7 @@ def stream_view(
     ended: str,
     stall_threshold_s: float,
     stream_requested: bool | None,
+    delivery: Delivery | None = None,
 ) -> StreamView:
     """The detectors' input for one measured flow."""
     framer = meter.framer
@@ -354,4 +389,5 @@ def stream_view(
         document_tokens=0 if meter.event_stream else f.tokens,
         stream_requested=stream_requested,
         has_terminal=meter.api in TERMINATED_APIS,
+        delivery=delivery if delivery is not None and delivery.measured else None,
     )

@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
+from hopmeter.core.hops import Segment
 from hopmeter.export.labels import (
     APIS,
     DEFAULT_MODEL_FAMILIES,
@@ -169,6 +170,19 @@ class Metrics:
             HOLD_BUCKETS_S,
             ("segment",),
         )
+        self.own_hold = weighted(
+            "own_hold_seconds",
+            "Per-token hold of this hop's own process: from reading a chunk to handing it to "
+            "the client's socket.",
+            HOLD_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.client_wait = hist(
+            "client_wait_seconds",
+            "Per flow: how long its bytes waited on the client to take them.",
+            HOLD_BUCKETS_S,
+            FLOW_LABELS,
+        )
         self.request_delay = hist(
             "segment_request_delay_seconds",
             "From the outer listener seeing a request to the inner one seeing it, per segment.",
@@ -220,6 +234,11 @@ class Metrics:
         self.streams_active = Gauge(
             "hopmeter_streams_active", "Responses being streamed now.", registry=registry
         )
+        self.segment_findings = counter(
+            "segment_findings_total",
+            "Findings attributed to a segment between two hops, by kind.",
+            ("segment", "kind"),
+        )
         self.malformed_events = counter(
             "malformed_events_total",
             "Event payloads hopmeter could not read as their API's format (counted, never fatal).",
@@ -233,11 +252,14 @@ class Metrics:
         *,
         gaps: Gaps | None = None,
         event_tokens: Sequence[int] | None = None,
+        own_holds: Sequence[tuple[float, int]] | None = None,
     ) -> None:
         """Observe one finished flow record (docs/design.md §4).
 
         `gaps` and `event_tokens` (the token-weighted gaps and the tokens of each event, as
-        finish_flow computed them) spare reading them again from the record's events.
+        finish_flow computed them) spare reading them again from the record's events;
+        `own_holds` are the hop's own holds, (seconds, tokens) per chunk, when the proxy followed
+        the flow's bytes to the client (FlowResult.delivery.holds).
         """
         request = record.get("request") or {}
         response = record.get("response") or {}
@@ -265,7 +287,9 @@ class Metrics:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
         ended = vocabulary_label(response.get("ended", record.get("ended")), ENDINGS)
-        status = status_class(response.get("status"))
+        # no response: the status the proxy answered in its place (502, 504), if it did
+        sent = (record.get("upstream_error") or {}).get("status_sent")
+        status = status_class(response.get("status", sent))
         child(self.flows, (*labels, status, ended)).inc(1, exemplar)
         short = (hop, api, model)
         tokens = _num(figures.get("tokens"))
@@ -286,16 +310,38 @@ class Metrics:
             malformed_child.inc(malformed, exemplar)
         self._initialise(hop, api)
         self._observe_bytes(hop, api, response, figures)
+        self._observe_delivery(record.get("delivery"), own_holds, labels, exemplar)
         for finding in record.get("findings") or ():
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
             kind = vocabulary_label(kind, FINDING_KINDS)
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
-        pairing = record.get("pairing")
-        if isinstance(pairing, Mapping):
-            by = pairing.get("paired_by")
-            by = "none" if by is None else vocabulary_label(by, PAIRED_BY)
-            match = vocabulary_label(pairing.get("match"), PAIRING_MATCHES)
-            child(self.pairings, (hop, by, match)).inc(1, exemplar)
+        self._observe_pairing(hop, record.get("pairing"), exemplar)
+
+    def _observe_delivery(
+        self,
+        section: object,
+        own_holds: Sequence[tuple[float, int]] | None,
+        labels: tuple[str, ...],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        """Client wait per flow and the hop's own hold per token, for flows that were followed."""
+        if not isinstance(section, Mapping) or section.get("measured") is not True:
+            return
+        wait = _num(section.get("client_wait_s"))
+        if wait is not None:
+            self._child(self.client_wait, labels).observe(wait, exemplar)
+        if own_holds:
+            values = [(v, k) for v, k in own_holds if _num(v) is not None and k > 0]
+            self.own_hold.observe(labels, values, exemplar)
+
+    def _observe_pairing(self, hop: str, pairing: object, exemplar: dict[str, str] | None) -> None:
+        """Count how a flow was paired across listeners (a record without `pairing`: not)."""
+        if not isinstance(pairing, Mapping):
+            return
+        by = pairing.get("paired_by")
+        by = "none" if by is None else vocabulary_label(by, PAIRED_BY)
+        match = vocabulary_label(pairing.get("match"), PAIRING_MATCHES)
+        self._child(self.pairings, (hop, by, match)).inc(1, exemplar)
 
     def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
         """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""
@@ -368,23 +414,29 @@ class Metrics:
 
     def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
-        values = [(v, 1) for v in (_num(h) for h in holds_s) if v is not None]
+        # align's holds are floats; anything else (NaN, negative, not a number) is left out
+        values = [(float(h), 1) for h in holds_s if type(h) in (float, int) and h >= 0]
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
 
-    def observe_segment(
-        self,
-        segment: str,
-        request_delay_s: float | None,
-        added_ttft_s: float | None,
-        trace_id: str | None,
-    ) -> None:
-        """Observe what one segment added on the way in, for one stream."""
-        label = (self.segments.label(segment),)
-        exemplar = _exemplar(trace_id)
-        for hist, value in ((self.request_delay, request_delay_s), (self.added_ttft, added_ttft_s)):
+    def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
+        """One segment of one stream: its per-token holds, what it added on the way in (request
+        delay, time to first token) and the findings it introduced."""
+        label = self.segments.label(segment.segment)
+        self.observe_holds(segment.segment, segment.holds_s, trace_id)
+        for hist, value in (
+            (self.request_delay, segment.request_delay_s),
+            (self.added_ttft, segment.added_ttft_s),
+        ):
             v = _num(value)
             if v is not None:
-                self._child(hist, label).observe(v, exemplar)
+                self._child(hist, (label,)).observe(v, _exemplar(trace_id))
+        if f"segment\0{label}" not in self._initialised:  # every kind from 0, as _initialise
+            self._initialised.add(f"segment\0{label}")
+            for kind in (*FINDING_KINDS, OTHER):
+                self._child(self.segment_findings, (label, kind))
+        for finding in segment.findings:
+            kind = vocabulary_label(finding.get("kind"), FINDING_KINDS)
+            self._child(self.segment_findings, (label, kind)).inc(1, _exemplar(trace_id))
 
     def internal_error(self, where: str) -> None:
         """Count one error inside hopmeter's measuring code, by site."""

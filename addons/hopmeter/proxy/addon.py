@@ -17,13 +17,15 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
+from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.core.wire import detect_api, lower_headers, model_from_path
 from hopmeter.errors import HopmeterError, UsageError
@@ -31,6 +33,7 @@ from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy.chaos import Chaos, parse_actions
 from hopmeter.proxy.config import parse_listener, parse_seconds
+from hopmeter.proxy.delivery import Delivery
 from hopmeter.proxy.pairing import LiveFlow, Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizers import Counters, load_counter
@@ -55,7 +58,13 @@ class HopMeter:
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.chaos_actions: tuple[str, ...] = ()
         self.stall_threshold_s = 0.5  # hopmeter_stall_threshold, parsed
-        self.queue = MeasureQueue()
+        # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
+        self.delivery = Delivery(self.internal_error)
+        self.queue = MeasureQueue(self.delivery.log)
+        # Set by `done`: the outputs are closing, so flows that still start on connections open
+        # until the process exits are forwarded but not measured (their record could not be
+        # written).
+        self.stopped = False
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -153,7 +162,10 @@ class HopMeter:
             self.counter.preload()
 
     def done(self) -> None:
+        # flows waiting for their last bytes to reach the client are written with what was seen
+        self.delivery.shutdown()
         # flows still in flight when the proxy stops are written as ended "shutdown"
+        self.stopped = True
         for flow, state in list(self.live.values()):
             if not state.finished:
                 state.finished = True
@@ -210,8 +222,8 @@ class HopMeter:
 
     # -- hooks ---------------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if not flow.live:  # a flow read from a file: it was measured when it was live
-            return
+        if not flow.live or self.stopped:  # read from a file (measured when it was live), or
+            return  # the proxy is stopping: nothing could write its record any more
         mono0 = time.monotonic()
         wall0 = time.time()
         state = None
@@ -267,6 +279,7 @@ class HopMeter:
                     rewrite_ok="content-length" not in headers
                     and "content-encoding" not in headers,
                 )
+            tap.out = self.delivery.attach(flow, chaos=tap.chaos is not None)  # never raises
         except Exception as exc:
             tap.fail(exc)
             return
@@ -276,8 +289,33 @@ class HopMeter:
         self._finish(flow, Ended.COMPLETE)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        state = self._state(flow)
+        if state is not None and state.failure is not None:
+            self._finish(flow, state.failure.cause)  # the guard named why the upstream failed it
+            return
         msg = flow.error.msg if flow.error else ""
         self._finish(flow, classify_error(msg))
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        try:
+            self.delivery.forget(client.id)
+        except Exception as exc:
+            self.internal_error("delivery", exc)
+
+    # -- for the upstream guard ----------------------------------------------------------------
+    def upstream_failed(self, flow: http.HTTPFlow, failure: UpstreamFailure) -> None:
+        """Remember why the upstream failed `flow`, for its record (the first cause wins)."""
+        state = self._state(flow)
+        if state is not None and state.failure is None:
+            state.failure = failure
+
+    def in_flight(self) -> int:
+        """Flows that started and have not finished."""
+        return len(self.live)
+
+    def busy_clients(self) -> set[str]:
+        """The ids of the client connections that have a flow in flight."""
+        return {flow.client_conn.id for flow, _ in self.live.values()}
 
     # -- internals -----------------------------------------------------------------------------
     def _state(self, flow: http.HTTPFlow) -> FlowState | None:
@@ -300,7 +338,9 @@ class HopMeter:
         """Stamp the end now; build the record after this hook has returned.
 
         For a streamed response mitmproxy writes the end of the body to the client only after the
-        `response` hook returns, so tokenizing, figures and detectors must not run inside it.
+        `response` hook returns, so tokenizing, figures and detectors must not run inside it. A
+        flow whose chunks are followed to the client waits until the kernel has sent the last
+        one (or the connection closed, or hopmeter.proxy.delivery.WAIT_MAX_S passed).
         """
         entry = self.live.pop(flow.id, None)
         if entry is None:
@@ -313,12 +353,23 @@ class HopMeter:
         if state.streaming:
             state.streaming = False
             self._notify(lambda obs: obs.stream_finished(), "observer")
+        out = state.tap.out if state.tap is not None else None
+        if out is not None:
+            try:
+                self.delivery.finish(out, lambda: self._complete(flow, state, ended, end_s))
+                return
+            except Exception as exc:  # finish() itself guards; this is the last line
+                self.internal_error("delivery", exc)
+                if out.done:
+                    return
         try:
             asyncio.get_running_loop().call_soon(self._complete, flow, state, ended, end_s)
         except RuntimeError:  # no running loop (offline tools, tests): do it now
             self._complete(flow, state, ended, end_s)
 
     def _complete(self, flow: http.HTTPFlow, state: FlowState, ended: Ended, end_s: float) -> None:
+        # hopmeter's own step on the loop every stream shares: timed, as the measuring steps are
+        t0, cpu0 = time.monotonic(), time.thread_time()
         try:
             result = self._result(flow, state, ended, end_s)
         except Exception as exc:
@@ -336,6 +387,7 @@ class HopMeter:
             ready = [result]
         for r in ready:
             self._emit(r)
+        self.delivery.log.step(t0, cpu0)
 
     def _emit(self, result: FlowResult) -> None:
         """Hand one finished record to every observer (metrics, records, console, spans)."""
@@ -393,11 +445,24 @@ class HopMeter:
             stall_threshold_s=self.stall_threshold_s,
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
+            delivery=self._seen(state),
+            failure=state.failure,
             fingerprint_key=self.fingerprint_key,
         )
         if tap is not None and tap.chaos is not None:
             result.record["chaos"] = sorted(tap.chaos.actions)
         return result
+
+    def _seen(self, state: FlowState) -> DeliverySeen | None:
+        """What was seen of the flow's bytes going out; a failure loses only that."""
+        out = state.tap.out if state.tap is not None else None
+        if out is None:
+            return None
+        try:
+            return out.seen(state.mono0, state.skew_s, self.delivery.log)
+        except Exception as exc:
+            self.internal_error("delivery", exc)
+            return None
 
     def _call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run `fn` later on the loop; a failure in it is counted, never raised into the loop."""

@@ -31,10 +31,14 @@ class ProxyConfig:
     trace_header: bool = True
     fingerprint_key_env: str = ""  # a variable's name, never the key
     otel_endpoint: str = ""
+    otel_timeline: bool = True
     chaos: str = ""
     chaos_seed: int = 0
     console: str = "text"  # "text" | "json" | "off"
     summary_interval_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    drain_timeout_s: float = 20.0
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
 

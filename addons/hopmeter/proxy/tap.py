@@ -16,11 +16,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext
+from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.wire import sniff_request
 from hopmeter.proxy.chaos import Chaos
+
+if TYPE_CHECKING:
+    from hopmeter.proxy.delivery import FlowOut, LoopLog
 
 # The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
 # read `model` and `stream` from a JSON body. 64 KiB holds the head of any chat request; a longer
@@ -32,6 +37,9 @@ REQUEST_SNIFF_BYTES = 64 * 1024
 # streams within ~5% of bare mitmproxy's, against ~12% when measuring on the next loop turn
 # (bench/README.md); the CPU is the same either way.
 MEASURE_DELAY_S = 0.001
+# A flow's chunks that reached the client are packed from lists into arrays (core.ledger.
+# FlowChunks) once this many are on their way: the measuring step does it, not the callable.
+PACK_AFTER_CHUNKS = 64
 
 # Called with where a measuring step failed and the exception; must never raise.
 OnError = Callable[[str, BaseException], None]
@@ -55,6 +63,7 @@ class FlowState:
     response_headers: dict[str, str] | None = None  # lower-cased, first value wins
     streaming: bool = False  # counted in streams_active
     finished: bool = False
+    failure: UpstreamFailure | None = None  # why the upstream failed it (hopmeter.proxy.guard)
 
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""
@@ -88,7 +97,17 @@ class RequestTap:
 class ResponseTap:
     """The response's stream callable: stamps each chunk, queues it for measuring, returns it."""
 
-    __slots__ = ("bytes_out", "chaos", "error", "meter", "on_error", "queue", "state")
+    __slots__ = (
+        "bytes_out",
+        "chaos",
+        "error",
+        "last_s",
+        "meter",
+        "on_error",
+        "out",
+        "queue",
+        "state",
+    )
 
     def __init__(self, state: FlowState | None, queue: MeasureQueue, on_error: OnError) -> None:
         self.state = state
@@ -98,12 +117,21 @@ class ResponseTap:
         self.bytes_out = 0
         self.error: str | None = None
         self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
+        self.out: FlowOut | None = None  # follows the chunks to the client (proxy.delivery)
+        # monotonic time of the last chunk: the read timeout's timer reads it when it comes due
+        # (hopmeter.proxy.guard), so a chunk costs one attribute store, never a timer
+        self.last_s = time.monotonic()
 
     def __call__(self, data: bytes) -> bytes | list[bytes]:
+        now = self.last_s = time.monotonic()
         if data and self.meter is not None:
-            # Stamp now; measure after the chunk is written (MeasureQueue). Nothing here can raise
-            # short of running out of memory.
-            self.queue.add(self, data, time.monotonic())
+            # Stamp now; measure after the chunk is written (MeasureQueue). The FlowOut arms the
+            # client connection's write counter with the chunk. Nothing here can raise short of
+            # running out of memory (FlowOut.chunk catches its own failures).
+            out = self.out
+            if out is not None:
+                out.chunk(len(data), now)
+            self.queue.add(self, data, now)
         if self.chaos is not None:
             return self._chaos(data)
         self.bytes_out += len(data)
@@ -130,6 +158,9 @@ class ResponseTap:
             return
         try:
             meter.feed(data, now - st.mono0 + st.skew_s)  # st.offset(now), inlined
+            out = self.out
+            if out is not None and len(out.chunks.live) > PACK_AFTER_CHUNKS:
+                out.chunks.pack()
         except Exception as exc:
             self.fail(exc)
 
@@ -152,27 +183,44 @@ class MeasureQueue:
     meanwhile. The queue holds at most that long's chunks, which mitmproxy has already handed to
     the sockets; measuring reads the stamps, so nothing measured moves. With no event loop running
     (offline tools, tests) a chunk is measured at once.
+
+    Measuring blocks the loop every stream shares, so with a `LoopLog` each scheduled measuring
+    is timed (wall and CPU) and its timer's lateness noted: hopmeter never hides its own cost.
     """
 
-    __slots__ = ("pending", "scheduled")
+    __slots__ = ("due", "log", "pending", "scheduled")
 
-    def __init__(self) -> None:
+    def __init__(self, log: LoopLog | None = None) -> None:
         self.pending: list[tuple[ResponseTap, bytes, float]] = []
         self.scheduled = False
+        self.log = log
+        self.due = 0.0  # when the scheduled measuring should run (monotonic)
 
     def add(self, tap: ResponseTap, data: bytes, now: float) -> None:
         """Queue one stamped chunk; the first of a batch schedules the measuring."""
         self.pending.append((tap, data, now))
         if not self.scheduled:
-            self._schedule()
+            self._schedule(now)
 
-    def _schedule(self) -> None:
+    def _schedule(self, now: float) -> None:
         try:
-            asyncio.get_running_loop().call_later(MEASURE_DELAY_S, self.measure)
+            asyncio.get_running_loop().call_later(MEASURE_DELAY_S, self._timed)
         except RuntimeError:  # no running loop (offline tools, tests): measure now
             self.measure()
             return
         self.scheduled = True
+        self.due = now + MEASURE_DELAY_S
+
+    def _timed(self) -> None:
+        """The scheduled measuring, timed when there is a log."""
+        log = self.log
+        if log is None:
+            self.measure()
+            return
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        log.lag(t0, t0 - self.due)
+        self.measure()
+        log.step(t0, cpu0)
 
     def measure(self) -> None:
         """Measure every queued chunk, in arrival order. Never raises."""

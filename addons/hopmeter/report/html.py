@@ -35,7 +35,7 @@ svg text.segment{fill:#9a3412}
 .lane-bg{fill:#f3f4f6}.life{stroke:#d1d5db;stroke-width:2}.start{stroke:#6b7280;stroke-width:2}
 .first-byte{fill:#6b7280}.mark{stroke:#111827;stroke-width:1.2}.quiet{stroke:#9ca3af;stroke-width:1}
 .stall{fill:#ea580c;opacity:.85}.fall{stroke:#6b7280;stroke-width:1;opacity:.6;fill:none}
-.held{stroke:#ea580c;stroke-width:1.6;fill:none}.grid{stroke:#e5e7eb}.baseline{stroke:#9ca3af}
+.held{stroke:#ea580c;stroke-width:1.6;fill:none}.own{stroke:#7c3aed;stroke-width:1.6;fill:none}.grid{stroke:#e5e7eb}.baseline{stroke:#9ca3af}
 .request{stroke:#2563eb;stroke-width:1.6;fill:none}
 .legend span{display:inline-block;margin-right:16px}.sw{display:inline-block;width:18px;height:8px;
 margin-right:5px;vertical-align:middle}
@@ -43,8 +43,11 @@ margin-right:5px;vertical-align:middle}
 LEGEND = (
     '<p class="legend muted"><span><i class="sw" style="background:#111827;width:2px"></i>'
     "a token event arrives at this hop</span>"
-    '<span><i class="sw" style="background:#ea580c"></i>held: between two hops, from the inner '
-    "hop's arrival to the outer's; in a lane, a stall or a whole-body wait</span>"
+    '<span><i class="sw" style="background:#ea580c"></i>held: between two hops, from leaving the '
+    "inner hop (its arrival there when that is not known) to the outer's arrival; in a lane, a "
+    "stall or a whole-body wait</span>"
+    '<span><i class="sw" style="background:#7c3aed"></i>held inside the inner hop\'s own process, '
+    "before its bytes left it</span>"
     '<span><i class="sw" style="background:#9ca3af;height:2px"></i>the token falls to the next hop'
     '</span><span><i class="sw" style="background:#2563eb;height:2px"></i>the request climbs to '
     "the inner hop</span>"
@@ -57,6 +60,8 @@ SEGMENT_HEAD = (
     "p50",
     "p99",
     "max",
+    "inner hop's own p99",
+    "wire p99",
     "whole body",
     "tokens",
     "request",
@@ -79,6 +84,8 @@ FIGURES = (
     ("token source", "figures.tokens_source", None),
     ("tokens/s", "figures.tokens_per_s", None),
     ("duration", "figures.duration_s", ms),
+    ("own hold p99", "delivery.hold_p99_s", ms),
+    ("client wait", "delivery.client_wait_s", ms),
     ("bytes (wire)", "response.bytes_wire", None),
     ("framing overhead", "figures.framing_overhead", None),
 )
@@ -159,6 +166,8 @@ def _segment_row(b: Band) -> list[object]:
     return [
         b.segment,
         *(ms(s.get(k)) for k in ("first_token_hold_s", "hold_p50_s", "hold_p99_s", "hold_max_s")),
+        ms(s.get("inner_hold_p99_s")),
+        ms(s.get("wire_hold_p99_s")),
         "yes" if s.get("whole_body") else "no",
         s.get("tokens_aligned", len(b.runs)),
         ms(s.get("request_delay_s")),

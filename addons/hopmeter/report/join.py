@@ -1,15 +1,19 @@
-"""`hopmeter join RECORDS...`: per-hop holds from records written by separate hopmeters.
+"""`hopmeter join FILES...` and `hopmeter join --serve`: per-hop holds across hosts.
 
-Each host's hopmeter writes its own records; the flows of one request share a trace id, or, behind
-a gateway that drops it, the fingerprint of their reply (hopmeter.core.matching). Joining them
-gives the same per-segment holds as two listeners of one process, with the clock skew between
-hosts bounded by causality (see hopmeter.core.hops).
+Each host's hopmeter writes its own records, or exports its spans over OTLP; the flows of one
+request share a trace id, or, behind a gateway that drops it, the fingerprint of their reply
+(records only: hopmeter.core.matching). Joining them gives the same per-segment holds as two
+listeners of one process, with the clock skew between hosts bounded by causality (see
+hopmeter.core.hops). Files may be records or OTLP traces, told apart by content
+(hopmeter.join.files); `--serve` runs the join as an OTLP receiver (hopmeter.join.service,
+docs/fleet.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,7 +22,13 @@ import orjson
 from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments
 from hopmeter.core.vocab import PairedBy, PairingMatch
 from hopmeter.errors import UsageError
-from hopmeter.export.records import read_records
+from hopmeter.join.files import OTEL_EXTRA, read_flows
+
+JOIN_SCHEMA = "hopmeter.join/1"  # one line of `--json` (and of `--serve --records`)
+WINDOW_S = 30.0  # --serve: above the SDK's 5 s batch delay and a Collector's 20 s of retries
+MAX_TRACES = 200_000  # --serve's defaults: hopmeter.join.window says what they cost
+MAX_EVENTS = 16_000_000
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def join(
@@ -37,6 +47,7 @@ def join(
         by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
         out.append(
             {
+                "schema": JOIN_SCHEMA,
                 "trace_id": group[0].get("trace_id"),
                 "paired_by": PairedBy.CONTENT if by_content else PairedBy.TRACE,
                 "flow_ids": [r.get("flow_id") for r in group],
@@ -55,8 +66,15 @@ def ambiguous(records: Iterable[dict[str, Any]], max_skew_s: float = JOIN_SLACK_
 
 def add_parser(sub: Any) -> None:
     """The `join` subcommand."""
-    p = sub.add_parser("join", help="per-hop holds from records written on different hosts")
-    p.add_argument("records", nargs="+", metavar="RECORDS", help='JSON lines files ("-" = stdin)')
+    p = sub.add_parser(
+        "join", help="per-hop holds from records or OTLP spans written on different hosts"
+    )
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILES",
+        help='flow records, OTLP JSON or OTLP protobuf files, told apart by content ("-" = stdin)',
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
     p.add_argument(
         "--max-skew",
@@ -66,7 +84,50 @@ def add_parser(sub: Any) -> None:
         help="how far the hosts' clocks may disagree: flows without a shared trace id pair by "
         "their reply only when their times agree within it (default 1)",
     )
+    serve = p.add_argument_group("as a service (--serve)")
+    serve.add_argument(
+        "--serve", action="store_true", help="receive spans over OTLP and join them live"
+    )
+    serve.add_argument(
+        "--listen", default="127.0.0.1:4318", metavar="HOST:PORT", help="OTLP/HTTP address"
+    )
+    serve.add_argument(
+        "--grpc", default="", metavar="HOST:PORT", help="also take OTLP/gRPC here (e.g. :4317)"
+    )
+    serve.add_argument("--metrics", default="127.0.0.1:9465", metavar="HOST:PORT|off")
+    serve.add_argument(
+        "--records", default="", metavar="PATH", help='one joined line per segment ("-" = stdout)'
+    )
+    serve.add_argument(
+        "--window",
+        type=_positive_float,
+        default=WINDOW_S,
+        metavar="SECONDS",
+        help=f"how long a trace waits for its other hops (default {WINDOW_S:g})",
+    )
+    serve.add_argument("--max-traces", type=_positive_int, default=MAX_TRACES, metavar="N")
+    serve.add_argument("--max-events", type=_positive_int, default=MAX_EVENTS, metavar="N")
     p.set_defaults(func=run)
+
+
+def _positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not f > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
+    return f
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    return n
 
 
 def _ms(x: float | None) -> str:
@@ -74,10 +135,17 @@ def _ms(x: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print each trace's segments."""
+    """Print each trace's segments, or serve (--serve)."""
+    if args.serve:
+        if args.files:
+            raise UsageError("--serve receives spans over OTLP: give it no files")
+        return _serve(args)
+    if not args.files:
+        raise UsageError("give the files to join (records or OTLP traces), or --serve")
     if not args.max_skew >= 0:
         raise UsageError("--max-skew must be 0 or more seconds, e.g. --max-skew 0.5")
-    records = list(read_records(args.records))
+    skipped: Counter[str] = Counter()
+    records = list(read_flows(args.files, skipped))
     joined = join(records, args.max_skew)
     for entry in joined:
         if args.json:
@@ -89,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{entry['trace_id']} {seg['segment']} first_token_hold="
                 f"{_ms(seg['first_token_hold_s'])} p50={_ms(seg['hold_p50_s'])} "
                 f"p99={_ms(seg['hold_p99_s'])} max={_ms(seg['hold_max_s'])} "
+                f"inner_p99={_ms(seg.get('inner_hold_p99_s'))} "
+                f"wire_p99={_ms(seg.get('wire_hold_p99_s'))} "
                 f"whole_body={'yes' if seg['whole_body'] else 'no'} "
                 f"skew={_ms(seg['skew_s'])} findings={kinds} "
                 f"request_delay={_ms(seg['request_delay_s'])} paired_by={seg['paired_by']}"
@@ -101,6 +171,39 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if not joined:
-        print("hopmeter join: no trace was seen at two hops", file=sys.stderr)
+        why = ", ".join(f"{n} {outcome}" for outcome, n in sorted(skipped.items()))
+        note = f" (spans left out: {why})" if why else ""
+        print(f"hopmeter join: no trace was seen at two hops{note}", file=sys.stderr)
         return 1
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hopmeter.proxy.config import parse_hostport  # noqa: PLC0415 - pure, no mitmproxy
+
+    try:
+        from hopmeter.join import service  # noqa: PLC0415 - the otel extra, only for --serve
+    except ImportError as exc:
+        raise UsageError(
+            f"join --serve needs the OpenTelemetry extra: {OTEL_EXTRA} ({exc})"
+        ) from None
+    http = parse_hostport(args.listen, "--listen")
+    grpc = parse_hostport(args.grpc, "--grpc") if args.grpc else None
+    off = args.metrics.strip().lower() in ("off", "none", "")
+    metrics = None if off else parse_hostport(args.metrics, "--metrics")
+    for flag, address in (("--listen", http), ("--grpc", grpc), ("--metrics", metrics)):
+        if address is not None and address[0] not in LOOPBACK:
+            print(
+                f"hopmeter join: {flag} {address[0]}:{address[1]} listens beyond this host",
+                file=sys.stderr,
+            )
+    cfg = service.ServeConfig(
+        http=http,
+        grpc=grpc,
+        metrics=metrics,
+        records=args.records,
+        window_s=args.window,
+        max_traces=args.max_traces,
+        max_events=args.max_events,
+    )
+    return service.run(cfg)

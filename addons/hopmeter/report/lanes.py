@@ -4,10 +4,11 @@ Drawn as in the seed "GPU to pixel": time runs left to right; the hop nearest th
 lane and the hop nearest the client the bottom one, so a token falls through the lanes. A tick is a
 token event's arrival at a hop. Between two lanes lies the segment between those hops: each token
 drops from its arrival at the inner hop, runs orange for as long as the segment held it, and drops
-to its arrival at the outer hop. Inside a lane, an orange bar is a stall (a gap at or above the
-stall threshold) or the wait before a whole body arrived: held somewhere before this hop. The
-request goes the other way: a blue line climbs each band from the outer hop's request start to the
-inner hop's, the time the segment took to pass the request in (`request_delay_s`).
+to its arrival at the outer hop; where the inner hop followed its bytes out, the first part of the
+run, inside the inner hop's own process, is purple. Inside a lane, an orange bar is a stall (a gap
+at or above the stall threshold) or the wait before a whole body arrived: held somewhere before this
+hop. The request goes the other way: a blue line climbs each band from the outer hop's request
+start to the inner hop's, the time the segment took to pass the request in (`request_delay_s`).
 """
 
 from __future__ import annotations
@@ -120,14 +121,21 @@ def _band(band: Band, scale: _Scale, top: float) -> list[str]:
     s = band.summary
     whole = " · whole body" if s.get("whole_body") else ""
     sub = f"hold p50 {ms(s.get('hold_p50_s'))} max {ms(s.get('hold_max_s'))}{whole}"
+    if s.get("tokens_out"):
+        sub += f" · wire p99 {ms(s.get('wire_hold_p99_s'))}"
     if s.get("request_delay_s") is not None:
         sub = f"request {ms(s.get('request_delay_s'))} · {sub}"
-    fall, held = [], []
+    fall, held, own = [], [], []
     bottom = top + BAND_H
     for j, run in enumerate(shown):
         y = top + 6 + (BAND_H - 12) * (j / (len(shown) - 1) if len(shown) > 1 else 0.5)
         x0, x1 = scale.x(run.t0_s), scale.x(run.t1_s)
         fall.append(f"M{_f(x0)} {_f(top)}V{_f(y)}M{_f(x1)} {_f(y)}V{_f(bottom)}")
+        if run.t_left_s is not None:  # the inner hop's own part, then the wire's
+            xl = scale.x(run.t_left_s)
+            if xl > x0:
+                own.append(f"M{_f(x0)} {_f(y)}H{_f(xl)}")
+            x0 = xl
         held.append(f"M{_f(x0)} {_f(y)}H{_f(max(x1, x0 + 0.5))}")
     first = s.get("first_token_hold_s")
     title = (
@@ -151,6 +159,8 @@ def _band(band: Band, scale: _Scale, top: float) -> list[str]:
     if fall:
         out.append(f'<path d="{"".join(fall)}" class="fall"/>')
         out.append(f'<path d="{"".join(held)}" class="held"/>')
+    if own:
+        out.append(f'<path d="{"".join(own)}" class="own"/>')
     req = band.request
     if req is not None:  # the request climbs from the outer lane (below) to the inner (above)
         x0, x1 = scale.x(req.t0_s), scale.x(req.t1_s)

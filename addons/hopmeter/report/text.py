@@ -89,9 +89,15 @@ def _hold_note(rec: Mapping[str, Any]) -> str:
         note = "" if request is None else f" request={ms(request)}"
         note += " by_content" if seg.get("paired_by") == "content" else ""
         whole = " whole_body" if seg.get("whole_body") else ""
+        split = ""
+        if seg.get("tokens_out"):  # the inner hop followed its bytes out: its own, the wire
+            split = (
+                f" inner_p99={ms(seg.get('inner_hold_p99_s'))}"
+                f" wire_p99={ms(seg.get('wire_hold_p99_s'))}"
+            )
         parts.append(
             f"hold {clean(seg.get('segment'))} first={ms(seg.get('first_token_hold_s'))} "
-            f"p99={ms(seg.get('hold_p99_s'))}{note}{whole}"
+            f"p99={ms(seg.get('hold_p99_s'))}{split}{note}{whole}"
         )
     return (" " + " ".join(parts)) if parts else ""
 

@@ -5,10 +5,12 @@ hop dropped the trace id (hopmeter.core.matching): the same stream seen at one o
 lanes are ordered outermost first (the hop whose request started first is nearest the client).
 Between two neighbouring lanes lies a segment; aligning the two records' events by
 `content_offset` gives, for each token event, when the inner hop saw it and when the outer hop did:
-the run between is the time the segment held it (docs/design.md §5). Inside one lane, a gap
-between tokens at or above the stall threshold is a run too: the token was held somewhere before
-this hop. The request's way in is drawn too: from the outer hop's request start up to the inner
-hop's.
+the run between is the time the segment held it (docs/design.md §5). Where the inner hop followed
+its bytes out (`chunks_out`), the run also knows when the token left the inner hop's process: the
+part before is that hop's own hold, the part after the wire between the hops. Inside one lane, a
+gap between tokens at or above the stall threshold is a run too: the token was held somewhere
+before this hop. The request's way in is drawn too: from the outer hop's request start up to the
+inner hop's.
 
 Times here are seconds since the trace's origin (the outermost request start), on the outermost
 hop's clock; inner hops are shifted by the skew hopmeter.core.hops estimates.
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopmeter.core.hops import HopView, align
+from hopmeter.core.hops import HopView, align, events_out
 from hopmeter.core.matching import JOIN_SLACK_S, match_records
 from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, Severity
 
@@ -56,6 +58,7 @@ class Run:
     t1_s: float
     tokens: int
     label: str  # what held it, for a tooltip
+    t_left_s: float | None = None  # a segment's run: when it left the inner hop's process
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,14 +240,23 @@ def _band(outer: Record, inner: Record, t0: float, shift: float) -> tuple[Band, 
     out_marks = [(out_base + t, c) for t, k, c in _events(outer) if k > 0 and c >= 0]
     offsets = [c for _, c in out_marks]
     runs = []
-    for t, k, c in _events(inner):
+    inner_events = _events(inner)
+    lefts = events_out(inner_events, inner.get("chunks") or [], inner.get("chunks_out") or [])
+    for j, (t, k, c) in enumerate(inner_events):
         if k <= 0 or c < 0:
             continue
         i = bisect_left(offsets, c)
         if i < len(out_marks):
             t_in, t_out = in_base + t, out_marks[i][0]
             label = f"held {t_out - t_in:.4f} s between {name.replace('>', ' and ')}"
-            runs.append(Run(t0_s=t_in, t1_s=t_out, tokens=k, label=label))
+            left = lefts[j] if lefts else None
+            t_left = None if left is None else min(in_base + left, t_out)
+            if t_left is not None:
+                label += (
+                    f": {t_left - t_in:.4f} s in {seg.inner_hop}'s own process, "
+                    f"{t_out - t_left:.4f} s on the way"
+                )
+            runs.append(Run(t0_s=t_in, t1_s=t_out, tokens=k, label=label, t_left_s=t_left))
     delay = summary.get("request_delay_s")
     request = None
     if isinstance(delay, int | float):

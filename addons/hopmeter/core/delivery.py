@@ -1,0 +1,215 @@
+"""Bytes out, per flow: when each chunk left the hop's process, when the kernel sent it, and how
+long the flow waited on its client (docs/design.md §4, `delivery` and `chunks_out`).
+
+hopmeter.core.ledger follows one connection's bytes; the proxy layer collects what it saw of one
+flow (`DeliverySeen`) and `summarize` turns it into the record's numbers, with no clock of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hopmeter.core.figures import weighted_quantiles
+from hopmeter.core.ledger import FLAG_HELD, FLAG_OUT, FLAG_SENT, FlowChunks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliverySeen:
+    """What the proxy layer saw of one flow's bytes going out: the input of `summarize`."""
+
+    reason: str | None  # why it was not measured (or not wholly), None when all went well
+    measured: bool
+    chunks: FlowChunks | None
+    mono0: float  # the monotonic time of the request start (record offsets are t - mono0 + skew)
+    skew_s: float
+    http_version: str  # the client's side: "HTTP/1.1", "HTTP/2.0", ...
+    queued_bytes_max: int | None = None  # user-space buffer + kernel unsent (+ HTTP/2 stream)
+    queued_at_close_bytes: int | None = None  # not yet acknowledged when the connection closed
+    rwnd_limited_s: float | None = None  # TCP_INFO: time the client's receive window was the limit
+    steps: Sequence[tuple[float, float, float]] = ()  # hopmeter's own slow steps: start, wall, cpu
+    loop_lags_s: Sequence[tuple[float, float]] = ()  # (when, how late) the loop ran a timer
+    involuntary_switches: int | None = None  # times the OS took the CPU from the process
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """The `delivery` section of a record and what metrics and detectors read of it."""
+
+    measured: bool
+    reason: str | None
+    http_version: str
+    chunks_out: list[list[float | None]]  # [out_s, sent_s] per listed chunk, index-aligned
+    client_wait_s: float | None
+    client_wait_is_lower_bound: bool
+    queued_bytes_max: int | None
+    queued_at_close_bytes: int | None
+    rwnd_limited_s: float | None
+    holds: tuple[tuple[float, int], ...]  # (hold, tokens) per written chunk: the hop's own hold
+    hold_p50_s: float | None
+    hold_p99_s: float | None
+    hold_max_s: float | None
+    own_steps: int
+    own_step_max_s: float | None
+    own_step_max_cpu_s: float | None
+    loop_lag_max_s: float | None
+    involuntary_switches: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record's `delivery` section (docs/design.md §4)."""
+        return {
+            "measured": self.measured,
+            "reason": self.reason,
+            "http_version": self.http_version,
+            "client_wait_s": _r(self.client_wait_s),
+            "client_wait_is_lower_bound": self.client_wait_is_lower_bound,
+            "queued_bytes_max": self.queued_bytes_max,
+            "queued_at_close_bytes": self.queued_at_close_bytes,
+            "rwnd_limited_s": _r(self.rwnd_limited_s),
+            "hold_p50_s": _r(self.hold_p50_s),
+            "hold_p99_s": _r(self.hold_p99_s),
+            "hold_max_s": _r(self.hold_max_s),
+            "own_steps": self.own_steps,
+            "own_step_max_s": _r(self.own_step_max_s),
+            "own_step_max_cpu_s": _r(self.own_step_max_cpu_s),
+            "loop_lag_max_s": _r(self.loop_lag_max_s),
+            "involuntary_switches": self.involuntary_switches,
+        }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x * 1e6) / 1e6
+
+
+def union_s(intervals: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of [start, end] intervals (empty or reversed ones count 0)."""
+    total = 0.0
+    lo = hi = -math.inf
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if a > hi:
+            if hi > lo:
+                total += hi - lo
+            lo, hi = a, b
+        elif b > hi:
+            hi = b
+    if hi > lo:
+        total += hi - lo
+    return total
+
+
+def tokens_per_chunk(
+    chunk_t_s: Sequence[float], event_t_s: Sequence[float], event_tokens: Sequence[int]
+) -> list[int]:
+    """Tokens each chunk completed: an event's time is the read time of the chunk that ended it."""
+    out = [0] * len(chunk_t_s)
+    for t, k in zip(event_t_s, event_tokens, strict=False):
+        i = bisect_right(chunk_t_s, t) - 1
+        if 0 <= i < len(out) and k > 0:
+            out[i] += k
+    return out
+
+
+def summarize(
+    seen: DeliverySeen,
+    chunk_t_s: Sequence[float],
+    event_t_s: Sequence[float],
+    event_tokens: Sequence[int],
+) -> Delivery:
+    """One flow's delivery from what the proxy saw; `chunk_t_s` are the record's chunk offsets.
+
+    The hop's own hold of a chunk is read → handed to the client's transport (`T_WRITE - T_IN`):
+    a chunk that then waited in the buffers waited on the client, and one held in mitmproxy's
+    HTTP/2 stream buffer waited for the client's window; both count as client wait instead. Holds
+    are weighted by the tokens each chunk completed (by chunk when the stream carries no tokens).
+    Client wait is the union, over chunks, of [written (or read, for a held chunk), last seen
+    waiting].
+    """
+    chunks = seen.chunks
+    base = _evidence(seen)
+    if not seen.measured or chunks is None:
+        return Delivery(**base, measured=False, **_empty())
+    chunks.settle("still queued when the record was written")
+    n = len(chunk_t_s)
+    if len(chunks) != n:  # never a wrong number: unaligned lists are not measured
+        why = f"followed {len(chunks)} chunks, the record lists {n}"
+        return Delivery(**{**base, "reason": why}, measured=False, **_empty())
+    mono0, skew = seen.mono0, seen.skew_s
+    tokens = tokens_per_chunk(chunk_t_s, event_t_s, event_tokens)
+    by_tokens = any(tokens)
+    rows: list[list[float | None]] = []
+    holds: list[tuple[float, int]] = []
+    waits: list[tuple[float, float]] = []
+    unseen = False
+    for i in range(n):
+        flags, t_write, out, waited = chunks.flags[i], chunks.t_write[i], chunks.out[i], None
+        w = chunks.waited[i]
+        if not math.isnan(w):
+            waited = w
+        out_s = None if not flags & FLAG_OUT else round((out - mono0 + skew) * 1e6) / 1e6
+        sent_s = None
+        if flags & FLAG_SENT:
+            sent = out if waited is None or waited < out else waited
+            sent_s = round((sent - mono0 + skew) * 1e6) / 1e6
+        else:
+            unseen = True
+        rows.append([out_s, sent_s])
+        held = bool(flags & FLAG_HELD)
+        if not math.isnan(t_write):
+            t_in = chunk_t_s[i] + mono0 - skew
+            if not held:
+                weight = tokens[i] if by_tokens else 1
+                if weight:
+                    holds.append((max(0.0, t_write - t_in), weight))
+            if waited is not None:
+                waits.append((t_in if held else t_write, waited))
+    values = [h for h, _ in holds]
+    weights = [k for _, k in holds]
+    p50, p99 = weighted_quantiles(values, weights, (0.5, 0.99))
+    base["reason"] = seen.reason or chunks.why
+    return Delivery(
+        **base,
+        measured=True,
+        chunks_out=rows,
+        client_wait_s=union_s(waits),
+        client_wait_is_lower_bound=unseen,
+        holds=tuple(holds),
+        hold_p50_s=p50,
+        hold_p99_s=p99,
+        hold_max_s=max(values) if values else None,
+    )
+
+
+def _empty() -> dict[str, Any]:
+    return {
+        "chunks_out": [],
+        "client_wait_s": None,
+        "client_wait_is_lower_bound": False,
+        "holds": (),
+        "hold_p50_s": None,
+        "hold_p99_s": None,
+        "hold_max_s": None,
+    }
+
+
+def _evidence(seen: DeliverySeen) -> dict[str, Any]:
+    """The per-flow facts that need no chunk: queues, TCP_INFO, hopmeter's own steps."""
+    walls = [wall for _, wall, _ in seen.steps]
+    cpus = [cpu for _, _, cpu in seen.steps]
+    lags = [lag for _, lag in seen.loop_lags_s]
+    return {
+        "reason": seen.reason,
+        "http_version": seen.http_version,
+        "queued_bytes_max": seen.queued_bytes_max,
+        "queued_at_close_bytes": seen.queued_at_close_bytes,
+        "rwnd_limited_s": seen.rwnd_limited_s,
+        "own_steps": len(seen.steps),
+        "own_step_max_s": max(walls, default=None),
+        "own_step_max_cpu_s": max(cpus, default=None),
+        "loop_lag_max_s": max(lags, default=None),
+        "involuntary_switches": seen.involuntary_switches,
+    }

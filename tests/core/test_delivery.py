@@ -1,0 +1,137 @@
+"""A flow's delivery from literal times: out and sent per chunk, client wait, the hop's hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hopmeter.core.delivery import DeliverySeen, summarize, tokens_per_chunk, union_s
+from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
+
+MONO0 = 100.0  # the request started at monotonic 100 s; record offsets are t - 100
+
+
+def flow_of(*chunks: list[Any]) -> FlowChunks:
+    """A FlowChunks following `chunks`, in order."""
+    flow = FlowChunks()
+    for c in chunks:
+        flow.add(c)
+    return flow
+
+
+def seen(flow: FlowChunks | None, **kw: Any) -> DeliverySeen:
+    """What a proxy saw of a measured HTTP/1.1 flow."""
+    args: dict[str, Any] = dict(
+        reason=None, measured=True, chunks=flow, mono0=MONO0, skew_s=0.0, http_version="HTTP/1.1"
+    )
+    args.update(kw)
+    return DeliverySeen(**args)
+
+
+def write(led: Ledger, t_in: float, t_write: float, buffered: bool = False) -> list[Any]:
+    """A 100-byte chunk read at `t_in` and written at `t_write`."""
+    c = new_chunk(100, t_in)
+    led.arm(c)
+    led.wrote(108, t_write, buffered)
+    return c
+
+
+def test_a_fast_client_waits_nothing_and_the_hop_holds_microseconds() -> None:
+    """Chunks straight out and sent by the next look: no wait; holds are write - read per token."""
+    led = Ledger()
+    a = write(led, 100.1, 100.1002)
+    b = write(led, 100.2, 100.2001)
+    led.sample(100.26, 100.0, 0, 0)
+    d = summarize(seen(flow_of(a, b)), [0.1, 0.2], [0.1, 0.2], [1, 3])
+    assert d.measured and d.reason is None
+    assert d.client_wait_s == 0.0 and not d.client_wait_is_lower_bound
+    assert d.chunks_out == [[0.1002, 0.1002], [0.2001, 0.2001]]
+    assert d.holds == (pytest.approx((0.0002, 1)), pytest.approx((0.0001, 3)))
+    assert d.hold_p50_s == pytest.approx(0.0001)  # three of four tokens held 0.1 ms
+    assert d.hold_max_s == pytest.approx(0.0002)
+
+
+def test_a_slow_client_waits_from_each_write_to_the_last_look_that_saw_it_queued() -> None:
+    """Client wait is the union of [written, last seen waiting] over chunks: lower bounds."""
+    led = Ledger()
+    a = write(led, 100.1, 100.1, buffered=True)
+    b = write(led, 100.2, 100.2, buffered=True)
+    led.sample(100.5, 100.45, 100, 0)  # a out and sent (108 <= 216 - 100), b in user space
+    led.sample(101.0, 100.9, 0, 50)  # b out, 50 unsent: b waits in the kernel
+    led.sample(101.2, 101.0, 0, 0)  # b sent
+    d = summarize(seen(flow_of(a, b)), [0.1, 0.2], [0.1, 0.2], [1, 1])
+    # a waited 100.1 .. 100.45 (seen in user space by the look before it moved);
+    # b waited 100.2 .. 101.0 (seen unsent at 101.0)
+    assert d.client_wait_s == pytest.approx(0.9)
+    assert d.chunks_out == [[0.5, 0.5], [1.0, 1.0]]
+    assert d.hold_max_s == 0.0  # written in the same step they were read
+
+
+def test_held_http2_chunks_wait_from_their_read_and_are_not_the_hops_hold() -> None:
+    """A chunk in mitmproxy's stream buffer waited on the client's window from the moment read."""
+    led = Ledger()
+    c = new_chunk(100, 100.1)
+    led.hold(c, 1, 100)
+    led.written += 109
+    led.release(1, 100, 100.6)
+    led.sample(100.601, 100.6, 0, 0)
+    d = summarize(seen(flow_of(c), http_version="HTTP/2.0"), [0.1], [0.1], [1])
+    assert d.client_wait_s == pytest.approx(0.5)
+    assert d.holds == () and d.hold_max_s is None
+    assert d.chunks_out == [[0.601, 0.601]]
+
+
+def test_bytes_not_seen_sent_make_the_wait_a_lower_bound() -> None:
+    """A record written with a chunk still queued: its sent time is unknown and the wait a floor."""
+    led = Ledger()
+    c = write(led, 100.1, 100.1, buffered=True)
+    led.sample(100.3, 100.2, 50, 0)
+    d = summarize(seen(flow_of(c)), [0.1], [0.1], [1])
+    assert d.client_wait_is_lower_bound
+    assert d.chunks_out == [[None, None]]
+    assert d.reason == "still queued when the record was written"
+
+
+def test_lists_that_do_not_line_up_are_not_measured() -> None:
+    """Never a wrong number: followed chunks that do not match the record's list are dropped."""
+    led = Ledger()
+    c = write(led, 100.1, 100.1)
+    d = summarize(seen(flow_of(c)), [0.1, 0.2], [], [])
+    assert not d.measured and d.chunks_out == [] and d.client_wait_s is None
+    assert d.reason == "followed 1 chunks, the record lists 2"
+
+
+def test_a_flow_not_followed_says_why() -> None:
+    """No transport found: not measured, with the reason the proxy gave."""
+    d = summarize(seen(None, measured=False, reason="no socket"), [0.1], [0.1], [1])
+    assert not d.measured and d.as_dict()["reason"] == "no socket"
+
+
+def test_hopmeters_own_steps_and_loop_lag_are_reported() -> None:
+    """The slowest own step (wall and CPU), their count and the worst loop lag reach the record."""
+    d = summarize(
+        seen(
+            FlowChunks(),
+            steps=[(100.1, 0.003, 0.001), (100.5, 0.06, 0.058)],
+            loop_lags_s=[(100.56, 0.055)],
+            involuntary_switches=4,
+        ),
+        [],
+        [],
+        [],
+    )
+    out = d.as_dict()
+    assert (out["own_steps"], out["own_step_max_s"], out["own_step_max_cpu_s"]) == (2, 0.06, 0.058)
+    assert (out["loop_lag_max_s"], out["involuntary_switches"]) == (0.055, 4)
+
+
+def test_union_counts_overlaps_once() -> None:
+    """Overlapping and touching waits add up once; empty ones count nothing."""
+    assert union_s([(1.0, 2.0), (1.5, 3.0), (5.0, 5.0), (4.0, 4.5), (6.0, 5.0)]) == 2.5
+    assert union_s([]) == 0.0
+
+
+def test_tokens_belong_to_the_chunk_that_ended_their_event() -> None:
+    """An event's time is its last chunk's read time; events without tokens add none."""
+    assert tokens_per_chunk([0.1, 0.2, 0.3], [0.1, 0.3, 0.3, 0.3], [2, 1, 0, 4]) == [2, 0, 5]
