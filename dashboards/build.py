@@ -123,6 +123,9 @@ ITL = "hopmeter_inter_token_latency_seconds"
 HOLD = "hopmeter_hold_seconds"
 OWN_HOLD = "hopmeter_own_hold_seconds"
 CLIENT_WAIT = "hopmeter_client_wait_seconds"
+REQUEST_DELAY = "hopmeter_segment_request_delay_seconds"
+ADDED_TTFT = "hopmeter_segment_added_ttft_seconds"
+PAIRINGS = "hopmeter_pairings_total"
 FLOWS = "hopmeter_flows_total"
 FINDINGS = "hopmeter_findings_total"
 SEGMENT_FINDINGS = "hopmeter_segment_findings_total"
@@ -294,6 +297,28 @@ HOPS = [
             Target(
                 f"sum by (kind, hop) (increase({FINDINGS}{{{DELIVERY_KINDS}, {SEL_HA}}}[{RI}]))",
                 "{{kind}} at {{hop}}",
+            )
+        ],
+    ),
+    Panel(
+        "Added to the first token by segment",
+        "What each segment added to the time to first token (request delay + first-token hold, "
+        "p50 and p99), and the request's way in alone.",
+        "s",
+        [
+            *p50_p99(ADDED_TTFT, "segment", SEG),
+            Target(quantile(0.5, REQUEST_DELAY, "segment", SEG), "{{segment}} request p50"),
+        ],
+    ),
+    Panel(
+        "Pairing by trace or by content",
+        "Flows paired across listeners by trace id or by reply content (a hop dropped the "
+        "trace context), and flows left unpaired because several replies were alike.",
+        "short",
+        [
+            Target(
+                f"sum by (paired_by, match) (increase({PAIRINGS}[{RI}]))",
+                "{{paired_by}} {{match}}",
             )
         ],
     ),

@@ -492,6 +492,44 @@ def test_a_segment_observes_its_holds_and_counts_its_findings(registry: Collecto
     ) in samples(registry)
 
 
+def test_what_a_segment_adds_on_the_way_in_is_observed(registry: CollectorRegistry) -> None:
+    """A segment's request delay and added time to first token are one observation each; a
+    segment whose request starts are unknown observes neither."""
+    from hopmeter.core.hops import Segment
+
+    def seg(bounds: tuple[float | None, float | None]) -> Segment:
+        return Segment(
+            segment="edge>origin", inner_hop="origin", holds_s=(0.007,), first_token_hold_s=0.007,
+            whole_body=False, skew_s=0.0, skew_bounds_s=bounds, findings=(),
+        )  # fmt: skip
+
+    metrics = Metrics(registry)
+    metrics.observe_segment(seg((-0.007, 0.012)), TRACE)
+    metrics.observe_segment(seg((None, None)), TRACE)
+    delay = "hopmeter_segment_request_delay_seconds"
+    assert value(registry, f"{delay}_count", segment="edge>origin") == 1
+    assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.01") == 0
+    assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.025") == 1
+    assert value(registry, "hopmeter_segment_added_ttft_seconds_sum") == pytest.approx(0.019)
+
+
+def test_pairings_are_counted_by_how_and_how_sure(registry: CollectorRegistry) -> None:
+    """A flow's `pairing` counts once under its hop, how it was paired and how sure; an
+    ambiguous one under paired_by "none"; a record without the field not at all."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(
+        flow_record(pairing={"paired_by": "content", "match": "unique", "candidates": 1})
+    )
+    metrics.observe_flow(
+        flow_record(pairing={"paired_by": None, "match": "ambiguous", "candidates": 2})
+    )
+    metrics.observe_flow(flow_record())
+    name = "hopmeter_pairings_total"
+    assert value(registry, name, paired_by="content", match="unique") == 1
+    assert value(registry, name, paired_by="none", match="ambiguous") == 1
+    assert value(registry, name) == 2
+
+
 def test_internal_errors_and_active_streams(registry: CollectorRegistry) -> None:
     """Internal errors count by site; the active-streams gauge goes up and down."""
     metrics = Metrics(registry)

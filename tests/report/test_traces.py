@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from hopmeter.core.fingerprint import fingerprint
 from hopmeter.export.records import read_records
 from hopmeter.report.traces import build, group, severity, stall_threshold
 
@@ -172,3 +173,31 @@ def test_records_without_out_times_draw_whole_runs() -> None:
     """A record from a hopmeter that did not follow its bytes out: no split, as before."""
     (band,) = build([ORIGIN, EDGE], 0.5).bands
     assert all(r.t_left_s is None for r in band.runs)
+
+
+def _fingerprinted(rec: dict[str, Any], trace: str) -> dict[str, Any]:
+    """`rec` under another trace id, carrying the fingerprint of one shared reply."""
+    fp = fingerprint("fourteen chars", 14)
+    assert fp is not None
+    last = rec["request"]["t_start"] + rec["events"][-1][0]
+    return {
+        **rec,
+        "trace_id": trace,
+        "flow_id": f"{trace}-{rec['hop']}",
+        "fingerprint": fp.as_dict(),
+        "response": {**rec["response"], "t_last_byte": last},
+    }
+
+
+def test_records_paired_by_content_group_together() -> None:
+    """An edge and an origin record with different trace ids but one reply (a gateway dropped
+    the trace) are one trace: the band says content and carries the request's way in."""
+    edge, origin = _fingerprinted(EDGE, "t-edge"), _fingerprinted(ORIGIN, "t-origin")
+    (g,) = group([origin, edge])
+    assert [r["hop"] for r in g] == ["edge", "origin"]
+    (band,) = build(g, 0.5).bands
+    assert band.summary["paired_by"] == "content"
+    assert band.summary["request_delay_s"] == pytest.approx(0.001)
+    assert band.request is not None
+    assert (band.request.t0_s, band.request.t1_s) == pytest.approx((0.0, 0.001), abs=1e-6)
+    assert band.request.label == "request took 1.0 ms from edge to origin"

@@ -139,6 +139,7 @@ def span_record(view: SpanView) -> dict[str, Any] | SpanOutcome:
         "trace_id": span.trace_id.hex(),
         "span_id": span.span_id.hex(),
         "parent_span_id": span.parent_span_id.hex() or None,
+        "flow_id": attrs.get("hopmeter.flow_id"),  # what a join names its flows by
         "hop": span.hop,
         "request": {"t_start": span.start_ns / 1e9},
         "api": attrs.get("hopmeter.api"),

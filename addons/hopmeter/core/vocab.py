@@ -121,6 +121,23 @@ class FindingKind(StrEnum):
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # no connection: refused, DNS, TLS, timeout
     UPSTREAM_SILENT = "upstream_silent"  # connected, then no headers or no bytes in time
+    # a segment whose two hops saw different trace ids: paired by content (core.matching)
+    TRACE_CONTEXT_DROPPED = "trace_context_dropped"
+
+
+class PairedBy(StrEnum):
+    """How two flows of one request at two hops were found (`paired_by` in records and hops)."""
+
+    TRACE = "trace"  # the same W3C trace id at both hops
+    CONTENT = "content"  # different trace ids: the same reply text, in nested time windows
+
+
+class PairingMatch(StrEnum):
+    """How sure a flow's pairing is (`pairing.match` in a record, the label of pairings_total)."""
+
+    UNIQUE = "unique"  # one partner at each other hop: paired
+    AMBIGUOUS = "ambiguous"  # several flows could be its partner: not paired, never guessed
+    NONE = "none"  # no flow at another hop could be its partner
 
 
 class ProbeCheck(StrEnum):

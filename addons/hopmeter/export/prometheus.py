@@ -34,6 +34,8 @@ from hopmeter.export.labels import (
     ENDINGS,
     FINDING_KINDS,
     OTHER,
+    PAIRED_BY,
+    PAIRING_MATCHES,
     TOKEN_SOURCES,
     ModelLabels,
     NameLabels,
@@ -181,6 +183,24 @@ class Metrics:
             HOLD_BUCKETS_S,
             FLOW_LABELS,
         )
+        self.request_delay = hist(
+            "segment_request_delay_seconds",
+            "From the outer listener seeing a request to the inner one seeing it, per segment.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.added_ttft = hist(
+            "segment_added_ttft_seconds",
+            "What a segment added to the time to first token: request delay + first-token hold.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.pairings = counter(
+            "pairings_total",
+            "Flows of a process with listeners of several hops, by how they were paired "
+            '(paired_by "none" with match "ambiguous": several replies alike, left unpaired).',
+            ("hop", "paired_by", "match"),
+        )
         self.flows = counter(
             "flows_total", "Finished flows.", (*FLOW_LABELS, "status_class", "ended")
         )
@@ -295,6 +315,7 @@ class Metrics:
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
             kind = vocabulary_label(kind, FINDING_KINDS)
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
+        self._observe_pairing(hop, record.get("pairing"), exemplar)
 
     def _observe_delivery(
         self,
@@ -312,6 +333,15 @@ class Metrics:
         if own_holds:
             values = [(v, k) for v, k in own_holds if _num(v) is not None and k > 0]
             self.own_hold.observe(labels, values, exemplar)
+
+    def _observe_pairing(self, hop: str, pairing: object, exemplar: dict[str, str] | None) -> None:
+        """Count how a flow was paired across listeners (a record without `pairing`: not)."""
+        if not isinstance(pairing, Mapping):
+            return
+        by = pairing.get("paired_by")
+        by = "none" if by is None else vocabulary_label(by, PAIRED_BY)
+        match = vocabulary_label(pairing.get("match"), PAIRING_MATCHES)
+        self._child(self.pairings, (hop, by, match)).inc(1, exemplar)
 
     def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
         """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""
@@ -389,9 +419,17 @@ class Metrics:
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
 
     def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
-        """One segment of one stream: its per-token holds and the findings it introduced."""
+        """One segment of one stream: its per-token holds, what it added on the way in (request
+        delay, time to first token) and the findings it introduced."""
         label = self.segments.label(segment.segment)
         self.observe_holds(segment.segment, segment.holds_s, trace_id)
+        for hist, value in (
+            (self.request_delay, segment.request_delay_s),
+            (self.added_ttft, segment.added_ttft_s),
+        ):
+            v = _num(value)
+            if v is not None:
+                self._child(hist, (label,)).observe(v, _exemplar(trace_id))
         if f"segment\0{label}" not in self._initialised:  # every kind from 0, as _initialise
             self._initialised.add(f"segment\0{label}")
             for kind in (*FINDING_KINDS, OTHER):

@@ -70,6 +70,13 @@ def add_parser(sub: Any) -> None:
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument(
+        "--fingerprint-key-env",
+        default="",
+        metavar="VAR",
+        help="key the reply fingerprints in records with the secret in this environment variable "
+        "(the same on every host whose records are joined)",
+    )
+    p.add_argument(
         "--chaos",
         default="",
         metavar="ACTIONS",
@@ -169,6 +176,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         tokenizer=args.tokenizer,
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
+        fingerprint_key_env=args.fingerprint_key_env,
         otel_endpoint=args.otel_endpoint,
         otel_timeline=args.otel_timeline == "on",
         chaos=args.chaos,

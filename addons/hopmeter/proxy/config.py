@@ -29,6 +29,7 @@ class ProxyConfig:
     tokenizer: str = ""
     log_content: bool = False
     trace_header: bool = True
+    fingerprint_key_env: str = ""  # a variable's name, never the key
     otel_endpoint: str = ""
     otel_timeline: bool = True
     chaos: str = ""

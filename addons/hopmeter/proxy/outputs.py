@@ -227,8 +227,9 @@ class MetricsOutput(FlowObserver):
             event_tokens=result.tokens.per_event if result.tokens is not None else None,
             own_holds=result.delivery.holds if result.delivery is not None else None,
         )
+        trace_id = result.record.get("trace_id")
         for seg in result.segments:
-            self.metrics.observe_segment(seg, result.record.get("trace_id"))
+            self.metrics.observe_segment(seg, trace_id)
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""

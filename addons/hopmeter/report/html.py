@@ -36,6 +36,7 @@ svg text.segment{fill:#9a3412}
 .first-byte{fill:#6b7280}.mark{stroke:#111827;stroke-width:1.2}.quiet{stroke:#9ca3af;stroke-width:1}
 .stall{fill:#ea580c;opacity:.85}.fall{stroke:#6b7280;stroke-width:1;opacity:.6;fill:none}
 .held{stroke:#ea580c;stroke-width:1.6;fill:none}.own{stroke:#7c3aed;stroke-width:1.6;fill:none}.grid{stroke:#e5e7eb}.baseline{stroke:#9ca3af}
+.request{stroke:#2563eb;stroke-width:1.6;fill:none}
 .legend span{display:inline-block;margin-right:16px}.sw{display:inline-block;width:18px;height:8px;
 margin-right:5px;vertical-align:middle}
 """
@@ -48,7 +49,9 @@ LEGEND = (
     '<span><i class="sw" style="background:#7c3aed"></i>held inside the inner hop\'s own process, '
     "before its bytes left it</span>"
     '<span><i class="sw" style="background:#9ca3af;height:2px"></i>the token falls to the next hop'
-    "</span><span>▲ first byte · | request start · top lane nearest the model</span></p>"
+    '</span><span><i class="sw" style="background:#2563eb;height:2px"></i>the request climbs to '
+    "the inner hop</span>"
+    "<span>▲ first byte · | request start · top lane nearest the model</span></p>"
 )
 LATENCY_HEAD = ("", "flows", "TTFB p50 / p99", "TTFT p50 / p99", "ITL p50 / p99")
 SEGMENT_HEAD = (
@@ -61,6 +64,9 @@ SEGMENT_HEAD = (
     "wire p99",
     "whole body",
     "tokens",
+    "request",
+    "added to TTFT",
+    "paired by",
     "measured",
 )
 FIGURES = (
@@ -164,6 +170,9 @@ def _segment_row(b: Band) -> list[object]:
         ms(s.get("wire_hold_p99_s")),
         "yes" if s.get("whole_body") else "no",
         s.get("tokens_aligned", len(b.runs)),
+        ms(s.get("request_delay_s")),
+        ms(s.get("added_ttft_s")),
+        s.get("paired_by") or "trace",
         "live" if b.live else "aligned from events",
     ]
 

@@ -85,6 +85,9 @@ def _hold_note(rec: Mapping[str, Any]) -> str:
     """The outer record's per-segment holds, as a suffix for its flow line."""
     parts = []
     for seg in rec.get("hops") or []:
+        request = seg.get("request_delay_s")
+        note = "" if request is None else f" request={ms(request)}"
+        note += " by_content" if seg.get("paired_by") == "content" else ""
         whole = " whole_body" if seg.get("whole_body") else ""
         split = ""
         if seg.get("tokens_out"):  # the inner hop followed its bytes out: its own, the wire
@@ -94,7 +97,7 @@ def _hold_note(rec: Mapping[str, Any]) -> str:
             )
         parts.append(
             f"hold {clean(seg.get('segment'))} first={ms(seg.get('first_token_hold_s'))} "
-            f"p99={ms(seg.get('hold_p99_s'))}{split}{whole}"
+            f"p99={ms(seg.get('hold_p99_s'))}{split}{note}{whole}"
         )
     return (" " + " ".join(parts)) if parts else ""
 
