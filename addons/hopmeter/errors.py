@@ -50,3 +50,7 @@ class ChaosError(UsageError):
 
 class OtelConfigError(UsageError, ValueError):
     """An OpenTelemetry endpoint or setting that cannot work."""
+
+
+class BeaconError(HopmeterError):
+    """A browser beacon that cannot be read: not JSON, a field of the wrong type or size."""

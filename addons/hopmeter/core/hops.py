@@ -204,9 +204,26 @@ def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | N
     return lower, upper
 
 
-def align(outer: HopView, inner: HopView) -> Segment:
-    """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later)."""
+def align(
+    outer: HopView,
+    inner: HopView,
+    skew_limits: tuple[float | None, float | None] = (None, None),
+) -> Segment:
+    """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later).
+
+    `skew_limits` are further bounds on the skew that the caller knows from causality too (the
+    browser's beacon left the page before the edge received it), or (0, 0) for two views read
+    from one clock; they narrow the bounds computed here.
+    """
     lower, upper = skew_bounds(outer, inner)
+    lo, hi = skew_limits
+    if lo is not None and lo == hi:  # one clock: the skew is known, whatever the events say
+        lower = upper = lo
+    else:
+        if lo is not None:
+            lower = lo if lower is None else max(lower, lo)
+        if hi is not None:
+            upper = hi if upper is None else min(upper, hi)
     skew = 0.0
     if lower is not None and lower > skew:
         skew = lower
