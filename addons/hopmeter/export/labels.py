@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from hopmeter.core.vocab import Api, Ended, FindingKind, TokenSource
+from hopmeter.core.vocab import Api, BeaconOutcome, Ended, FindingKind, TokenSource
 
 OTHER = "other"
 NO_MODEL = "none"
@@ -22,6 +22,7 @@ APIS = frozenset(Api)
 ENDINGS = frozenset(Ended)
 TOKEN_SOURCES = frozenset(TokenSource)
 FINDING_KINDS = frozenset(FindingKind)
+BEACON_OUTCOMES = frozenset(BeaconOutcome)
 # Hop, segment and error-site names come from configuration, not traffic; the cap guards against
 # a misconfiguration (a name per request) turning into a series per request.
 MAX_NAMES_PER_LABEL = 32

@@ -59,6 +59,12 @@ def add_parser(sub: Any) -> None:
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument(
+        "--browser",
+        action="store_true",
+        help="browser measuring: serve the snippet at /_hopmeter/beacon.js, answer beacons at "
+        "/_hopmeter/beacon, add the browser and screen lanes to records",
+    )
+    p.add_argument(
         "--chaos",
         default="",
         metavar="ACTIONS",
@@ -151,6 +157,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         chaos_seed=args.chaos_seed,
         console="off" if args.quiet else "json" if args.json else "text",
         summary_interval_s=args.summary_interval,
+        browser=args.browser,
         extra=list(args.set_),
     )
 

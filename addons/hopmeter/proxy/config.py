@@ -34,6 +34,7 @@ class ProxyConfig:
     chaos_seed: int = 0
     console: str = "text"  # "text" | "json" | "off"
     summary_interval_s: float = 60.0
+    browser: bool = False  # --browser: serve the snippet, answer and join beacons
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
 

@@ -16,6 +16,7 @@ from mitmproxy.tools.dump import DumpMaster
 
 from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.ui import HopView
@@ -23,10 +24,10 @@ from hopmeter.proxy.ui import HopView
 
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
-    the measuring addon, then the outputs that observe it, then what mitmweb and the console
-    show (idle elsewhere)."""
+    the measuring addon, browser measuring (idle unless `hopmeter_browser`), then the outputs
+    that observe it, then what mitmweb and the console show (idle elsewhere)."""
     meter = HopMeter()
-    outputs = (MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput, HopView)
+    outputs = (BrowserMeter, MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput, HopView)
     return [meter, *(output(meter) for output in outputs)]
 
 
@@ -73,6 +74,7 @@ async def run_proxy(
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
             hopmeter_summary_interval=repr(cfg.summary_interval_s),
+            hopmeter_browser=cfg.browser,
         )
         if cfg.extra:
             opts.set(*cfg.extra)

@@ -1,0 +1,234 @@
+"""Browser measuring (`--browser`, option `hopmeter_browser`): hopmeter answers its snippet and
+the beacons itself, and joins each beacon to the record of the request that announced it.
+
+With the option on, two paths belong to hopmeter and are never forwarded: `GET
+/_hopmeter/beacon.js` (the snippet, hopmeter/data/browser/beacon.js) and `POST
+/_hopmeter/beacon` (a page's beacon, hopmeter.core.beacon). With it off they do not exist: such
+requests go upstream like any other. The answers are set in the `request` hook, after the body
+was read; a beacon must say its length (every sendBeacon does), and a body longer than
+READ_LIMIT_BYTES is not read at all: the connection is closed. Every outcome is counted
+(`hopmeter_beacons_total{outcome}`), and a beacon costs the loop one parse and, once, one join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from importlib.resources import files
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from mitmproxy import ctx, http
+from mitmproxy.addonmanager import Loader
+
+from hopmeter.core.beacon import MAX_BEACON_BYTES, parse_beacon
+from hopmeter.core.trace import parse_traceparent
+from hopmeter.core.vocab import BeaconOutcome
+from hopmeter.errors import BeaconError
+from hopmeter.proxy.beacons import Answer, BeaconJoins
+
+if TYPE_CHECKING:
+    from hopmeter.proxy.addon import HopMeter
+
+SNIPPET_PATH = "/_hopmeter/beacon.js"
+BEACON_PATH = "/_hopmeter/beacon"
+# The tracestate entry the snippet adds to a request whose page will send a beacon.
+MARKER = ("hopmeter", "beacon")
+# A beacon body up to this long is read, to answer 413 with the reason; a longer one (or one of
+# unknown length) is not read at all, its connection is closed: four beacons' worth is plenty
+# for a buggy page, and nothing a browser sends is longer.
+READ_LIMIT_BYTES = 4 * MAX_BEACON_BYTES
+# Beacons answered per second, and the burst allowed above that (a token bucket). A page sends
+# one per reply; 50 replies ending every second at one hop is a large site. Each beacon costs
+# the loop a JSON parse and a join (0.3-3 ms, bench/README.md); beyond the bound a flood is
+# answered 429 unread.
+RATE_PER_S = 50.0
+BURST = 200.0
+
+
+class RateBound:
+    """A token bucket: `allow(now)` is False while the rate is exceeded."""
+
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self.tokens = burst
+        self.at = 0.0
+
+    def allow(self, now: float) -> bool:
+        """Take one token if there is one."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate_per_s)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def announces_beacon(tracestate: str) -> bool:
+    """True when a `tracestate` header carries the snippet's entry (W3C: key=value, commas)."""
+    for entry in tracestate.split(","):
+        key, _, value = entry.strip().partition("=")
+        if (key, value) == MARKER:
+            return True
+    return False
+
+
+def origin_of(headers: http.Headers) -> str | None:
+    """The page's origin: the Origin header, else the Referer's scheme and host."""
+    origin: str | None = headers.get("origin")
+    if origin and origin != "null":
+        return origin
+    referer: str | None = headers.get("referer")
+    if referer:
+        parts = urlsplit(referer)
+        if parts.scheme and parts.netloc:
+            return f"{parts.scheme}://{parts.netloc}"
+    return None
+
+
+class BrowserMeter:
+    """The snippet, the beacon endpoint and the joins; one per HopMeter."""
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        meter.browser = self
+        self.enabled = False
+        self.snippet = b""
+        self.counts: Counter[BeaconOutcome] = Counter()
+        self.rate = RateBound(RATE_PER_S, BURST)
+        self.joins = BeaconJoins(
+            schedule=_call_later,
+            emit=meter.emit_now,
+            count=self.count,
+            on_error=meter.internal_error,
+        )
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_browser",
+            bool,
+            False,
+            "Serve the browser snippet at /_hopmeter/beacon.js, answer beacons at "
+            "/_hopmeter/beacon and join them to records: the browser and screen lanes.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_browser" in updated:
+            self.enabled = bool(ctx.options.hopmeter_browser)
+            if self.enabled and not self.snippet:
+                self.snippet = (files("hopmeter") / "data" / "browser" / "beacon.js").read_bytes()
+        if "hopmeter_log_content" in updated:
+            self.joins.log_content = bool(ctx.options.hopmeter_log_content)
+
+    def done(self) -> None:
+        self.joins.drain()
+
+    def count(self, outcome: BeaconOutcome) -> None:
+        """Count an outcome here and in every observer (the metrics)."""
+        self.counts[outcome] += 1
+        self.meter.notify_beacon(outcome)
+
+    def owns(self, flow: http.HTTPFlow) -> bool:
+        """True for a request hopmeter answers itself (never measured, never forwarded)."""
+        return self.enabled and _path(flow) in (SNIPPET_PATH, BEACON_PATH)
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if not self.enabled or not flow.live:
+            return
+        try:
+            self._headers(flow)
+        except Exception as exc:
+            self.meter.internal_error("browser", exc)
+
+    def _headers(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        if _path(flow) != BEACON_PATH:
+            state = req.headers.get("tracestate")
+            trace = parse_traceparent(req.headers.get("traceparent", ""))
+            if state and trace is not None and announces_beacon(state):
+                self.joins.expect(trace.trace_id, flow.id, origin_of(req.headers))
+            return
+        length = req.headers.get("content-length")
+        if length is None and "transfer-encoding" in req.headers:
+            self._refuse(flow, BeaconOutcome.UNSIZED)
+        elif length is not None and (not length.isdigit() or int(length) > READ_LIMIT_BYTES):
+            self._refuse(flow, BeaconOutcome.TOO_LARGE)
+
+    def _refuse(self, flow: http.HTTPFlow, outcome: BeaconOutcome) -> None:
+        """Close the connection without reading the body (it could be of any length)."""
+        self.count(outcome)
+        flow.kill()
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if not self.owns(flow) or not flow.live:
+            return
+        try:
+            if _path(flow) == SNIPPET_PATH:
+                flow.response = self._snippet(flow)
+            else:
+                flow.response = self._beacon(flow)
+        except Exception as exc:  # a bug here must still answer, and never forward
+            self.meter.internal_error("browser", exc)
+            flow.response = _reply(500, "hopmeter could not handle this beacon (a bug; counted)")
+
+    def _snippet(self, flow: http.HTTPFlow) -> http.Response:
+        if flow.request.method not in ("GET", "HEAD"):
+            return _reply(405, "GET the snippet", {"allow": "GET, HEAD"})
+        return http.Response.make(
+            200,
+            self.snippet,
+            {
+                "content-type": "text/javascript; charset=utf-8",
+                "cache-control": "no-cache",
+                "x-content-type-options": "nosniff",
+            },
+        )
+
+    def _beacon(self, flow: http.HTTPFlow) -> http.Response:
+        req = flow.request
+        received_s = time.time()
+        if not self.rate.allow(time.monotonic()):
+            return self._answer(Answer(status=429, message="too many beacons; retry later",
+                                       outcome=BeaconOutcome.FLOOD))  # fmt: skip
+        if req.method != "POST":
+            return self._answer(Answer(status=405, message="POST a beacon",
+                                       outcome=BeaconOutcome.WRONG_METHOD))  # fmt: skip
+        body = req.raw_content or b""
+        if len(body) > MAX_BEACON_BYTES:
+            return self._answer(
+                Answer(
+                    status=413,
+                    message=f"beacon of {len(body)} bytes; at most {MAX_BEACON_BYTES}",
+                    outcome=BeaconOutcome.TOO_LARGE,
+                )
+            )
+        try:
+            beacon = parse_beacon(body)
+        except BeaconError as exc:
+            return self._answer(Answer(status=400, message=str(exc),
+                                       outcome=BeaconOutcome.MALFORMED))  # fmt: skip
+        return self._answer(self.joins.beacon(beacon, origin_of(req.headers), received_s))
+
+    def _answer(self, answer: Answer) -> http.Response:
+        if answer.outcome is not None:
+            self.count(answer.outcome)
+        name = answer.outcome or "accepted"
+        return _reply(answer.status, answer.message, {"x-hopmeter-beacon": name})
+
+
+def _path(flow: http.HTTPFlow) -> str:
+    return flow.request.path.split("?", 1)[0]
+
+
+def _reply(status: int, message: str, headers: dict[str, str] | None = None) -> http.Response:
+    body = f"hopmeter: {message}\n".encode() if message else b""
+    h = {"content-type": "text/plain; charset=utf-8", "cache-control": "no-store"}
+    return http.Response.make(status, body, {**h, **(headers or {})})
+
+
+def _call_later(delay_s: float, fn: Callable[[], None]) -> None:
+    asyncio.get_running_loop().call_later(delay_s, fn)
