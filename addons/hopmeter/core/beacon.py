@@ -147,57 +147,57 @@ def parse_beacon(body: bytes) -> Beacon:
         request_start_ms=None if rt is None else _tick_or_none({"rt": rt[0]}, "rt"),
         response_start_ms=None if rt is None else _tick_or_none({"rt": rt[1]}, "rt"),
         reads=reads,
-        stream_bytes=_count(stream, "bytes"),
-        stream_chars=_count(stream, "chars"),
-        stream_shown=_count(stream, "shown"),
-        stream_fffd=_count(stream, "fffd"),
+        stream_bytes=_count(stream, "bytes", where="stream"),
+        stream_chars=_count(stream, "chars", where="stream"),
+        stream_shown=_count(stream, "shown", where="stream"),
+        stream_fffd=_count(stream, "fffd", where="stream"),
         screen=None if screen is None else _frames(_obj(doc, "screen")),
         text=None if text is None else text[:MAX_TEXT_CHARS],
     )
 
 
 def _reads(o: Mapping[str, Any]) -> Reads:
-    t = _column(o, "t", None)
+    t = _column(o, "reads.t", None)
     n = len(t)
-    chars = _column(o, "chars", n)
-    shown = _column(o, "shown", n) if "shown" in o else chars
+    chars = _column(o, "reads.chars", n)
+    shown = _column(o, "reads.shown", n) if "shown" in o else chars
     if min(chars, default=0) < 0 or min(shown, default=0) < 0 or min(t, default=0) < 0:
         raise BeaconError("beacon reads: times and characters only grow")
     return Reads(
         t_ms=_times(t),
-        bytes=tuple(_nonnegative(_column(o, "bytes", n), "reads.bytes")),
+        bytes=tuple(_nonnegative(_column(o, "reads.bytes", n), "reads.bytes")),
         chars=tuple(accumulate(chars)),
         shown=tuple(accumulate(shown)),
-        lost=_count(o, "lost"),
-        step=max(1, _count(o, "step", MAX_ENTRIES)),
+        lost=_count(o, "lost", where="reads", default=0),
+        step=max(1, _count(o, "step", MAX_ENTRIES, where="reads", default=1)),
     )
 
 
 def _frames(o: Mapping[str, Any]) -> Frames:
-    t = _column(o, "t", None)
+    t = _column(o, "screen.t", None)
     n = len(t)
     if min(t, default=0) < 0:
         raise BeaconError("beacon screen.t: frames only move forward")
     painted = _times(t)
-    raf = _nonnegative(_column(o, "raf", n), "screen.raf")
-    write = _column(o, "write", n)
-    chars = tuple(accumulate(_column(o, "chars", n)))
+    raf = _nonnegative(_column(o, "screen.raf", n), "screen.raf")
+    write = _column(o, "screen.write", n)
+    chars = tuple(accumulate(_column(o, "screen.chars", n)))
     if min(chars, default=0) < 0:
         raise BeaconError("beacon screen.chars: an element cannot show fewer than 0 characters")
-    fffd = _column(o, "fffd", n) if "fffd" in o else [0] * n
+    fffd = _column(o, "screen.fffd", n) if "fffd" in o else [0] * n
     return Frames(
         t_ms=painted,
         raf_ms=tuple(p - r * TICK_MS for p, r in zip(painted, raf, strict=True)),
         write_ms=tuple(p - w * TICK_MS for p, w in zip(painted, write, strict=True)),
         chars=chars,
-        tasks=tuple(_nonnegative(_column(o, "tasks", n), "screen.tasks")),
-        removed=tuple(_nonnegative(_column(o, "removed", n), "screen.removed")),
+        tasks=tuple(_nonnegative(_column(o, "screen.tasks", n), "screen.tasks")),
+        removed=tuple(_nonnegative(_column(o, "screen.removed", n), "screen.removed")),
         fffd=tuple(_nonnegative(fffd, "screen.fffd")),
-        lost=_count(o, "lost"),
-        step=max(1, _count(o, "step", MAX_ENTRIES)),
-        slow=_count(o, "slow"),
-        paint_ms=_tick_or_none(o, "paint"),
-        present_ms=_tick_or_none(o, "present"),
+        lost=_count(o, "lost", where="screen", default=0),
+        step=max(1, _count(o, "step", MAX_ENTRIES, where="screen", default=1)),
+        slow=_count(o, "slow", where="screen", default=0),
+        paint_ms=_tick_or_none(o, "paint", where="screen"),
+        present_ms=_tick_or_none(o, "present", where="screen"),
         plain=o.get("plain") is True,
     )
 
@@ -230,10 +230,20 @@ def _is_int(value: object) -> bool:
     return type(value) is int and -MAX_TICKS < value < MAX_TICKS
 
 
-def _count(doc: Mapping[str, Any], key: str, most: int = MAX_TICKS) -> int:
+def _count(
+    doc: Mapping[str, Any],
+    key: str,
+    most: int = MAX_TICKS,
+    where: str = "",
+    default: int | None = None,
+) -> int:
+    """A whole number 0-`most` at `key` (`default` when the key is absent, if there is one)."""
+    if default is not None and key not in doc:
+        return default
     value = doc.get(key)
     if type(value) is not int or not 0 <= value <= most:
-        raise BeaconError(f"beacon {key}: expected a whole number 0-{most}, got {_show(value)}")
+        name = f"{where}.{key}" if where else key
+        raise BeaconError(f"beacon {name}: expected a whole number 0-{most}, got {_show(value)}")
     return value
 
 
@@ -244,23 +254,25 @@ def _number(doc: Mapping[str, Any], key: str) -> float:
     return float(value)
 
 
-def _ticks(doc: Mapping[str, Any], key: str) -> float:
-    return _count(doc, key) * TICK_MS
+def _ticks(doc: Mapping[str, Any], key: str, where: str = "") -> float:
+    return _count(doc, key, where=where) * TICK_MS
 
 
-def _tick_or_none(doc: Mapping[str, Any], key: str) -> float | None:
-    return None if doc.get(key) is None else round(_ticks(doc, key), 1)
+def _tick_or_none(doc: Mapping[str, Any], key: str, where: str = "") -> float | None:
+    return None if doc.get(key) is None else round(_ticks(doc, key, where), 1)
 
 
-def _column(o: Mapping[str, Any], key: str, length: int | None) -> list[int]:
-    """A list of whole numbers of `length` entries (of any length up to MAX_ENTRIES: None)."""
+def _column(o: Mapping[str, Any], name: str, length: int | None) -> list[int]:
+    """The list `name` ("reads.t") of whole numbers, of `length` entries (None: any number up
+    to MAX_ENTRIES)."""
+    key = name.rpartition(".")[2]
     value = o.get(key)
     if not isinstance(value, list) or len(value) > MAX_ENTRIES:
-        raise BeaconError(f"beacon {key}: expected a list of at most {MAX_ENTRIES} numbers")
+        raise BeaconError(f"beacon {name}: expected a list of at most {MAX_ENTRIES} numbers")
     if length is not None and len(value) != length:
-        raise BeaconError(f"beacon {key}: {len(value)} entries where the times have {length}")
+        raise BeaconError(f"beacon {name}: {len(value)} entries where the times have {length}")
     if not all(map(_is_int, value)):
-        raise BeaconError(f"beacon {key}: expected whole numbers only")
+        raise BeaconError(f"beacon {name}: expected whole numbers only")
     return value
 
 
