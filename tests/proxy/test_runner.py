@@ -14,6 +14,7 @@ from mitmproxy import log as mitmlog
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.runner import (
     FreezeAtStart,
@@ -28,11 +29,13 @@ DONE = b"data: [DONE]\n\n"
 
 
 def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
-    """The list is the HopMeter addon, then metrics, records, console, spans and what mitmweb
-    shows, each observing that same HopMeter; nothing that changes the whole process is in it."""
+    """The list is the HopMeter addon, then browser measuring, metrics, records, console, spans
+    and what mitmweb shows, each with that same HopMeter; nothing that changes the whole
+    process is in it."""
     meter, *outputs = default_addons()
     assert type(meter) is HopMeter
     assert [type(o) for o in outputs] == [
+        BrowserMeter,
         MetricsOutput,
         RecordsOutput,
         ConsoleOutput,
@@ -47,7 +50,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
     """Loaded together and configured, each output that has somewhere to write observes the
     meter, and one streamed flow reaches the records file and the metrics."""
     addons = default_addons()
-    meter, metrics, records, console, _otel, _view = addons
+    meter, _browser, metrics, records, console, _otel, _view = addons
     path = tmp_path / "records.jsonl"
     with taddons.context(*addons) as tctx:
         tctx.options.update(
