@@ -83,14 +83,17 @@ class _Tokens:
         return self.cumulative[i - 1] if i else 0
 
 
-def _read_events(b: Beacon, tokens: _Tokens) -> list[list[float]]:
-    """[t_s, tokens, content_offset] of each read that added visible characters."""
+def _read_events(b: Beacon, tokens: _Tokens, *, answer_only: bool = False) -> list[list[float]]:
+    """[t_s, tokens, content_offset] of each read that added visible characters (`answer_only`:
+    answer characters, what the element shows; reasoning and tool text are not painted there)."""
     out: list[list[float]] = []
     before = 0
-    for t_ms, chars in zip(b.reads.t_ms, b.reads.chars, strict=True):
-        if chars > before:
+    shown_before = 0
+    r = b.reads
+    for t_ms, chars, shown in zip(r.t_ms, r.chars, r.shown, strict=True):
+        if chars > before and (shown > shown_before or not answer_only):
             out.append([t_ms / 1000, tokens.upto(chars) - tokens.upto(before), chars])
-            before = chars
+        before, shown_before = max(before, chars), max(shown_before, shown)
     return out
 
 
@@ -104,7 +107,10 @@ def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], float
     r = b.reads
     same = r.shown == r.chars  # no reasoning or tool text: answer characters are the offsets
     out: list[list[float]] = []
-    reached = 0
+    # what came before the answer (reasoning) is not painted there: tokens count from its end
+    reached = (
+        0 if same else max((c for c, s in zip(r.chars, r.shown, strict=True) if not s), default=0)
+    )
     for t_ms, chars in zip(f.t_ms, f.chars, strict=True):
         shown = round(chars * scale)
         if shown <= 0:
@@ -160,7 +166,8 @@ def join_beacon(
     segments: tuple[Segment, ...] = (browser_seg,)
     lags: tuple[float, ...] = ()
     if b.screen is not None:
-        screen_seg = align(_view(SCREEN, t0, frames), _view(BROWSER, t0, reads), (0.0, 0.0))
+        answer = _read_events(b, tokens, answer_only=True)
+        screen_seg = align(_view(SCREEN, t0, frames), _view(BROWSER, t0, answer), (0.0, 0.0))
         # a reveal after the stream ended "holds the whole body" too: the client finding says
         # it, with the right fix (a whole_body_hold's fix would send the reader to the proxies)
         screen_seg = dataclasses.replace(screen_seg, whole_body=False, findings=())
