@@ -10,6 +10,7 @@ page that writes at known times, for the screen lane's accuracy.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import pytest
 
 from tests.harness import chromium
 from tests.harness.chromium import Chromium, Page
-from tests.harness.procs import Proc, free_port, hopmeter, wait_for
+from tests.harness.procs import HOPMETER, Proc, free_port, hopmeter, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -221,3 +222,39 @@ def test_nothing_for_hopmeter_reached_the_upstream(stack: Stack) -> None:
     seen = stack.upstream.output()
     assert "seen POST /v1/chat/completions" in seen
     assert "/_hopmeter/beacon" not in seen
+
+
+LANES_JS = """[...document.querySelectorAll('section.trace')].filter(s => s.dataset.hops === '3')
+  .map(s => ({
+    lanes: [...s.querySelectorAll('svg.lanes g.lane')].map(g => g.dataset.hop),
+    bands: [...s.querySelectorAll('svg.lanes g.band')].map(g => g.dataset.segment),
+    note: !!s.querySelector('.browser-note'),
+    findings: [...s.querySelectorAll('li.finding')].map(li => li.dataset.kind),
+  }))"""
+
+
+def test_the_demo_runs_headless_and_the_report_draws_the_page_s_lanes(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """`hopmeter demo --browser --headless good,per_token` runs the demo page in its own headless
+    Chromium and stops once both replies were measured; `hopmeter report --html` of its records
+    draws the browser and screen lanes under the edge's, with the client finding."""
+    records = tmp_path / "demo.jsonl"
+    demo = [*HOPMETER, "demo", "--browser", "--headless", "good,per_token"]
+    run = [*demo, "--records", str(records)]
+    done = subprocess.run(run, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the chat page is at http://127.0.0.1:" in done.stdout
+    assert "2 replies measured in the browser." in done.stdout
+    replies = [r for r in read(records) if "browser" in r]
+    assert [client_kinds(r) for r in replies] == [[], ["client_writes_per_token"]]
+    html = tmp_path / "report.html"
+    report = [*HOPMETER, "report", str(records), "--html", str(html), "--quiet"]
+    assert subprocess.run(report, timeout=60, check=False).returncode == 0
+    stack.page.navigate(html.as_uri())
+    traces = stack.page.evaluate(LANES_JS)
+    assert len(traces) == 2
+    for t in traces:
+        assert t["lanes"] == ["edge", "browser", "screen"]  # from the model's side down
+        assert t["bands"] == ["browser>edge", "screen>browser"] and t["note"]
+    assert "client_writes_per_token" in traces[1]["findings"]

@@ -106,9 +106,9 @@ class BeaconJoins:
             self.waiting -= 1
             self._join(trace_id, result, e.beacon, e.received_s)
             return True
+        self._schedule(WAIT_S, lambda: self._expire(trace_id, e))  # first: it may raise
         e.result = result
         self.parked += 1
-        self._schedule(WAIT_S, lambda: self._expire(trace_id, e))
         while self.parked > MAX_PARKED:
             oldest = next(t for t, x in self.expected.items() if x.result is not None)
             self._forget(oldest, self.expected.pop(oldest), "too many records waited")

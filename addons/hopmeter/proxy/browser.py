@@ -231,4 +231,8 @@ def _reply(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 def _call_later(delay_s: float, fn: Callable[[], None]) -> None:
-    asyncio.get_running_loop().call_later(delay_s, fn)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop (offline tools): a held record waits for its beacon or done()
+        return
+    loop.call_later(delay_s, fn)
