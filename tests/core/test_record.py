@@ -156,3 +156,27 @@ def test_records_built_offline_have_no_delivery_section():
     """Without what a proxy saw (tools, tests), the record says nothing about delivery."""
     rec = record_of("openai.chat", CHAT)
     assert "delivery" not in rec and "chunks_out" not in rec
+
+
+def test_the_summary_line_says_what_the_page_saw() -> None:
+    """A record with a joined beacon: the first painted token and the client findings end its
+    line; one whose beacon never came says so."""
+    from hopmeter.core.record import summary_line
+
+    base: dict[str, Any] = {
+        "hop": "edge",
+        "request": {"method": "POST", "path": "/v1/chat/completions"},
+        "response": {"status": 200, "ended": "complete"},
+        "figures": {"ttft_s": 0.05},
+        "findings": [{"kind": "line_endings"}],
+    }
+    painted = {
+        **base,
+        "browser": {"joined": True, "findings": [{"kind": "client_missed_events"}]},
+        "screen": {"ttft_s": 0.0874},
+    }
+    line = summary_line(painted)
+    assert line.endswith("findings=line_endings painted=87ms client=client_missed_events")
+    missing = summary_line({**base, "browser": {"joined": False, "reason": "no beacon"}})
+    assert missing.endswith("browser=no-beacon")
+    assert "painted" not in summary_line(base) and "browser" not in summary_line(base)
