@@ -41,8 +41,8 @@ MAX_BEACON_BYTES = 65_536
 # Reads and frames listed per beacon. The snippet keeps at most 4,096 of each and merges
 # neighbours to fit 64 KiB (about 13 bytes an entry when delta-coded: ~4,800 entries in all).
 MAX_ENTRIES = 4096
-# One tick of the page clock, in milliseconds (the snippet rounds every time to it).
-TICK_MS = 0.1
+# Ticks of the page clock per millisecond (the snippet rounds every time to 0.1 ms, its grain).
+TICKS_PER_MS = 10
 # Ticks are whole numbers below this: 10^10 ticks are 11.6 days, longer than any reply.
 MAX_TICKS = 10**10
 # Opted-in reply text kept from a beacon, in characters (the rest is cut).
@@ -187,8 +187,8 @@ def _frames(o: Mapping[str, Any]) -> Frames:
     fffd = _column(o, "screen.fffd", n) if "fffd" in o else [0] * n
     return Frames(
         t_ms=painted,
-        raf_ms=tuple(p - r * TICK_MS for p, r in zip(painted, raf, strict=True)),
-        write_ms=tuple(p - w * TICK_MS for p, w in zip(painted, write, strict=True)),
+        raf_ms=tuple(p - r / TICKS_PER_MS for p, r in zip(painted, raf, strict=True)),
+        write_ms=tuple(p - w / TICKS_PER_MS for p, w in zip(painted, write, strict=True)),
         chars=chars,
         tasks=tuple(_nonnegative(_column(o, "screen.tasks", n), "screen.tasks")),
         removed=tuple(_nonnegative(_column(o, "screen.removed", n), "screen.removed")),
@@ -203,8 +203,8 @@ def _frames(o: Mapping[str, Any]) -> Frames:
 
 
 def _times(deltas: Sequence[int]) -> tuple[float, ...]:
-    """Delta-coded ticks to milliseconds since t0."""
-    return tuple(round(x * TICK_MS, 1) for x in accumulate(deltas))
+    """Delta-coded ticks to milliseconds since t0 (x / 10: the nearest float to x ticks)."""
+    return tuple(x / TICKS_PER_MS for x in accumulate(deltas))
 
 
 def _show(value: object) -> str:
@@ -224,10 +224,6 @@ def _str(doc: Mapping[str, Any], key: str, longest: int) -> str:
     if not isinstance(value, str) or len(value) > longest:
         raise BeaconError(f"beacon {key}: expected a string of at most {longest} characters")
     return value
-
-
-def _is_int(value: object) -> bool:
-    return type(value) is int and -MAX_TICKS < value < MAX_TICKS
 
 
 def _count(
@@ -255,7 +251,7 @@ def _number(doc: Mapping[str, Any], key: str) -> float:
 
 
 def _ticks(doc: Mapping[str, Any], key: str, where: str = "") -> float:
-    return _count(doc, key, where=where) * TICK_MS
+    return _count(doc, key, where=where) / TICKS_PER_MS
 
 
 def _tick_or_none(doc: Mapping[str, Any], key: str, where: str = "") -> float | None:
@@ -271,7 +267,10 @@ def _column(o: Mapping[str, Any], name: str, length: int | None) -> list[int]:
         raise BeaconError(f"beacon {name}: expected a list of at most {MAX_ENTRIES} numbers")
     if length is not None and len(value) != length:
         raise BeaconError(f"beacon {name}: {len(value)} entries where the times have {length}")
-    if not all(map(_is_int, value)):
+    # checked in C (map, min, max): a full beacon has thousands of numbers, parsed on the loop
+    if value and (
+        set(map(type, value)) != {int} or min(value) <= -MAX_TICKS or max(value) >= MAX_TICKS
+    ):
         raise BeaconError(f"beacon {name}: expected whole numbers only")
     return value
 

@@ -19,10 +19,9 @@ the page's clock: their skew is 0.
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 
 from hopmeter.core.beacon import Beacon
@@ -75,25 +74,34 @@ class _Tokens:
     def __init__(self, events: Sequence[Sequence[Any]]) -> None:
         rows = [(int(e[2]), int(e[1])) for e in events if len(e) >= 3 and int(e[1]) > 0]
         self.offsets = [c for c, _ in rows]
-        self.cumulative = list(accumulate(k for _, k in rows))
+        self.counts = [k for _, k in rows]
 
-    def upto(self, chars: int) -> int:
-        """Tokens whose text ends at or before `chars` characters."""
-        i = bisect_right(self.offsets, chars)
-        return self.cumulative[i - 1] if i else 0
+    def completed(self, chars: Sequence[int]) -> list[int]:
+        """For each of `chars` (ascending), the tokens whose text ends at or before it: one walk
+        over both lists (a beacon has thousands of entries, joined on the proxy's loop)."""
+        out = []
+        i = done = 0
+        offsets, counts, n = self.offsets, self.counts, len(self.offsets)
+        for c in chars:
+            while i < n and offsets[i] <= c:
+                done += counts[i]
+                i += 1
+            out.append(done)
+        return out
 
 
 def _read_events(b: Beacon, tokens: _Tokens, *, answer_only: bool = False) -> list[list[float]]:
     """[t_s, tokens, content_offset] of each read that added visible characters (`answer_only`:
     answer characters, what the element shows; reasoning and tool text are not painted there)."""
-    out: list[list[float]] = []
-    before = 0
-    shown_before = 0
     r = b.reads
-    for t_ms, chars, shown in zip(r.t_ms, r.chars, r.shown, strict=True):
+    out: list[list[float]] = []
+    before = shown_before = done_before = 0
+    for t_ms, chars, shown, done in zip(
+        r.t_ms, r.chars, r.shown, tokens.completed(r.chars), strict=True
+    ):
         if chars > before and (shown > shown_before or not answer_only):
-            out.append([t_ms / 1000, tokens.upto(chars) - tokens.upto(before), chars])
-        before, shown_before = max(before, chars), max(shown_before, shown)
+            out.append([t_ms / 1000, done - done_before, chars])
+        before, shown_before, done_before = chars, shown, done
     return out
 
 
@@ -106,11 +114,12 @@ def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], float
     scale = screen_scale(b.stream_shown, f.chars[-1])
     r = b.reads
     same = r.shown == r.chars  # no reasoning or tool text: answer characters are the offsets
-    out: list[list[float]] = []
     # what came before the answer (reasoning) is not painted there: tokens count from its end
     reached = (
         0 if same else max((c for c, s in zip(r.chars, r.shown, strict=True) if not s), default=0)
     )
+    start = reached
+    picked: list[tuple[float, int]] = []
     for t_ms, chars in zip(f.t_ms, f.chars, strict=True):
         shown = round(chars * scale)
         if shown <= 0:
@@ -121,9 +130,10 @@ def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], float
             j = bisect_left(r.shown, shown)
             offset = r.chars[min(j, len(r.chars) - 1)] if r.chars else shown
         if offset > reached:
-            out.append([t_ms / 1000, tokens.upto(offset) - tokens.upto(reached), offset])
+            picked.append((t_ms / 1000, offset))
             reached = offset
-    return out, scale
+    done = tokens.completed([start, *(c for _, c in picked)])
+    return [[t, done[i + 1] - done[i], c] for i, (t, c) in enumerate(picked)], scale
 
 
 def _skew_limits(
