@@ -1,15 +1,20 @@
 # syntax=docker/dockerfile:1
 # hopmeter: a measuring reverse proxy for LLM token streams.
 #   docker build -t hopmeter .
-#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 hopmeter run http://host.docker.internal:8000 --listen 0.0.0.0:8080 --metrics 0.0.0.0:9464
+#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 hopmeter run http://host.docker.internal:8000
+# Configured by environment: every `hopmeter run` flag has its HOPMETER_* variable (README), e.g.
+#   docker run --rm -e HOPMETER_UPSTREAM=http://host.docker.internal:8000 -e HOPMETER_HOP=edge hopmeter
+# `docker stop` sends SIGTERM: hopmeter drains (HOPMETER_DRAIN_TIMEOUT, 20 s); give it
+# `docker stop -t 30` (compose: stop_grace_period: 30s), the default 10 s cuts the drain short.
 
-# --- builder: hopmeter and every dependency as wheels --------------------------------------
+# --- builder: hopmeter, its OpenTelemetry extra and every dependency as wheels -------------
 FROM python:3.12-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY addons ./addons
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# the otel extra: --otel-endpoint and `hopmeter join --serve` (deploy/fleet/) need it
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"
 
 # --- final: the wheels installed into a clean image, run as an unprivileged user -----------
 FROM python:3.12-slim
@@ -17,19 +22,22 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HOPMETER_HEALTHCHECK_URL=http://127.0.0.1:9464/healthz
+    HOPMETER_HEALTHCHECK_URL=http://127.0.0.1:9464/healthz \
+    HOPMETER_LISTEN=0.0.0.0:8080 \
+    HOPMETER_METRICS=0.0.0.0:9464
 RUN groupadd --system --gid 10001 hopmeter \
  && useradd --system --uid 10001 --gid hopmeter --create-home --home-dir /home/hopmeter hopmeter
 COPY --from=builder /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/hopmeter-*.whl \
+RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl \
  && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/hopmeter
-# 8080: the proxy; 9464: /metrics and /healthz
+# 8080: the proxy (HOPMETER_LISTEN); 9464: /metrics, /healthz and /readyz (HOPMETER_METRICS)
 EXPOSE 8080 9464
-# The metrics endpoint answers /healthz; with --metrics elsewhere or off, set
-# HOPMETER_HEALTHCHECK_URL or run with --no-healthcheck.
+# The metrics endpoint answers /healthz (liveness: the upstream being down does not make the
+# container unhealthy); with --metrics elsewhere or off, set HOPMETER_HEALTHCHECK_URL or run
+# with --no-healthcheck.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['HOPMETER_HEALTHCHECK_URL'], timeout=2)"]
 ENTRYPOINT ["hopmeter"]
-CMD ["run", "--listen", "0.0.0.0:8080", "--metrics", "0.0.0.0:9464"]
+CMD ["run"]

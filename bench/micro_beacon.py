@@ -45,7 +45,7 @@ def deltas(xs: list[int]) -> list[int]:
 def make(tokens: int, gap_ms: float) -> tuple[bytes, dict[str, Any]]:
     """A beacon (as sent) and its record, for a reply of `tokens`, one read per token."""
     reads = [100 + i * gap_ms for i in range(tokens)]
-    frames = []
+    frames: list[tuple[float, float, float, int]] = []
     k = 0
     shown = 0
     while k * FRAME_MS <= reads[-1] + 3 * FRAME_MS and len(frames) < 4096:

@@ -127,6 +127,7 @@ FIRST_PAINTED = "hopmeter_time_to_first_painted_token_seconds"
 PAINT_LAG = "hopmeter_paint_lag_seconds"
 FLOWS = "hopmeter_flows_total"
 FINDINGS = "hopmeter_findings_total"
+SEGMENT_FINDINGS = "hopmeter_segment_findings_total"
 BYTES = "hopmeter_bytes_total"
 
 OVERVIEW = [
@@ -344,6 +345,18 @@ HOPS = [
             Target(
                 f"sum by (kind, hop) (increase({FINDINGS}{{{HOLDING_KINDS}, {SEL_HA}}}[{RI}]))",
                 "{{kind}} at {{hop}}",
+            )
+        ],
+    ),
+    Panel(
+        "Findings introduced by each segment",
+        "Findings present at a segment's outer hop but not its inner one (and a batching "
+        "segment's tell), from the live pairing or a join service: the segment caused them.",
+        "short",
+        [
+            Target(
+                f"sum by (kind, segment) (increase({SEGMENT_FINDINGS}{{{SEG}}}[{RI}]))",
+                "{{kind}} on {{segment}}",
             )
         ],
     ),

@@ -26,6 +26,11 @@ COMPOSE = DEPLOY / "compose.yaml"
 SIDECAR = DEPLOY / "kubernetes" / "sidecar.yaml"
 NGINX = DEPLOY / "nginx"
 DOCKERFILE = ROOT / "Dockerfile"
+FLEET = DEPLOY / "fleet"
+FLEET_COMPOSE = FLEET / "compose.yaml"
+COLLECTOR = FLEET / "otelcol.yaml"
+JOIN_K8S = DEPLOY / "kubernetes" / "join.yaml"
+COLLECTOR_K8S = DEPLOY / "kubernetes" / "otelcol-lb.yaml"
 
 
 def tool(name: str, package: str) -> str:
@@ -51,12 +56,14 @@ def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-def parse_hopmeter(argv: list[str]) -> Any:
-    """Parse a hopmeter command line with the real parser; argparse errors fail the test."""
+def parse_hopmeter(argv: list[str], environ: dict[str, str] | None = None) -> Any:
+    """Parse a hopmeter command line with the real parser, HOPMETER_* variables from `environ`
+    only; argparse errors fail the test."""
+    from hopmeter import env
     from hopmeter.cli import build_parser
 
     try:
-        return build_parser().parse_args(argv)
+        return env.parse_args(build_parser(), argv, environ or {})
     except SystemExit as exc:  # argparse reports a bad flag by exiting
         pytest.fail(f"hopmeter {shlex.join(argv)} does not parse (exit {exc.code})")
 
@@ -148,6 +155,9 @@ def test_compose_runs_the_documented_commands() -> None:
     assert listeners["edge"].startswith("reverse:http://nginx:8081@")
     assert listeners["origin"].startswith("reverse:http://upstream:9000@")
     assert args.metrics == "0.0.0.0:9464"
+    # the drain (--drain-timeout, default 20 s) fits in the time compose gives before SIGKILL
+    grace = int(services["hopmeter"]["stop_grace_period"].rstrip("s"))
+    assert grace >= args.drain_timeout + 5
     nginx_conf = (NGINX / "hopmeter-demo.conf").read_text()
     assert "listen 8081;" in nginx_conf and "server hopmeter:8082;" in nginx_conf
     assert listeners["origin"].endswith(":8082")
@@ -196,28 +206,173 @@ def test_kubernetes_manifests_validate_strictly() -> None:
 
 
 def test_sidecar_runs_hopmeter_as_documented() -> None:
-    """The sidecar fronts the model server, probes /healthz, runs as non-root with resources."""
+    """The sidecar fronts the model server (configured by environment), probes /readyz for
+    readiness and /healthz for liveness, runs as non-root with resources."""
     deployment, service = manifests()
     assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (hopmeter,) = [c for c in pod["containers"] if c["name"] == "hopmeter"]
     assert len(pod["containers"]) == 2
-    args = parse_hopmeter(hopmeter["args"])
-    assert (args.upstream, args.listen, args.hop, args.metrics) == (
+    environ = {e["name"]: e["value"] for e in hopmeter["env"]}
+    args = parse_hopmeter(hopmeter["args"], environ)
+    assert (args.upstream, args.listen, args.hop, args.metrics, args.quiet) == (
         "http://127.0.0.1:8000",
         "0.0.0.0:8080",
         "pod",
         "0.0.0.0:9464",
+        True,
     )
     ports = {p["name"]: p["containerPort"] for p in hopmeter["ports"]}
     assert ports == {"http": 8080, "metrics": 9464}
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert hopmeter[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert hopmeter["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert hopmeter["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert hopmeter["securityContext"]["runAsNonRoot"] is True
     assert hopmeter["securityContext"]["runAsUser"] != 0
     assert {"requests", "limits"} <= hopmeter["resources"].keys()
     assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "metrics"}
+
+
+def test_sidecar_grace_period_covers_the_drain() -> None:
+    """terminationGracePeriodSeconds covers hopmeter's preStop, its drain and time to finish;
+    the model server's preStop outlives hopmeter's drain, so the streams have an upstream."""
+    (deployment, _) = manifests()
+    pod = deployment["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    hopmeter, model = containers["hopmeter"], containers["model-server"]
+    environ = {e["name"]: e["value"] for e in hopmeter["env"]}
+    drain = parse_hopmeter(hopmeter["args"], environ).drain_timeout
+    pre_stop = hopmeter["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop >= 5  # endpoints take a few seconds to drop a terminating pod
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+    assert model["lifecycle"]["preStop"]["sleep"]["seconds"] >= pre_stop + drain
+
+
+# --- the fleet: hopmeters on two hosts, a Collector, join instances ----------------------------
+def fleet() -> dict[str, Any]:
+    """The fleet compose file's services."""
+    services: dict[str, Any] = load_yaml(FLEET_COMPOSE)["services"]
+    return services
+
+
+def collector() -> dict[str, Any]:
+    """The Collector configuration of the fleet compose file."""
+    config: dict[str, Any] = load_yaml(COLLECTOR)
+    return config
+
+
+def _seconds(duration: str) -> float:
+    """A Go duration such as 20s or 1m, in seconds (the few forms these files use)."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    match = re.fullmatch(r"(\d+)(ms|s|m)", duration)
+    assert match, duration
+    return int(match[1]) * units[match[2]]
+
+
+def test_fleet_compose_matches_the_compose_spec() -> None:
+    """check-jsonschema validates the fleet compose file against the Compose Specification."""
+    run(tool("check-jsonschema", "PyPI check-jsonschema"), "--builtin-schema",
+        "vendor.compose-spec", str(FLEET_COMPOSE))  # fmt: skip
+
+
+def test_fleet_hosts_export_to_the_collector_and_joins_serve_grpc() -> None:
+    """Edge and origin are separate hopmeters exporting OTLP to the Collector; each join
+    instance serves OTLP/gRPC (what the load balancer speaks) and metrics, with valid flags."""
+    services = fleet()
+    assert {"upstream", "origin", "nginx", "edge", "otelcol", "join-0", "join-1"} <= services.keys()
+    for host in ("edge", "origin"):
+        args = parse_hopmeter(services[host]["command"])
+        assert (args.command, args.hop) == ("run", host)
+        assert args.otel_endpoint == "http://otelcol:4318" and args.otel_timeline == "on"
+    assert parse_hopmeter(services["edge"]["command"]).upstream == "http://nginx:8081"
+    assert parse_hopmeter(services["origin"]["command"]).upstream == "http://upstream:9000"
+    nginx_conf = (FLEET / "nginx.conf").read_text()
+    assert "listen 8081;" in nginx_conf and "server origin:8082;" in nginx_conf
+    for name in ("join-0", "join-1"):
+        args = parse_hopmeter(services[name]["command"])
+        assert args.command == "join" and args.serve and not args.files
+        assert (args.grpc, args.metrics, args.records) == ("0.0.0.0:4317", "0.0.0.0:9465", "-")
+        health = services[name]["environment"]["HOPMETER_HEALTHCHECK_URL"]
+        assert health == "http://127.0.0.1:9465/healthz"
+
+
+def test_fleet_compose_mounts_exist_and_ports_stay_on_loopback() -> None:
+    """Every bind-mounted file exists, and every published port binds 127.0.0.1 only."""
+    for name, service in fleet().items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            assert (FLEET / source).exists(), f"{name}: {source} does not exist"
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+
+
+def test_collector_routes_hopmeter_spans_by_trace_id_to_every_join_instance() -> None:
+    """The join pipeline keeps hopmeter spans only and load-balances them by trace id over
+    OTLP/gRPC to exactly the compose file's join instances, retrying for less than their
+    window; every component a pipeline names is defined."""
+    config = collector()
+    for pipeline in config["service"]["pipelines"].values():
+        for kind in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(kind, []):
+                assert component in config[kind], f"{component} is not defined"
+    join = config["service"]["pipelines"]["traces/join"]
+    assert join["exporters"] == ["load_balancing/join"]
+    assert "filter/hopmeter_only" in join["processors"]
+    condition = config["processors"]["filter/hopmeter_only"]["traces"]["span"]
+    assert condition == ['attributes["hopmeter.hop"] == nil']
+    lb = config["exporters"]["load_balancing/join"]
+    assert lb["routing_key"] == "traceID"
+    assert list(lb["protocol"]) == ["otlp"]  # the exporter's only protocol: OTLP/gRPC
+    services = fleet()
+    joins = {n for n, s in services.items() if s.get("command", [None])[0] == "join"}
+    expected = set()
+    for name in joins:
+        port = parse_hopmeter(services[name]["command"]).grpc.rsplit(":", 1)[1]
+        expected.add(f"{name}:{port}")
+    assert set(lb["resolver"]["static"]["hostnames"]) == expected
+    window = min(parse_hopmeter(services[n]["command"]).window for n in joins)
+    assert _seconds(lb["retry_on_failure"]["max_elapsed_time"]) < window
+
+
+def test_fleet_kubernetes_manifests_validate_strictly() -> None:
+    """kubernetes-validate --strict accepts the join StatefulSet and the Collector (offline)."""
+    run(tool("kubernetes-validate", "PyPI kubernetes-validate"), "--strict", str(JOIN_K8S),
+        str(COLLECTOR_K8S))  # fmt: skip
+
+
+def test_kubernetes_join_pods_serve_what_the_collector_resolves() -> None:
+    """The StatefulSet runs `join --serve` on the gRPC port the Collector's k8s resolver routes
+    to, behind a headless Service; it probes /healthz and runs unprivileged; the Collector may
+    watch the Service's endpoints and routes like the compose Collector."""
+    service, statefulset = [d for d in yaml.safe_load_all(JOIN_K8S.read_text()) if d]
+    assert service["spec"]["clusterIP"] == "None"
+    pod = statefulset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = parse_hopmeter(container["args"])
+    assert args.command == "join" and args.serve and args.grpc == "0.0.0.0:4317"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"otlp-grpc": 4317, "metrics": 9465}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["securityContext"]["runAsNonRoot"] is True
+    docs = {d["kind"]: d for d in yaml.safe_load_all(COLLECTOR_K8S.read_text()) if d}
+    verbs = {r["resources"][0]: r["verbs"] for r in docs["Role"]["rules"]}
+    assert verbs["endpointslices"] == ["get", "list", "watch"]
+    config = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])
+    k8s = config["exporters"]["load_balancing/join"].pop("resolver")["k8s"]
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert k8s == {"service": f"{name}.{namespace}", "ports": [4317], "return_hostnames": True}
+    compose_config = collector()
+    compose_config["exporters"]["load_balancing/join"].pop("resolver")
+    assert config == compose_config
+
+
+def test_fleet_nginx_passes_nginx_t(tmp_path: Path) -> None:
+    """The fleet's nginx server passes nginx -t (compose host names mapped to loopback)."""
+    text = (FLEET / "nginx.conf").read_text()
+    text = text.replace("server origin:8082;", "server 127.0.0.1:8082;")
+    text = text.replace("/etc/nginx/snippets/streaming.conf", str(NGINX / "streaming.conf"))
+    nginx_test(tmp_path, text)
 
 
 # --- YAML style -------------------------------------------------------------------------------
@@ -303,7 +458,9 @@ def test_dockerfile_builds_a_wheel_and_runs_it_unprivileged() -> None:
     instructions = dockerfile_instructions()
     froms = [args for kind, args in instructions if kind == "FROM"]
     assert froms == ["python:3.12-slim AS builder", "python:3.12-slim"]
-    assert any(kind == "RUN" and "pip wheel" in args for kind, args in instructions)
+    assert any(
+        kind == "RUN" and "pip wheel" in args and ".[otel]" in args for kind, args in instructions
+    )
     final = instructions[[kind for kind, _ in instructions].index("FROM", 1) :]
     (user,) = [args for kind, args in final if kind == "USER"]
     assert user.split(":")[0] not in {"0", "root"}
@@ -315,8 +472,16 @@ def test_dockerfile_builds_a_wheel_and_runs_it_unprivileged() -> None:
     (entry,) = [args for kind, args in final if kind == "ENTRYPOINT"]
     assert entry == '["hopmeter"]'
     (cmd,) = [args for kind, args in final if kind == "CMD"]
-    assert cmd == '["run", "--listen", "0.0.0.0:8080", "--metrics", "0.0.0.0:9464"]'
-    parse_hopmeter(["run", "--listen", "0.0.0.0:8080", "--metrics", "0.0.0.0:9464"])
+    assert cmd == '["run"]'
+    environ = dict(
+        pair.split("=", 1)
+        for kind, args in final
+        if kind == "ENV"
+        for pair in args.split()
+        if pair.startswith("HOPMETER_")
+    )
+    args = parse_hopmeter(["run"], environ)
+    assert (args.listen, args.metrics) == ("0.0.0.0:8080", "0.0.0.0:9464")
 
 
 def test_dockerignore_lets_in_exactly_what_the_build_copies() -> None:

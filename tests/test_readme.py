@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -45,3 +46,18 @@ def test_two_commands_are_first() -> None:
     """README opens with the demo and the test command, and CI runs the same test command."""
     assert "scripts/demo" in README and "scripts/test" in README
     assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_flag_table_lists_every_run_flag_with_its_variable() -> None:
+    """Each `hopmeter run` flag (and the upstream) is a row of README's table, next to the
+    environment variable `--help` names for it."""
+    from hopmeter import env
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    rows = re.findall(r"^\| `([^`]+)` \| `(HOPMETER_\w+)` \|", README, flags=re.M)
+    documented = {flag.split()[0]: variable for flag, variable in rows}
+    for binding in env.bound(sub.choices["run"]):
+        action = binding.action
+        flag = action.option_strings[-1] if action.option_strings else "UPSTREAM_URL"
+        assert documented.get(flag) == binding.name, flag

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hopmeter import __version__
+from hopmeter import __version__, env
 from hopmeter.errors import HopmeterError
 from hopmeter.probe import command as probe
 from hopmeter.proxy import command as proxy
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hopmeter` command."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args = env.parse_args(parser, argv, os.environ)  # flags, then HOPMETER_* for those left out
     if args.addon_path:
         print(addon_path())
         return 0

@@ -52,5 +52,13 @@ class OtelConfigError(UsageError, ValueError):
     """An OpenTelemetry endpoint or setting that cannot work."""
 
 
+class OtlpError(HopmeterError, ValueError):
+    """An OTLP payload or file that is not a trace export hopmeter can read (HTTP 400)."""
+
+
+class TimelineError(OtlpError):
+    """A span's hopmeter.timeline attributes are present but absurd (lengths, order, range)."""
+
+
 class BeaconError(HopmeterError):
     """A browser beacon that cannot be read: not JSON, a field of the wrong type or size."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hopmeter.core.hops import HopView, align, chain, skew_bounds
+from hopmeter.core.hops import HopView, align, chain, chain_views, skew_bounds
 
 
 def record(hop: str, t_start: float, events: list[list[float]], **fig: Any) -> dict[str, Any]:
@@ -145,3 +145,24 @@ def test_without_out_times_the_split_is_empty() -> None:
     d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
     assert d["tokens_out"] == 0 and d["wire_hold_p99_s"] is None and d["inner_hold_max_s"] is None
     assert d["tokens_aligned"] == 5
+
+
+def test_a_capped_inner_timeline_uses_the_whole_streams_token_span() -> None:
+    """When the inner hop lists only the head of a long stream, whole_body is judged against
+    the whole stream's token span, not the head's."""
+    head = steady(10, 0.05, 0.1)  # 0.45 s of a stream that went on for 20 s
+    outer = record("edge", 1000.0, [[0.8 + i * 0.05, 1, (i + 1) * 5] for i in range(10)])
+    inner = record("origin", 1000.0, head)
+    held = align(HopView.from_record(outer), HopView.from_record(inner))
+    inner["figures"]["token_span_s"] = 20.0
+    whole = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert held.first_token_hold_s == whole.first_token_hold_s == pytest.approx(0.7)
+    assert not whole.whole_body  # 0.7 s of a 20 s stream is no whole-body hold
+
+
+def test_chain_views_orders_by_request_start() -> None:
+    """chain_views pairs views by request start whatever order they are given in."""
+    a = HopView.from_record(record("edge", 10.0, steady(3, 0.1, 0.2)))
+    b = HopView.from_record(record("mid", 10.001, steady(3, 0.1, 0.1)))
+    c = HopView.from_record(record("origin", 10.002, steady(3, 0.1, 0.05)))
+    assert [s.segment for s in chain_views([c, a, b])] == ["edge>mid", "mid>origin"]

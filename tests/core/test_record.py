@@ -8,8 +8,10 @@ from typing import Any
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
 from hopmeter.core.tokens import Counter, estimate_counter
+from hopmeter.core.upstream import CAUSE_FIXES, UpstreamFailure
+from hopmeter.core.vocab import Ended
 
 SSE = {"content-type": "text/event-stream"}
 
@@ -156,6 +158,50 @@ def test_records_built_offline_have_no_delivery_section():
     """Without what a proxy saw (tools, tests), the record says nothing about delivery."""
     rec = record_of("openai.chat", CHAT)
     assert "delivery" not in rec and "chunks_out" not in rec
+
+
+def unanswered(failure: UpstreamFailure | None, ended: str) -> dict[str, Any]:
+    """The record of a request that never got a response."""
+    request = RequestInfo(
+        method="POST", scheme="http", host="h", path="/v1/chat/completions", t_start=1.7e9,
+        t_end=None, bytes=0,
+    )  # fmt: skip
+    return finish_flow(
+        flow_id="f", trace_id=None, hop="edge", listener="edge", request=request, response=None,
+        meter=None, ended=ended, bytes_out=0, counters=EstimateCounters(), stall_threshold_s=0.5,
+        failure=failure,
+    ).record  # fmt: skip
+
+
+def test_every_record_says_how_it_ended_also_without_a_response():
+    """A flow with no response has a top-level `ended` (and no `response`); one with a
+    response repeats its `response.ended` at the top level."""
+    rec = unanswered(None, "client_gone")
+    assert rec["ended"] == "client_gone"
+    assert "response" not in rec and "upstream_error" not in rec
+    assert rec["findings"] == []
+    answered = record_of("openai.chat", [b"data: [DONE]\n\n"])
+    assert answered["ended"] == answered["response"]["ended"] == "complete"  # type: ignore[index]
+
+
+def test_an_upstream_failure_is_named_with_its_status_and_fix():
+    """A refused connect: `upstream_error` says the cause, the detail and the 502 the client
+    got, and the first finding carries the cause's fix."""
+    failure = UpstreamFailure(
+        cause=Ended.CONNECT_REFUSED, detail="ECONNREFUSED 127.0.0.1:8000", status_sent=502
+    )
+    rec = unanswered(failure, failure.cause)
+    assert rec["ended"] == "connect_refused"
+    assert rec["upstream_error"] == {
+        "cause": "connect_refused",
+        "detail": "ECONNREFUSED 127.0.0.1:8000",
+        "status_sent": 502,
+    }
+    (finding,) = rec["findings"]
+    assert finding["kind"] == "upstream_unreachable"
+    assert finding["severity"] == "error"
+    assert finding["fix"] == CAUSE_FIXES[Ended.CONNECT_REFUSED]
+    assert "ended=connect_refused" in summary_line(rec)
 
 
 def test_the_summary_line_says_what_the_page_saw() -> None:

@@ -60,6 +60,25 @@ def test_window_summary_per_hop() -> None:
     assert c.summary() == ""
 
 
+def test_flows_the_proxy_answered_for_a_failed_upstream_get_no_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flow with no response and a named upstream failure is counted in the window but gets
+    no line of its own (the upstream guard logs those once per cause per interval)."""
+    failed = flow("edge", 0.1, 0.02, ("upstream_unreachable",))
+    del failed.record["response"]
+    failed.record["ended"] = "connect_refused"
+    failed.record["upstream_error"] = {"cause": "connect_refused", "status_sent": 502}
+    c = Console("text", 60)
+    with caplog.at_level("INFO", logger="hopmeter"):
+        c.observe(failed)
+        c.observe(flow("edge", 0.1, 0.02))
+    assert len(caplog.records) == 1
+    assert "findings upstream_unreachable=1" in c.summary()
+    assert flow_json(failed.record)["status"] == 502
+    assert flow_json(failed.record)["ended"] == "connect_refused"
+
+
 def test_quiet_console_keeps_nothing() -> None:
     """With the console off, no window grows (nothing would ever empty it)."""
     c = Console("off", 60)

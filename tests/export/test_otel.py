@@ -231,7 +231,50 @@ def test_attributes_use_semantic_convention_names(exporter: OtelExporter, memory
         "hopmeter.tokens_per_s": 39.9,
         "hopmeter.tokens_source": "usage",
         "hopmeter.findings": "stall,burst_gaps",
+        "hopmeter.timeline.v": 1,
+        "hopmeter.timeline.t_us": (60000, 800000),
+        "hopmeter.timeline.offset": (5, 9),
     }
+
+
+def test_timeline_off_keeps_spans_to_figures(memory: InMemorySpanExporter) -> None:
+    """With the timeline off a span carries no hopmeter.timeline attribute, and batches of 512."""
+    ex = OtelExporter("http://127.0.0.1:4318", exporter=memory, timeline=False)
+    try:
+        attrs = dict(one(ex, memory, record()).attributes)
+    finally:
+        ex.close()
+    assert not [key for key in attrs if key.startswith("hopmeter.timeline.")]
+    assert attrs["hopmeter.hop"] == "edge"
+
+
+def test_timeline_keeps_the_head_and_counts_the_rest(exporter: OtelExporter, memory: Any) -> None:
+    """Past 1,024 token events the first are kept, the rest counted with the record's dropped,
+    and the whole stream's token span travels too."""
+    events = [[0.01 * i, 1 if i % 3 else 2, 4 * i] for i in range(1, 1501)]
+    attrs = dict(one(exporter, memory, record(events=events, events_dropped=7)).attributes)
+    assert len(attrs["hopmeter.timeline.t_us"]) == 1024
+    assert attrs["hopmeter.timeline.t_us"][:2] == (10000, 20000)
+    assert attrs["hopmeter.timeline.tokens"][:3] == (1, 1, 2)
+    assert attrs["hopmeter.timeline.dropped"] == 1500 - 1024 + 7
+    assert attrs["hopmeter.timeline.span_us"] == 14_990_000
+
+
+def test_span_limits_from_the_environment_do_not_cut_hopmeter_spans(
+    memory: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's OTEL_*_LIMIT settings neither evict hopmeter.hop nor cut strings."""
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "4")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_COUNT_LIMIT", "4")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "3")
+    ex = OtelExporter("http://127.0.0.1:4318", exporter=memory)
+    try:
+        span = one(ex, memory, record())
+    finally:
+        ex.close()
+    assert span.attributes["hopmeter.hop"] == "edge"
+    assert span.attributes["gen_ai.request.model"] == "gpt-4o-mini"
+    assert span.dropped_attributes == 0
 
 
 def test_service_is_named_on_the_resource(memory: Any) -> None:
@@ -251,6 +294,10 @@ def test_service_is_named_on_the_resource(memory: Any) -> None:
         ({"response": {"ended": "client_gone"}}, "client_gone"),
         ({"findings": [{"kind": "truncated"}]}, "truncated"),
         ({"response": None}, "no_response"),
+        (
+            {"response": None, "upstream_error": {"cause": "connect_refused"}},
+            "connect_refused",
+        ),
     ],
 )
 def test_failures_set_error_status(

@@ -286,6 +286,26 @@ def test_counters_count_flows_tokens_events_findings_and_stalls(
     assert value(registry, "hopmeter_findings_total", kind="other") == 1
 
 
+def test_a_flow_the_proxy_answered_counts_its_cause_and_the_status_sent(
+    registry: CollectorRegistry,
+) -> None:
+    """No response, a top-level `ended` and the 502 the proxy answered: flows_total has the
+    cause as `ended` and 5xx as the status class, and the finding is counted."""
+    Metrics(registry).observe_flow(
+        {
+            "hop": "edge",
+            "request": {"path": "/v1/chat/completions"},
+            "ended": "connect_refused",
+            "upstream_error": {"cause": "connect_refused", "status_sent": 502},
+            "api": "other",
+            "model": None,
+            "findings": [{"kind": "upstream_unreachable"}],
+        }
+    )
+    assert value(registry, "hopmeter_flows_total", status_class="5xx", ended="connect_refused") == 1
+    assert value(registry, "hopmeter_findings_total", kind="upstream_unreachable") == 1
+
+
 def test_finding_and_stall_series_exist_at_zero_from_the_first_flow(
     registry: CollectorRegistry,
 ) -> None:
@@ -447,6 +467,29 @@ def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
     Metrics(registry).observe_holds("edge>origin", [0.0002, 0.003, 4.0], TRACE)
     assert value(registry, "hopmeter_hold_seconds_count", segment="edge>origin") == 3
     assert value(registry, "hopmeter_hold_seconds_bucket", segment="edge>origin", le="0.005") == 2
+
+
+def test_a_segment_observes_its_holds_and_counts_its_findings(registry: CollectorRegistry) -> None:
+    """observe_segment: one hold per token, one count per finding the segment introduced, and
+    every finding kind's series for the segment from 0."""
+    from hopmeter.core.hops import HopView, align
+
+    def view(hop: str, first: float, kinds: frozenset[str]) -> HopView:
+        events = [[first + i * 0.05, 1, 4 * (i + 1)] for i in range(4)]
+        return HopView(
+            hop=hop, t_start=10.0, t_first_byte=None, events=events, ttft_s=first,
+            itl_p50_s=0.05, finding_kinds=kinds,
+        )  # fmt: skip
+
+    segment = align(view("edge", 0.3, frozenset({"burst_gaps"})), view("origin", 0.1, frozenset()))
+    Metrics(registry).observe_segment(segment, TRACE)
+    assert value(registry, "hopmeter_hold_seconds_count", segment="edge>origin") == 4
+    findings = "hopmeter_segment_findings_total"
+    assert value(registry, findings, segment="edge>origin", kind="burst_gaps") == 1
+    assert (
+        "hopmeter_segment_findings_total",
+        frozenset({("segment", "edge>origin"), ("kind", "stall")}),
+    ) in samples(registry)
 
 
 def test_internal_errors_and_active_streams(registry: CollectorRegistry) -> None:

@@ -67,6 +67,32 @@ def test_other_paths_are_not_found(metrics: Metrics) -> None:
         server.close()
 
 
+def test_readyz_answers_what_the_check_says(metrics: Metrics) -> None:
+    """/readyz is 200 or 503 with the check's reason; without a check it does not exist."""
+    answers = iter([(False, "127.0.0.1:8000 connect_refused (ECONNREFUSED)"), (True, "up")])
+    server = serve(metrics, port=0, ready=lambda: next(answers))
+    bare = serve(metrics, port=0)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            _get(f"http://127.0.0.1:{server.port}/readyz")
+        assert info.value.code == 503
+        body = info.value.read()
+        info.value.close()
+        assert body == b"not ready: 127.0.0.1:8000 connect_refused (ECONNREFUSED)\n"
+        assert _get(f"http://127.0.0.1:{server.port}/readyz") == (
+            200,
+            "text/plain; charset=utf-8",
+            "ready: up\n",
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            _get(f"http://127.0.0.1:{bare.port}/readyz")
+        assert info.value.code == 404
+        info.value.close()
+    finally:
+        server.close()
+        bare.close()
+
+
 def test_no_created_series(metrics: Metrics) -> None:
     """No `_created` series is served, in either format (docs/design.md §8)."""
     assert "_created" in generate_latest(metrics.registry).decode()  # the registry has them

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_sigterm_writes_finished_and_in_flight_flows(tmp_path: Path) -> None:
-    """After SIGTERM the records hold the finished flow and the in-flight one as ended shutdown."""
-    with demo_path(tmp_path) as path:
+    """After SIGTERM and a drain that runs out, the records hold the finished flow and the one
+    still in flight as ended shutdown."""
+    with demo_path(tmp_path, "--drain-timeout", "0.5") as path:
         proxy, records = path.proxy, path.records
         url = f"{path.url}/v1/chat/completions"
         httpx.post(url, json={"stream": True}, headers={"x-hopmeter-scenario": "tokens=5"})

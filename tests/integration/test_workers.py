@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -99,6 +100,31 @@ def test_two_workers_share_the_port_and_every_flow_is_counted_once(tmp_path: Pat
         assert proxy.stop(signal.SIGTERM) == 0
     assert all(n > 0 for n in per_worker), per_worker  # both workers served connections
     assert len({r["flow_id"] for r in recs}) == FLOWS  # whole records, none interleaved
+
+
+def test_sigterm_to_the_parent_drains_every_worker(tmp_path: Path) -> None:
+    """SIGTERM to the parent of two workers: each drains, so a stream under way finishes whole
+    and is recorded complete, and the parent exits 0 once the workers have."""
+    with demo_path(tmp_path, "--workers", "2", "--quiet") as path:
+        url = f"{path.url}/v1/chat/completions"
+        got: list[bytes] = []
+        done = threading.Event()
+
+        def stream() -> None:
+            headers = {"x-hopmeter-scenario": "tokens=30;rate=20"}  # 1.5 s
+            with httpx.stream("POST", url, json={"stream": True}, headers=headers) as r:
+                got.extend(r.iter_raw())
+            done.set()
+
+        client = threading.Thread(target=stream)
+        client.start()
+        wait_for(lambda: len(got) >= 3, what="the stream to be under way")
+        assert path.proxy.stop(signal.SIGTERM, timeout_s=30) == 0
+        client.join(10)
+        assert done.is_set()
+    (rec,) = read_records(path.records, 1)
+    assert rec["ended"] == "complete"
+    assert b"data: [DONE]" in b"".join(got)
 
 
 @needs_ss

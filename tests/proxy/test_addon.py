@@ -196,6 +196,19 @@ class TestHooks:
         meter.response(flow)  # the end arriving after the stop adds nothing
         assert len(rec.results) == 1
 
+    def test_flows_that_start_after_the_stop_are_forwarded_unmeasured(
+        self, meter: HopMeter
+    ) -> None:
+        """After done() the outputs are closed: a flow still starting on an open connection
+        gets its bytes through unchanged and no record (nothing could write it)."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        meter.done()
+        flow = sse_flow()
+        assert stream_through(meter, flow, [SSE, DONE]) == [SSE, DONE, b""]
+        meter.response(flow)
+        assert rec.results == [] and meter.in_flight() == 0
+
     def test_a_client_that_hangs_up_ends_the_flow(self, meter: HopMeter) -> None:
         """The error hook finishes a flow whose client went away, as client_gone."""
         rec = Recorder()

@@ -83,3 +83,17 @@ def test_otel_output_refuses_a_non_http_endpoint() -> None:
     ):
         tctx.configure(out, hopmeter_otel_endpoint="collector:4318")
     assert out not in meter.observers
+
+
+def test_otel_output_builds_its_exporter_with_or_without_the_timeline() -> None:
+    """hopmeter_otel_timeline (on by default) reaches the exporter; changing it rebuilds it."""
+    meter = HopMeter()
+    out = OtelOutput(meter)
+    with taddons.context(meter, out) as tctx:
+        tctx.configure(out, hopmeter_otel_endpoint="http://127.0.0.1:4318")
+        assert out.exporter is not None and out.exporter.timeline is True
+        tctx.configure(out, hopmeter_otel_timeline=False)
+        assert out.exporter is not None and out.exporter.timeline is False
+        assert out in meter.observers
+        tctx.configure(out, hopmeter_otel_endpoint="")
+        assert out.exporter is None and out not in meter.observers

@@ -15,7 +15,10 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
+from hopmeter.proxy.drain import Drain
+from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
+from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.runner import (
     FreezeAtStart,
     default_addons,
@@ -29,11 +32,15 @@ DONE = b"data: [DONE]\n\n"
 
 
 def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
-    """The list is the HopMeter addon, then browser measuring, metrics, records, console, spans
-    and what mitmweb shows, each with that same HopMeter; nothing that changes the whole
-    process is in it."""
-    meter, *outputs = default_addons()
+    """The list is the HopMeter addon, the upstream guard (it reads the tap HopMeter installs)
+    and the readiness check, then browser measuring, metrics, records, console, spans and what
+    mitmweb shows, each with that same HopMeter; nothing that changes the whole process is in
+    it (the drain, which takes the signals, is `hopmeter run`'s alone)."""
+    meter, guard, readiness, *outputs = default_addons()
     assert type(meter) is HopMeter
+    assert (type(guard), type(readiness)) == (UpstreamGuard, Readiness)
+    assert guard.meter is meter and guard.readiness is readiness
+    assert outputs[1].readiness is readiness  # /readyz is served beside /metrics
     assert [type(o) for o in outputs] == [
         BrowserMeter,
         MetricsOutput,
@@ -43,14 +50,15 @@ def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
         HopView,
     ]
     assert all(o.meter is meter for o in outputs)
-    assert not any(isinstance(a, FreezeAtStart) for a in [meter, *outputs])
+    everything = [meter, guard, readiness, *outputs]
+    assert not any(isinstance(a, FreezeAtStart | Drain) for a in everything)
 
 
 def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
     """Loaded together and configured, each output that has somewhere to write observes the
     meter, and one streamed flow reaches the records file and the metrics."""
     addons = default_addons()
-    meter, _browser, metrics, records, console, _otel, _view = addons
+    meter, _guard, _readiness, _browser, metrics, records, console, _otel, _view = addons
     path = tmp_path / "records.jsonl"
     with taddons.context(*addons) as tctx:
         tctx.options.update(
@@ -135,14 +143,17 @@ def log_levels() -> Iterator[None]:
 
 @pytest.mark.usefixtures("log_levels")
 def test_quiet_logs_let_hopmeters_lines_through_and_keep_connection_chatter_out() -> None:
-    """Quiet: hopmeter's INFO lines pass, mitmproxy's per-connection INFO and asyncio's do not."""
+    """Quiet: hopmeter's INFO lines pass; mitmproxy's per-connection INFO and WARNING lines (a
+    "Server TLS handshake failed" per request under a failure flood) and asyncio's do not; its
+    errors (a crash) do."""
     quiet_mitmproxy_logs(False)
     assert logging.getLogger("hopmeter").isEnabledFor(logging.INFO)
     assert not logging.getLogger("hopmeter").isEnabledFor(logging.DEBUG)
     assert not logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.INFO)
     assert not logging.getLogger("mitmproxy.proxy.layers.http").isEnabledFor(logging.INFO)
     assert not logging.getLogger("asyncio").isEnabledFor(logging.INFO)
-    assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.WARNING)
+    assert not logging.getLogger("mitmproxy.proxy.layers.tls").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.ERROR)
 
 
 @pytest.mark.usefixtures("log_levels")

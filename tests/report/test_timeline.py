@@ -161,5 +161,15 @@ def test_verdict_of_an_unmeasured_flow_and_what_counts_as_measured() -> None:
     rec = {"api": "openai.chat", "response": {"status": 502, "ended": "error"}, "findings": []}
     assert timeline.verdict(rec) == "hopmeter: not measured (502, error) · clean"
     assert timeline.measured(rec)
+    refused = {
+        "api": "other",
+        "ended": "connect_refused",
+        "upstream_error": {"cause": "connect_refused", "status_sent": 502},
+        "findings": [{"kind": "upstream_unreachable", "severity": "error"}],
+    }
+    assert timeline.measured(refused)  # the proxy answered for a failed upstream: worth a verdict
+    assert timeline.verdict(refused) == (
+        "hopmeter: not measured (502, connect_refused) · upstream_unreachable"
+    )
     assert not timeline.measured({"api": "other", "findings": []})
     assert timeline.worst_severity({"findings": [{"severity": "bogus"}]}) is None

@@ -146,6 +146,16 @@ FIXES: Mapping[str, str] = {
         "measuring blocked its event loop (run --workers N, or report it); when loop lag and "
         "involuntary switches are high, the host starved the proxy of CPU."
     ),
+    # The two upstream kinds carry a fix per cause (core.upstream.CAUSE_FIXES); these are the
+    # kinds' summaries.
+    FindingKind.UPSTREAM_UNREACHABLE: (
+        "The proxy could not reach the upstream and answered 502 (504 on a connect timeout) "
+        "itself: the evidence names the cause; send traffic only when /readyz passes."
+    ),
+    FindingKind.UPSTREAM_SILENT: (
+        "The upstream went silent past --read-timeout: before its headers (answered 504) or "
+        "mid-stream (cut); look for a stuck or overloaded model server."
+    ),
 }
 
 

@@ -65,6 +65,9 @@ class HopView:
     itl_p50_s: float | None
     finding_kinds: frozenset[str]
     out_s: Sequence[float | None] = ()  # per event: when it left this hop's process, if known
+    # First to last token of the whole stream, when `events` lists only its head (a capped
+    # timeline); None: the span of `events` is the stream's.
+    token_span_s: float | None = None
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> HopView:
@@ -80,7 +83,10 @@ class HopView:
             ttft_s=fig.get("ttft_s"),
             itl_p50_s=fig.get("itl_p50_s"),
             finding_kinds=frozenset(f["kind"] for f in rec.get("findings") or []),
-            out_s=events_out(events, rec.get("chunks") or [], rec.get("chunks_out") or []),
+            # per event from a span (core.spans.span_record), else from the chunks it ended in
+            out_s=rec.get("events_out")
+            or events_out(events, rec.get("chunks") or [], rec.get("chunks_out") or []),
+            token_span_s=fig.get("token_span_s"),
         )
 
 
@@ -185,6 +191,28 @@ def _first_reaching(offsets: Sequence[int], times: Sequence[float], target: int)
     return times[i] if i < len(times) else None
 
 
+def _reaching(
+    outer_tokens: Sequence[tuple[float, int, int]], inner_tokens: Sequence[tuple[float, int, int]]
+) -> list[tuple[float, float, int, int]]:
+    """(inner time, outer time, tokens, index in `inner_tokens`) of each inner token event the
+    outer hop also saw."""
+    out_offsets = [c for _, _, c in outer_tokens]
+    out_times = [t for t, _, _ in outer_tokens]
+    out = []
+    for i, (t_in, k, c) in enumerate(inner_tokens):
+        t_out = _first_reaching(out_offsets, out_times, c)
+        if t_out is not None:
+            out.append((t_in, t_out, k, i))
+    return out
+
+
+def _bounds(
+    outer: HopView, inner: HopView, reached: Sequence[tuple[float, float, int, int]]
+) -> tuple[float | None, float | None]:
+    lower = max((t_in - t_out for t_in, t_out, _, _ in reached), default=None)
+    return lower, inner.t_start - outer.t_start
+
+
 def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | None]:
     """Bounds on (inner clock - outer clock) that causality allows.
 
@@ -192,16 +220,7 @@ def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | N
     Lower: each token left the inner hop before the outer hop saw it, so for every aligned token
     inner_t - skew <= outer_t.
     """
-    upper = inner.t_start - outer.t_start
-    out = _token_times(outer)
-    out_offsets = [c for _, _, c in out]
-    out_times = [t for t, _, _ in out]
-    lower: float | None = None
-    for t_in, _, c in _token_times(inner):
-        t_out = _first_reaching(out_offsets, out_times, c)
-        if t_out is not None:
-            lower = t_in - t_out if lower is None else max(lower, t_in - t_out)
-    return lower, upper
+    return _bounds(outer, inner, _reaching(_token_times(outer), _token_times(inner)))
 
 
 def align(
@@ -215,7 +234,10 @@ def align(
     browser's beacon left the page before the edge received it), or (0, 0) for two views read
     from one clock; they narrow the bounds computed here.
     """
-    lower, upper = skew_bounds(outer, inner)
+    out = _token_times(outer)
+    inner_tokens = _token_times(inner)
+    reached = _reaching(out, inner_tokens)  # once, for the bounds and the holds
+    lower, upper = _bounds(outer, inner, reached)
     lo, hi = skew_limits
     if lo is not None and lo == hi:  # one clock: the skew is known, whatever the events say
         lower = upper = lo
@@ -229,18 +251,11 @@ def align(
         skew = lower
     if upper is not None and upper < skew:
         skew = upper  # contradictory bounds (clock jumps): trust the request order
-    out = _token_times(outer)
-    out_offsets = [c for _, _, c in out]
-    out_times = [t for t, _, _ in out]
     holds: list[float] = []
     own: list[float] = []
     wire: list[float] = []
-    inner_tokens = _token_times(inner)
     inner_outs = _token_outs(inner)
-    for i, (t_in, k, c) in enumerate(inner_tokens):
-        t_out = _first_reaching(out_offsets, out_times, c)
-        if t_out is None:
-            continue
+    for t_in, t_out, k, i in reached:
         holds.extend([t_out - (t_in - skew)] * k)
         left = inner_outs[i] if inner_outs else None
         if left is not None:
@@ -250,7 +265,9 @@ def align(
     first = holds[0] if holds else None
     whole = False
     if inner_tokens and out and first is not None:
-        span = inner_tokens[-1][0] - inner_tokens[0][0]
+        span = inner.token_span_s
+        if span is None:
+            span = inner_tokens[-1][0] - inner_tokens[0][0]
         whole = span >= WHOLE_BODY_MIN_SPAN_S and first >= WHOLE_BODY_SHARE * span
     return Segment(
         segment=f"{outer.hop}>{inner.hop}",
@@ -301,8 +318,10 @@ def _segment_findings(
 
 def chain(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
     """Segments between consecutive hops of one trace, outermost first (by request start)."""
-    views = sorted(
-        (HopView.from_record(r) for r in records if r.get("events") is not None),
-        key=lambda v: v.t_start,
-    )
-    return [align(a, b) for a, b in itertools.pairwise(views)]
+    return chain_views([HopView.from_record(r) for r in records if r.get("events") is not None])
+
+
+def chain_views(views: Iterable[HopView]) -> list[Segment]:
+    """Segments between consecutive views by request start, outermost first."""
+    ordered = sorted(views, key=lambda v: v.t_start)
+    return [align(a, b) for a, b in itertools.pairwise(ordered)]

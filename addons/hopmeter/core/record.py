@@ -11,6 +11,7 @@ from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
+from hopmeter.core.upstream import UpstreamFailure, upstream_finding
 from hopmeter.core.vocab import TERMINATED_APIS
 
 SCHEMA = "hopmeter.flow/1"
@@ -104,9 +105,13 @@ def finish_flow(
     log_content: bool = False,
     measuring_error: str | None = None,
     delivery: DeliverySeen | None = None,
+    failure: UpstreamFailure | None = None,
 ) -> FlowResult:
     """Build the record of a finished flow: tokens, figures and findings.
 
+    Every record says how the flow `ended`, at the top level, also when no response came (the
+    upstream failed, or the client left first); `response.ended` repeats it when there is a
+    response. `failure` names why the upstream failed the flow (`upstream_error`, and a finding).
     `delivery` is what the proxy saw of the bytes going out to the client (hopmeter.core.delivery);
     without it (offline tools, tests) the record has no `delivery` section.
     """
@@ -186,9 +191,12 @@ def finish_flow(
                 why = delivery.reason or "the response was not measured"
                 out = summarize(replace(delivery, measured=False, reason=why), (), (), ())
             rec["delivery"] = out.as_dict()
+    rec["ended"] = ended
+    if failure is not None:
+        rec["upstream_error"] = failure.as_dict()
     rec["api"] = api
     rec["model"] = model
-    findings = []
+    findings = [] if failure is None else [upstream_finding(failure).as_dict()]
     if response is not None and meter is not None and figures is not None and account is not None:
         view = stream_view(
             meter=meter,
@@ -200,7 +208,7 @@ def finish_flow(
             stream_requested=request.stream_requested,
             delivery=out,
         )
-        findings = [f.as_dict() for f in diagnose(view)]
+        findings += [f.as_dict() for f in diagnose(view)]
     rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error

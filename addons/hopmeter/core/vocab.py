@@ -44,13 +44,37 @@ TERMINATED_APIS: Final = frozenset(
 
 
 class Ended(StrEnum):
-    """How a flow ended (`response.ended` in the record, the `ended` label of flows_total)."""
+    """How a flow ended (`ended` in the record, the `ended` label of flows_total)."""
 
     COMPLETE = "complete"  # the response finished as HTTP says it should
     UPSTREAM_RESET = "upstream_reset"  # the upstream closed or reset the connection mid-body
     CLIENT_GONE = "client_gone"  # the client hung up before the end
     ERROR = "error"  # any other failure mitmproxy reported
     SHUTDOWN = "shutdown"  # still in flight when the proxy stopped
+    # The upstream could not be reached: the proxy answered 502 (504 for connect_timeout).
+    CONNECT_REFUSED = "connect_refused"  # nothing listens on the upstream port
+    DNS_FAILED = "dns_failed"  # the upstream host name does not resolve
+    TLS_FAILED = "tls_failed"  # the TLS handshake with the upstream failed
+    CONNECT_FAILED = "connect_failed"  # any other connect error (no route, host down, ...)
+    CONNECT_TIMEOUT = "connect_timeout"  # no connection (TCP and TLS) within the connect timeout
+    # The upstream was reached and went silent past the read timeout.
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # no response headers in time: answered 504
+    UPSTREAM_IDLE = "upstream_idle"  # silent mid-body after the headers: the stream was cut
+
+
+# Endings where the upstream could not be reached or went silent: the proxy answered (or cut the
+# stream) itself, and the record says why in `upstream_error`.
+UPSTREAM_FAILURES: Final = frozenset(
+    {
+        Ended.CONNECT_REFUSED,
+        Ended.DNS_FAILED,
+        Ended.TLS_FAILED,
+        Ended.CONNECT_FAILED,
+        Ended.CONNECT_TIMEOUT,
+        Ended.UPSTREAM_TIMEOUT,
+        Ended.UPSTREAM_IDLE,
+    }
+)
 
 
 class TokenSource(StrEnum):
@@ -95,6 +119,8 @@ class FindingKind(StrEnum):
     SLOW_CLIENT = "slow_client"  # the client, not the path, set the pace (core.delivery)
     PROXY_HOLD = "proxy_hold"  # this hop's own process held bytes (core.delivery)
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"  # no connection: refused, DNS, TLS, timeout
+    UPSTREAM_SILENT = "upstream_silent"  # connected, then no headers or no bytes in time
     # the page, from its beacon (core.client)
     CLIENT_DECODES_CHUNKS_ALONE = "client_decodes_chunks_alone"
     CLIENT_MISSED_EVENTS = "client_missed_events"
@@ -127,3 +153,26 @@ class ProbeCheck(StrEnum):
     BYTES = "bytes"  # a hopmeter upstream played the canary: every byte, event and hold checked
     TEXT = "text"  # ... behind a gateway that re-frames events: text and holds, not bytes
     TIMING = "timing"  # the origin does not play the canary: the detectors on timing alone
+
+
+class SpanOutcome(StrEnum):
+    """What a join service did with one span it received (`hopmeter_join_spans_total{outcome}`)."""
+
+    ACCEPTED = "accepted"  # a hopmeter span with a timeline, kept in the window
+    FOREIGN = "foreign"  # not a hopmeter span (no hopmeter.hop): ignored
+    NO_TIMELINE = "no_timeline"  # a hopmeter span sent with the timeline off: nothing to join
+    MALFORMED = "malformed"  # a hopmeter span with absurd ids, times or timeline: rejected
+    DUPLICATE = "duplicate"  # its span id is already in the window (an exporter's retry)
+    LATE = "late"  # its trace already left the window
+    OVERFLOW = "overflow"  # the window was full of events this span's trace alone holds
+
+
+class TraceOutcome(StrEnum):
+    """How a trace left a join service's window (`hopmeter_join_traces_total{outcome}`)."""
+
+    JOINED = "joined"  # every span of it was paired with a neighbour hop
+    PARTLY_JOINED = "partly_joined"  # some spans paired, some never found theirs
+    UNLINKED = "unlinked"  # several spans, no parent links: chained by start time at the end
+    ONE_SIDED = "one_sided"  # one span only: its other hop never arrived within the window
+    EVICTED = "evicted"  # pushed out early because the window was at its bound
+    LOST = "lost"  # still waiting when the service stopped

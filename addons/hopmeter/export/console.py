@@ -35,8 +35,8 @@ def flow_json(rec: dict[str, Any]) -> dict[str, Any]:
         "api": rec.get("api"),
         "model": rec.get("model"),
         "path": rec["request"]["path"],
-        "status": resp.get("status"),
-        "ended": resp.get("ended"),
+        "status": resp.get("status", (rec.get("upstream_error") or {}).get("status_sent")),
+        "ended": resp.get("ended", rec.get("ended")),
         "ttfb_s": fig.get("ttfb_s"),
         "ttft_s": fig.get("ttft_s"),
         "itl_p50_s": fig.get("itl_p50_s"),
@@ -61,7 +61,9 @@ class Console:
     def observe(self, result: FlowResult) -> None:
         """One finished flow."""
         rec = result.record
-        if self.mode == "text":
+        if self.mode == "text" and _upstream_answered(rec):
+            pass  # the upstream guard's log says it, once per cause per interval, not per flow
+        elif self.mode == "text":
             log.info(summary_line(rec))
         elif self.mode == "json":
             sys.stdout.buffer.write(orjson.dumps(flow_json(rec)) + b"\n")
@@ -120,6 +122,15 @@ class Console:
         if findings:
             parts.append("findings " + " ".join(f"{k}={n}" for k, n in findings.most_common()))
         return " ".join(parts)
+
+
+def _upstream_answered(rec: dict[str, Any]) -> bool:
+    """The proxy answered in place of a failed upstream: no response, and a named cause.
+
+    Under a flood of failures (the model server is down) a line per flow would bury everything
+    else; hopmeter.proxy.guard logs the first of each cause and then one line per interval.
+    """
+    return "response" not in rec and "upstream_error" in rec
 
 
 def _q(values: list[float], q: float) -> float | None:

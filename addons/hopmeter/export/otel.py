@@ -4,7 +4,9 @@ The only module that imports opentelemetry; the addon imports it only when `--ot
 set, so hopmeter runs without the extra. Each record becomes a span with the record's own ids:
 its trace id, its span id (the one hopmeter forwarded in `traceparent`, so the next hop's span is
 this one's child) and the incoming parent, so a tracing backend joins the hops of a fleet.
-Spans carry figures and names, never content, headers, keys or cookies.
+Spans carry figures and names, never content, headers, keys or cookies; unless told not to, they
+also carry the flow's token timeline (hopmeter.core.timeline), so that any OTLP consumer, and
+`hopmeter join` above all, can align the hops of one trace from spans alone (docs/fleet.md).
 
 The provider is this exporter's own, never the global one. Spans are batched and sent on the
 SDK's worker thread; a collector that fails is logged once per outage and never reaches the proxy.
@@ -24,11 +26,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
 from hopmeter import __version__
+from hopmeter.core import timeline as token_timeline
+from hopmeter.core.hops import events_out
 from hopmeter.errors import OtelConfigError
 from hopmeter.export.labels import DEFAULT_ROUTES, OTHER, RouteLabels
 from hopmeter.log import get_logger
@@ -43,6 +47,21 @@ EXPORT_TIMEOUT_S = 5.0
 # counted here, before the SDK's own queue could log a warning per span.
 MAX_QUEUED_SPANS = 2048
 MAX_EXPORT_BATCH = 512  # the SDK's default batch
+# With the timeline, spans are up to ~13 KB (1,024 token events): 128 of them are ~1.7 MB a
+# request, below a Collector's 4 MiB gRPC limit; 512 of the largest would pass it and be lost.
+MAX_TIMELINE_BATCH = 128
+# hopmeter's own span limits, whatever OTEL_*_LIMIT the environment sets: past the attribute
+# count the Python SDK evicts the OLDEST attribute (hopmeter.hop, which makes a span hopmeter's),
+# and a value-length limit would cut its strings. Its spans have ~35 attributes and 3 events
+# plus one per segment.
+SPAN_LIMITS = SpanLimits(
+    max_span_attributes=128,
+    max_events=64,
+    max_links=0,
+    max_event_attributes=32,
+    max_attribute_length=SpanLimits.UNSET,
+    max_span_attribute_length=SpanLimits.UNSET,
+)
 
 # The record's `api` -> the GenAI semantic conventions' provider name (gen_ai.provider.name, and
 # gen_ai.system, its older name that many backends still query). Other APIs name no provider.
@@ -120,9 +139,14 @@ class OtelExporter:
         *,
         timeout_s: float = EXPORT_TIMEOUT_S,
         exporter: SpanExporter | None = None,
+        timeline: bool = True,
     ) -> None:
-        """Send to `endpoint` (a collector's OTLP/HTTP base URL); `exporter` replaces OTLP."""
+        """Send to `endpoint` (a collector's OTLP/HTTP base URL); `exporter` replaces OTLP.
+
+        `timeline`: carry each flow's token timeline (off keeps spans small).
+        """
         self.url = traces_url(endpoint)
+        self.timeline = timeline
         _quiet_library_logs()
         inner = exporter or OTLPSpanExporter(endpoint=self.url, headers=headers, timeout=timeout_s)
         self._guard = _GuardedExporter(inner, _shown(self.url))
@@ -132,11 +156,13 @@ class OtelExporter:
                 {"service.name": service_name, "service.version": __version__}
             ),
             id_generator=self._ids,
+            span_limits=SPAN_LIMITS,
             shutdown_on_exit=False,  # close() is called by the addon's done()
         )
+        batch = min(MAX_TIMELINE_BATCH, MAX_EXPORT_BATCH) if timeline else MAX_EXPORT_BATCH
         self._provider.add_span_processor(
             BatchSpanProcessor(
-                self._guard, max_queue_size=MAX_QUEUED_SPANS, max_export_batch_size=MAX_EXPORT_BATCH
+                self._guard, max_queue_size=MAX_QUEUED_SPANS, max_export_batch_size=batch
             )
         )
         self._tracer = self._provider.get_tracer("hopmeter", __version__)
@@ -173,7 +199,7 @@ class OtelExporter:
                 span_name(record),
                 context=_parent(trace_id, parent_id),
                 kind=trace.SpanKind.SERVER,
-                attributes=span_attributes(record),
+                attributes=span_attributes(record, timeline=self.timeline),
                 start_time=_ns(_request(record).get("t_start")),
             )
         finally:
@@ -214,8 +240,11 @@ def span_name(record: Mapping[str, Any]) -> str:
     return name if route == OTHER else f"{name} {route}"
 
 
-def span_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The span's attributes: HTTP and GenAI semantic-convention names, hopmeter.* for the rest."""
+def span_attributes(record: Mapping[str, Any], *, timeline: bool = False) -> dict[str, Any]:
+    """The span's attributes: HTTP and GenAI semantic-convention names, hopmeter.* for the rest.
+
+    `timeline` adds the token timeline (hopmeter.core.timeline) when the record has events.
+    """
     request = _request(record)
     response = record.get("response") or {}
     figures = record.get("figures") or {}
@@ -244,7 +273,7 @@ def span_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
         ("gen_ai.usage.input_tokens", figures.get("usage_input_tokens")),
         ("gen_ai.usage.output_tokens", figures.get("tokens")),
         ("hopmeter.api", api),
-        ("hopmeter.ended", response.get("ended")),
+        ("hopmeter.ended", response.get("ended", record.get("ended"))),
         ("error.type", error_type(record)),
         *((f"hopmeter.{key}", figures.get(key)) for key in FIGURES),
     )
@@ -254,6 +283,13 @@ def span_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
     kinds = _finding_kinds(record.get("findings"))
     if kinds:
         attrs["hopmeter.findings"] = ",".join(kinds)
+    events = record.get("events")
+    if timeline and isinstance(events, list):
+        dropped = record.get("events_dropped")
+        out_s = events_out(events, record.get("chunks") or [], record.get("chunks_out") or [])
+        attrs.update(
+            token_timeline.encode(events, dropped if isinstance(dropped, int) else 0, out_s=out_s)
+        )
     return attrs
 
 
@@ -286,7 +322,9 @@ def error_type(record: Mapping[str, Any]) -> str | None:
     """Why the flow failed (a 5xx status, an end other than complete, truncated), or None."""
     response = record.get("response")
     if not response:
-        return "no_response"
+        # the upstream failed and the proxy answered (connect_refused, upstream_timeout, ...)
+        cause = (record.get("upstream_error") or {}).get("cause")
+        return str(cause) if cause else "no_response"
     status = response.get("status")
     if isinstance(status, int) and status >= 500:
         return str(status)

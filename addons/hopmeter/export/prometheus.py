@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
+from hopmeter.core.hops import Segment
 from hopmeter.export.labels import (
     APIS,
     BEACON_OUTCOMES,
@@ -236,6 +237,11 @@ class Metrics:
         self.streams_active = Gauge(
             "hopmeter_streams_active", "Responses being streamed now.", registry=registry
         )
+        self.segment_findings = counter(
+            "segment_findings_total",
+            "Findings attributed to a segment between two hops, by kind.",
+            ("segment", "kind"),
+        )
         self.malformed_events = counter(
             "malformed_events_total",
             "Event payloads hopmeter could not read as their API's format (counted, never fatal).",
@@ -287,7 +293,9 @@ class Metrics:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
         ended = vocabulary_label(response.get("ended", record.get("ended")), ENDINGS)
-        status = status_class(response.get("status"))
+        # no response: the status the proxy answered in its place (502, 504), if it did
+        sent = (record.get("upstream_error") or {}).get("status_sent")
+        status = status_class(response.get("status", sent))
         child(self.flows, (*labels, status, ended)).inc(1, exemplar)
         short = (hop, api, model)
         tokens = _num(figures.get("tokens"))
@@ -430,8 +438,21 @@ class Metrics:
 
     def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
-        values = [(v, 1) for v in (_num(h) for h in holds_s) if v is not None]
+        # align's holds are floats; anything else (NaN, negative, not a number) is left out
+        values = [(float(h), 1) for h in holds_s if type(h) in (float, int) and h >= 0]
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
+
+    def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
+        """One segment of one stream: its per-token holds and the findings it introduced."""
+        label = self.segments.label(segment.segment)
+        self.observe_holds(segment.segment, segment.holds_s, trace_id)
+        if f"segment\0{label}" not in self._initialised:  # every kind from 0, as _initialise
+            self._initialised.add(f"segment\0{label}")
+            for kind in (*FINDING_KINDS, OTHER):
+                self._child(self.segment_findings, (label, kind))
+        for finding in segment.findings:
+            kind = vocabulary_label(finding.get("kind"), FINDING_KINDS)
+            self._child(self.segment_findings, (label, kind)).inc(1, _exemplar(trace_id))
 
     def internal_error(self, where: str) -> None:
         """Count one error inside hopmeter's measuring code, by site."""

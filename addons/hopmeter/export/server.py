@@ -1,4 +1,8 @@
-"""The metrics endpoint: serves a registry on /metrics and answers /healthz, in a daemon thread.
+"""The metrics endpoint: serves a registry on /metrics, /healthz and /readyz, in a daemon thread.
+
+/healthz is liveness only: the process answers. /readyz asks the `ready` callable it was given
+(the proxy's cached view of its upstreams, hopmeter.proxy.readiness): 200 when ready, 503 with
+the reason when not. Neither ever waits on the upstream.
 
 /metrics speaks OpenMetrics when the scraper asks for it (so trace-id exemplars show) and the
 classic text format otherwise, and honours `?name[]=` filtering (prometheus_client's WSGI app
@@ -28,6 +32,14 @@ from hopmeter.errors import PortError
 from hopmeter.export.prometheus import Metrics
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+# Whether the proxy is ready for traffic, and one line saying why (or why not). Called from the
+# endpoint's threads: it must only read state, never block.
+ReadyCheck = Callable[[], tuple[bool, str]]
+
+
+def _text() -> list[tuple[str, str]]:
+    # a new list per response: wsgiref adds Content-Length to the list it is given
+    return [("Content-Type", "text/plain; charset=utf-8")]
 
 
 class WithoutCreated:
@@ -77,7 +89,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         """A scraper that hangs up mid-response is not an error worth a traceback."""
 
 
-def _app(registry: CollectorRegistry) -> WSGIApp:
+def _app(registry: CollectorRegistry, ready: ReadyCheck | None) -> WSGIApp:
     metrics_app: WSGIApp = prometheus_client.make_wsgi_app(WithoutCreated(registry))
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -85,10 +97,14 @@ def _app(registry: CollectorRegistry) -> WSGIApp:
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            start_response("200 OK", _text())
             return [b"ok\n"]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"not found: try /metrics or /healthz\n"]
+        if path == "/readyz" and ready is not None:
+            ok, why = ready()
+            start_response("200 OK" if ok else "503 Service Unavailable", _text())
+            return [f"{'ready' if ok else 'not ready'}: {why}\n".encode()]
+        start_response("404 Not Found", _text())
+        return [b"not found: try /metrics, /healthz or /readyz\n"]
 
     return app
 
@@ -116,9 +132,13 @@ class MetricsServer:
 
 
 def serve(
-    target: Metrics | CollectorRegistry, host: str = "127.0.0.1", port: int = 9464
+    target: Metrics | CollectorRegistry,
+    host: str = "127.0.0.1",
+    port: int = 9464,
+    ready: ReadyCheck | None = None,
 ) -> MetricsServer:
-    """Serve /metrics and /healthz on host:port (0 picks a free port) in a daemon thread.
+    """Serve /metrics, /healthz and (given `ready`) /readyz on host:port (0 picks a free port) in
+    a daemon thread.
 
     Raises PortError, naming the address and the fix, when the address does not resolve or
     cannot be bound.
@@ -145,7 +165,7 @@ def serve(
             f"metrics port {port} on {host} {what}; choose another with --metrics HOST:PORT "
             "or turn the endpoint off with --metrics off"
         ) from exc
-    server.set_app(_app(registry))
+    server.set_app(_app(registry, ready))
     thread = threading.Thread(target=server.serve_forever, name="hopmeter-metrics", daemon=True)
     thread.start()
     return MetricsServer(host=host, port=server.server_address[1], _server=server, _thread=thread)

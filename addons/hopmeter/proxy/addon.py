@@ -24,6 +24,7 @@ from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
+from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.core.wire import detect_api, lower_headers, model_from_path
 from hopmeter.errors import HopmeterError, UsageError
@@ -61,6 +62,10 @@ class HopMeter:
         self.queue = MeasureQueue(self.delivery.log)
         # browser measuring (hopmeter.proxy.browser): its paths, and records held for beacons
         self.browser: BrowserMeter | None = None
+        # Set by `done`: the outputs are closing, so flows that still start on connections open
+        # until the process exits are forwarded but not measured (their record could not be
+        # written).
+        self.stopped = False
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
@@ -147,6 +152,7 @@ class HopMeter:
         # flows waiting for their last bytes to reach the client are written with what was seen
         self.delivery.shutdown()
         # flows still in flight when the proxy stops are written as ended "shutdown"
+        self.stopped = True
         for flow, state in list(self.live.values()):
             if not state.finished:
                 state.finished = True
@@ -205,8 +211,8 @@ class HopMeter:
 
     # -- hooks ---------------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if not flow.live:  # a flow read from a file: it was measured when it was live
-            return
+        if not flow.live or self.stopped:  # read from a file (measured when it was live), or
+            return  # the proxy is stopping: nothing could write its record any more
         if self.browser is not None and self.browser.owns(flow):  # answered by hopmeter itself
             return
         mono0 = time.monotonic()
@@ -274,6 +280,10 @@ class HopMeter:
         self._finish(flow, Ended.COMPLETE)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        state = self._state(flow)
+        if state is not None and state.failure is not None:
+            self._finish(flow, state.failure.cause)  # the guard named why the upstream failed it
+            return
         msg = flow.error.msg if flow.error else ""
         self._finish(flow, classify_error(msg))
 
@@ -282,6 +292,21 @@ class HopMeter:
             self.delivery.forget(client.id)
         except Exception as exc:
             self.internal_error("delivery", exc)
+
+    # -- for the upstream guard ----------------------------------------------------------------
+    def upstream_failed(self, flow: http.HTTPFlow, failure: UpstreamFailure) -> None:
+        """Remember why the upstream failed `flow`, for its record (the first cause wins)."""
+        state = self._state(flow)
+        if state is not None and state.failure is None:
+            state.failure = failure
+
+    def in_flight(self) -> int:
+        """Flows that started and have not finished."""
+        return len(self.live)
+
+    def busy_clients(self) -> set[str]:
+        """The ids of the client connections that have a flow in flight."""
+        return {flow.client_conn.id for flow, _ in self.live.values()}
 
     # -- internals -----------------------------------------------------------------------------
     def _state(self, flow: http.HTTPFlow) -> FlowState | None:
@@ -426,6 +451,7 @@ class HopMeter:
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
             delivery=self._seen(state),
+            failure=state.failure,
         )
         if tap is not None and tap.chaos is not None:
             result.record["chaos"] = sorted(tap.chaos.actions)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopmeter.env import bind_env, source
 from hopmeter.errors import UsageError
 from hopmeter.proxy.config import (
     ProxyConfig,
@@ -20,6 +21,9 @@ from hopmeter.proxy.listen import tune_listeners
 from hopmeter.proxy.workers import run_workers
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
+# With --workers, the parent waits this long past the drain timeout for its workers to end the
+# streams still in flight, write their records and exit, before it kills them.
+STOP_MARGIN_S = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -56,6 +60,12 @@ def add_parser(sub: Any) -> None:
         help="export a span per flow to this OTLP/HTTP endpoint (pip install hopmeter[otel])",
     )
     p.add_argument(
+        "--otel-timeline",
+        choices=("on", "off"),
+        default="on",
+        help="carry each flow's token timeline in its span, for `hopmeter join` (default on)",
+    )
+    p.add_argument(
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument(
@@ -90,6 +100,29 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="seconds between compact console summaries, 0 for none (default 60)",
     )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds to connect to the upstream (TCP and TLS) before answering 504 (default 10)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="longest upstream silence: before the response headers (answered 504) and between "
+        "chunks (the stream is cut); default 600, the OpenAI and Anthropic SDKs' own",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=20.0,
+        metavar="SECONDS",
+        help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops "
+        "(default 20; a second signal stops at once)",
+    )
     p.add_argument("--verbose", action="store_true", help="mitmproxy's own connection logs too")
     p.add_argument(
         "--set",
@@ -100,6 +133,7 @@ def add_parser(sub: Any) -> None:
         help="any mitmproxy option, passed through",
     )
     p.set_defaults(func=run)
+    bind_env(p)
 
 
 def _positive_int(value: str) -> int:
@@ -113,35 +147,57 @@ def _positive_int(value: str) -> int:
 
 
 def _positive_float(value: str) -> float:
+    f = _number(value)
+    if not f > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
+    return f
+
+
+def _seconds(value: str) -> float:
+    f = _number(value)
+    if not f >= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more seconds")
+    return f
+
+
+def _number(value: str) -> float:
     try:
         f = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if f <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
+    if f == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds")
     return f
 
 
 def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
     """Validate `run`'s flags into a ProxyConfig."""
     if args.listener:
-        modes = [parse_listener(pair, "--listener")[1] for pair in args.listener]
+        flag = source(args, "listener", "--listener")
+        modes = [parse_listener(pair, flag)[1] for pair in args.listener]
     else:
         if not upstream.startswith(("http://", "https://")):
-            raise UsageError(f"upstream {upstream!r}: expected an http:// or https:// URL")
-        host, port = parse_hostport(args.listen, "--listen")
+            raise UsageError(
+                f"{source(args, 'upstream', 'upstream')} {upstream!r}: expected an http:// or "
+                f"https:// URL"
+            )
+        host, port = parse_hostport(args.listen, source(args, "listen", "--listen"))
         modes = [f"reverse:{upstream}@{host}:{port}"]
     for pair in args.set_:
         if "=" not in pair:
             raise UsageError(
-                f"--set {pair!r}: expected NAME=VALUE, e.g. --set keep_host_header=true"
+                f"{source(args, 'set_', '--set')} {pair!r}: expected NAME=VALUE, e.g. --set "
+                f"keep_host_header=true"
             )
     if args.metrics.lower() != "off":
-        parse_hostport(args.metrics, "--metrics")
+        parse_hostport(args.metrics, source(args, "metrics", "--metrics"))
     if args.records and args.records != "-":
         parent = Path(args.records).expanduser().resolve().parent
         if not parent.is_dir():
-            raise UsageError(f"--records {args.records}: folder {parent} does not exist")
+            raise UsageError(
+                f"{source(args, 'records', '--records')} {args.records}: folder {parent} does "
+                f"not exist"
+            )
     return ProxyConfig(
         modes=modes,
         listener_names=list(args.listener),
@@ -153,10 +209,14 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
         otel_endpoint=args.otel_endpoint,
+        otel_timeline=args.otel_timeline == "on",
         chaos=args.chaos,
         chaos_seed=args.chaos_seed,
         console="off" if args.quiet else "json" if args.json else "text",
         summary_interval_s=args.summary_interval,
+        connect_timeout_s=args.connect_timeout,
+        read_timeout_s=args.read_timeout,
+        drain_timeout_s=args.drain_timeout,
         browser=args.browser,
         extra=list(args.set_),
     )
@@ -223,4 +283,4 @@ def _run_workers(args: argparse.Namespace) -> int:
             check_port_free(
                 *parse_hostport(_worker_metrics(cfg.metrics, i), "--metrics"), "metrics address"
             )
-    return run_workers(args.argv, args.workers)
+    return run_workers(args.argv, args.workers, stop_timeout_s=args.drain_timeout + STOP_MARGIN_S)

@@ -30,10 +30,14 @@ class ProxyConfig:
     log_content: bool = False
     trace_header: bool = True
     otel_endpoint: str = ""
+    otel_timeline: bool = True
     chaos: str = ""
     chaos_seed: int = 0
     console: str = "text"  # "text" | "json" | "off"
     summary_interval_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    drain_timeout_s: float = 20.0
     browser: bool = False  # --browser: serve the snippet, answer and join beacons
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 

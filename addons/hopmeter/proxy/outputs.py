@@ -26,6 +26,7 @@ from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import parse_hostport, parse_seconds
+from hopmeter.proxy.readiness import Readiness
 
 if TYPE_CHECKING:
     from hopmeter.export.otel import OtelExporter
@@ -166,10 +167,12 @@ class ConsoleOutput(FlowObserver):
 
 
 class MetricsOutput(FlowObserver):
-    """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`."""
+    """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`, with
+    /healthz and, given the proxy's `readiness`, /readyz beside them."""
 
-    def __init__(self, meter: HopMeter) -> None:
+    def __init__(self, meter: HopMeter, readiness: Readiness | None = None) -> None:
         self.meter = meter
+        self.readiness = readiness
         self.metrics: Metrics | None = None
         self.server: MetricsServer | None = None
 
@@ -178,7 +181,7 @@ class MetricsOutput(FlowObserver):
             "hopmeter_metrics",
             str,
             "127.0.0.1:9464",
-            'Prometheus endpoint HOST:PORT (/metrics, /healthz), or "off".',
+            'Prometheus endpoint HOST:PORT (/metrics, /healthz, /readyz), or "off".',
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -202,7 +205,8 @@ class MetricsOutput(FlowObserver):
                 address=f"{host}:{port}",
             )
         try:
-            self.server = serve(self.metrics, host, port)
+            ready = self.readiness.answer if self.readiness is not None else None
+            self.server = serve(self.metrics, host, port, ready)
         except PortError as exc:
             raise exceptions.OptionsError(str(exc)) from None
 
@@ -228,7 +232,7 @@ class MetricsOutput(FlowObserver):
             paint_lags=paint,
         )
         for seg in result.segments:
-            self.metrics.observe_holds(seg.segment, seg.holds_s, result.record.get("trace_id"))
+            self.metrics.observe_segment(seg, result.record.get("trace_id"))
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""
@@ -266,9 +270,16 @@ class OtelOutput(FlowObserver):
             "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
             "(needs `pip install hopmeter[otel]`).",
         )
+        loader.add_option(
+            "hopmeter_otel_timeline",
+            bool,
+            True,
+            "Carry each flow's token timeline in its span (what `hopmeter join` needs to align "
+            "hops from spans); false keeps spans small.",
+        )
 
     def configure(self, updated: set[str]) -> None:
-        if "hopmeter_otel_endpoint" in updated:
+        if updated & {"hopmeter_otel_endpoint", "hopmeter_otel_timeline"}:
             self._set(ctx.options.hopmeter_otel_endpoint.strip())
 
     def observe(self, result: FlowResult) -> None:
@@ -294,7 +305,7 @@ class OtelOutput(FlowObserver):
                 f"'hopmeter[otel]' ({exc})"
             ) from None
         try:
-            self.exporter = OtelExporter(endpoint)
+            self.exporter = OtelExporter(endpoint, timeline=ctx.options.hopmeter_otel_timeline)
         except OtelConfigError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         self.meter.add_observer(self)

@@ -18,17 +18,31 @@ from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
+from hopmeter.proxy.drain import Drain
+from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
+from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.ui import HopView
+
+# mitmproxy closes a client connection after this long without any event (`tcp_timeout`, 600 s
+# by default); hopmeter's read timeout must come first, or a silent upstream ends as an empty
+# reply recorded client_gone instead of a 504 recorded upstream_timeout.
+TCP_TIMEOUT_MARGIN_S = 60
 
 
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
-    the measuring addon, browser measuring (idle unless `hopmeter_browser`), then the outputs
-    that observe it, then what mitmweb and the console show (idle elsewhere)."""
+    the measuring addon, the upstream guard (after it: it reads the stream tap the measuring
+    addon installs), the readiness check, browser measuring (idle unless `hopmeter_browser`),
+    then the outputs that observe the measuring addon, then what mitmweb and the console show
+    (idle elsewhere)."""
     meter = HopMeter()
-    outputs = (BrowserMeter, MetricsOutput, RecordsOutput, ConsoleOutput, OtelOutput, HopView)
-    return [meter, *(output(meter) for output in outputs)]
+    readiness = Readiness()
+    outputs = [
+        MetricsOutput(meter, readiness),
+        *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput, HopView)),
+    ]
+    return [meter, UpstreamGuard(meter, readiness), readiness, BrowserMeter(meter), *outputs]
 
 
 class FreezeAtStart:
@@ -51,16 +65,33 @@ async def run_proxy(
     before: Callable[[], Awaitable[None]] | None = None,
     on_master: Callable[[Any], None] | None = None,
 ) -> int:
-    """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down)."""
+    """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down).
+
+    The first signal drains (hopmeter.proxy.drain): no new connections, the flows in flight
+    finish within the drain timeout; a second one stops at once.
+    """
     opts = options.Options()
     master = DumpMaster(opts, with_termlog=True, with_dumper=False)
     drop_legacy_log_events()
-    master.addons.add(*default_addons(), FreezeAtStart())
+    addons = default_addons()
+    meter, readiness = addons[0], addons[2]
+    assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
+    drain = Drain(meter, readiness)
+    master.addons.add(*addons, drain, FreezeAtStart())
     try:
         opts.update(
             # mitmproxy listens on every interface by default; hopmeter on loopback unless told
             listen_host="127.0.0.1",
             mode=cfg.modes,
+            # connect to the upstream when a request has come, not when a client connects: an
+            # upstream that cannot be reached is then answered 502 and recorded, instead of the
+            # client's connection being closed unanswered (`--set connection_strategy=eager`
+            # still wins: `extra` is applied last)
+            connection_strategy="lazy",
+            tcp_timeout=int(max(600, cfg.read_timeout_s + TCP_TIMEOUT_MARGIN_S)),
+            hopmeter_connect_timeout=repr(cfg.connect_timeout_s),
+            hopmeter_read_timeout=repr(cfg.read_timeout_s),
+            hopmeter_drain_timeout=repr(cfg.drain_timeout_s),
             hopmeter_hop=cfg.hop,
             hopmeter_listeners=cfg.listener_names,
             hopmeter_records=cfg.records,
@@ -70,6 +101,7 @@ async def run_proxy(
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
             hopmeter_otel_endpoint=cfg.otel_endpoint,
+            hopmeter_otel_timeline=cfg.otel_timeline,
             hopmeter_chaos=cfg.chaos,
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
@@ -83,7 +115,7 @@ async def run_proxy(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, master.shutdown)
+            loop.add_signal_handler(sig, drain.signal)
     if on_master is not None:
         on_master(master)
     if before is not None:
@@ -123,10 +155,13 @@ def quiet_mitmproxy_logs(verbose: bool) -> None:
 
     mitmproxy's own main() sets the root logger to DEBUG and filters in its console handler; a
     master built here must do the same, or every INFO line (the per-flow summary) is dropped.
+    mitmproxy's proxy core logs at WARNING per connection too ("Server TLS handshake failed"):
+    under a flood of failures that is a line per request, and hopmeter reports each of them
+    itself, once per cause per interval (hopmeter.proxy.guard). ERROR stays visible: a crash.
     """
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in ("asyncio", "hpack", "urwid", "tornado", "quic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    level = logging.DEBUG if verbose else logging.WARNING
+    level = logging.DEBUG if verbose else logging.ERROR
     for name in ("mitmproxy.proxy.server", "mitmproxy.proxy.layers"):
         logging.getLogger(name).setLevel(level)

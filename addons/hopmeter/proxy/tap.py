@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext
+from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.wire import sniff_request
 from hopmeter.proxy.chaos import Chaos
 
@@ -62,6 +63,7 @@ class FlowState:
     response_headers: dict[str, str] | None = None  # lower-cased, first value wins
     streaming: bool = False  # counted in streams_active
     finished: bool = False
+    failure: UpstreamFailure | None = None  # why the upstream failed it (hopmeter.proxy.guard)
 
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""
@@ -95,7 +97,17 @@ class RequestTap:
 class ResponseTap:
     """The response's stream callable: stamps each chunk, queues it for measuring, returns it."""
 
-    __slots__ = ("bytes_out", "chaos", "error", "meter", "on_error", "out", "queue", "state")
+    __slots__ = (
+        "bytes_out",
+        "chaos",
+        "error",
+        "last_s",
+        "meter",
+        "on_error",
+        "out",
+        "queue",
+        "state",
+    )
 
     def __init__(self, state: FlowState | None, queue: MeasureQueue, on_error: OnError) -> None:
         self.state = state
@@ -106,13 +118,16 @@ class ResponseTap:
         self.error: str | None = None
         self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
         self.out: FlowOut | None = None  # follows the chunks to the client (proxy.delivery)
+        # monotonic time of the last chunk: the read timeout's timer reads it when it comes due
+        # (hopmeter.proxy.guard), so a chunk costs one attribute store, never a timer
+        self.last_s = time.monotonic()
 
     def __call__(self, data: bytes) -> bytes | list[bytes]:
+        now = self.last_s = time.monotonic()
         if data and self.meter is not None:
             # Stamp now; measure after the chunk is written (MeasureQueue). The FlowOut arms the
             # client connection's write counter with the chunk. Nothing here can raise short of
             # running out of memory (FlowOut.chunk catches its own failures).
-            now = time.monotonic()
             out = self.out
             if out is not None:
                 out.chunk(len(data), now)

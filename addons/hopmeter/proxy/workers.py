@@ -17,18 +17,33 @@ import sys
 import time
 from collections.abc import Sequence
 
-# How long workers get to write their in-flight records after SIGTERM before they are killed.
-STOP_TIMEOUT_S = 15.0
+# How long workers get to drain after the first signal before they are killed, unless the
+# command gives its own (`hopmeter run` passes its drain timeout plus a margin).
+STOP_TIMEOUT_S = 30.0
+POLL_S = 0.1
 
 
-def run_workers(argv: Sequence[str], workers: int) -> int:
-    """Start `workers` copies of `hopmeter run ARGV`, forward signals, return the worst status."""
+def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Start `workers` copies of `hopmeter run ARGV`, forward signals, return the worst status.
+
+    Every signal is forwarded (the first makes each worker drain, a second stops them at once);
+    a worker still running `stop_timeout_s` after the first is killed. A worker that fails (a
+    port, a bad option) stops the others.
+    """
+    # Each worker in a session of its own: a Ctrl-C in the terminal reaches the parent only, and
+    # the parent forwards it once (a worker that got it twice would stop without draining).
     procs = [
-        subprocess.Popen([sys.executable, "-m", "hopmeter.cli", *argv, "--worker-index", str(i)])
+        subprocess.Popen(
+            [sys.executable, "-m", "hopmeter.cli", *argv, "--worker-index", str(i)],
+            start_new_session=True,
+        )
         for i in range(workers)
     ]
+    stopping: list[float] = []  # when the first signal came
 
     def forward(sig: int, _frame: object) -> None:
+        if not stopping:
+            stopping.append(time.monotonic())
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -37,19 +52,21 @@ def run_workers(argv: Sequence[str], workers: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
     status = 0
+    failed: set[int] = set()
     while any(p.poll() is None for p in procs):
-        for p in procs:
+        for i, p in enumerate(procs):
             code = p.poll()
-            if code not in (None, 0):
-                # one worker failed (a port, a bad option): stop the rest, report it
+            if code not in (None, 0) and i not in failed:
+                failed.add(i)
                 status = max(status, code)
                 forward(signal.SIGTERM, None)
-        time.sleep(0.1)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+        if stopping and time.monotonic() > stopping[0] + stop_timeout_s:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(POLL_S)
     for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-        status = max(status, p.returncode or 0)
+        p.wait()
+        status = max(status, p.returncode if p.returncode > 0 else 0)
     return status

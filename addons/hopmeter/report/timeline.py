@@ -58,8 +58,10 @@ def verdict(record: Mapping[str, Any]) -> str:
     kinds = ",".join(str(f.get("kind")) for f in record.get("findings") or []) or "clean"
     if not fig:
         resp = record.get("response") or {}
-        ended = resp.get("ended") or "no response"
-        return clean(f"hopmeter: not measured ({resp.get('status', '-')}, {ended}) · {kinds}")
+        # no response: the status the proxy answered in place of a failed upstream, if it did
+        status = resp.get("status", (record.get("upstream_error") or {}).get("status_sent"))
+        ended = resp.get("ended") or record.get("ended") or "no response"
+        return clean(f"hopmeter: not measured ({status or '-'}, {ended}) · {kinds}")
     return clean(
         f"TTFT {ms(fig.get('ttft_s'))} · ITL p50 {ms(fig.get('itl_p50_s'))} "
         f"p99 {ms(fig.get('itl_p99_s'))} · max gap {ms(fig.get('max_gap_s'))} · "

@@ -1,0 +1,153 @@
+"""The join service: spans filed, segments aligned after the answer, observed and written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hopmeter.core.spans import SpanView
+from hopmeter.join import service as service_module
+from hopmeter.join.otlp import decode_request
+from hopmeter.join.service import JoinService
+from tests.harness.otlp import hop_span, request_of
+from tests.join.conftest import config
+
+TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
+EDGE = bytes.fromhex("00f067aa0ba902b7")
+ORIGIN = bytes.fromhex("b7ad6b7169203331")
+START = 1_800_000_000_000_000_000
+
+
+def spans(*built: object) -> list[SpanView]:
+    return decode_request(request_of(built).SerializeToString())  # type: ignore[arg-type]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_pair_is_aligned_observed_and_written(tmp_path: Path) -> None:
+    """The edge's and the origin's spans give one segment: holds in the histogram, findings
+    counted, and a hopmeter.join/1 line in the records."""
+    svc = JoinService(config(tmp_path))
+    edge = hop_span(
+        TRACE, EDGE, start_ns=START, t_us=[310_000, 330_000], offsets=[4, 8],
+        hopmeter__findings="burst_gaps",
+    )  # fmt: skip
+    origin = hop_span(TRACE, ORIGIN, hop="origin", parent=EDGE, start_ns=START + 1_000_000)
+    assert svc.accept(spans(edge)) == (0, "")
+    svc.settle()
+    assert svc.accept(spans(origin)) == (0, "")
+    assert (tmp_path / "joined.jsonl").read_bytes() == b""  # aligned only at settle()
+    svc.settle()
+    svc.stop()
+    (line,) = [orjson.loads(ln) for ln in (tmp_path / "joined.jsonl").read_bytes().splitlines()]
+    assert line["schema"] == "hopmeter.join/1" and line["trace_id"] == TRACE.hex()
+    assert line["linked"] is True
+    (seg,) = line["hops"]
+    assert seg["segment"] == "edge>origin" and seg["tokens_aligned"] == 2
+    assert seg["first_token_hold_s"] == 0.009  # 0.310 s at the edge, 0.301 s at the origin
+    assert seg["findings"] == [{"kind": "burst_gaps", "introduced_by": "edge>origin"}]
+    counts = svc.counts()
+    assert counts.segments == {"true": 1, "false": 0}
+    assert counts.spans["accepted"] == 2 and counts.traces["joined"] == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in svc.metrics.registry.collect()
+        for s in family.samples
+    }
+    assert samples["hopmeter_hold_seconds_count", (("segment", "edge>origin"),)] == 2
+    kind = (("kind", "burst_gaps"), ("segment", "edge>origin"))
+    assert samples["hopmeter_segment_findings_total", kind] == 1
+    assert samples["hopmeter_join_traces_total", (("outcome", "joined"),)] == 1
+
+
+def test_rejected_spans_are_reported_for_partial_success(tmp_path: Path) -> None:
+    """Absurd spans are rejected with a reason; foreign and timeline-less ones are not."""
+    svc = JoinService(config(tmp_path, records=""))
+    bad = hop_span(TRACE, EDGE, t_us=[2, 1], offsets=[1, 2])
+    foreign = hop_span(TRACE, ORIGIN, hop=None)
+    rejected, why = svc.accept(spans(bad, foreign))
+    assert rejected == 1 and "hopmeter.timeline" in why
+    assert svc.counts().spans["foreign"] == 1
+    svc.stop()
+
+
+def test_tick_ends_traces_and_chains_unlinked_ones(tmp_path: Path) -> None:
+    """After the window a trace without parent links is chained by start and written unlinked;
+    at stop what still waits is counted lost."""
+    clock = Clock()
+    svc = JoinService(config(tmp_path, window_s=5.0), clock=clock)
+    other = bytes.fromhex("aa" * 8)
+    svc.accept(
+        spans(
+            hop_span(TRACE, EDGE, start_ns=START),
+            hop_span(TRACE, ORIGIN, hop="origin", parent=other, start_ns=START + 10),
+        )
+    )
+    clock.now = 2.0
+    svc.accept(spans(hop_span(bytes.fromhex("cc" * 16), EDGE)))
+    clock.now = 5.0
+    svc.tick()
+    clock.now = 6.0
+    svc.stop()
+    (line,) = [orjson.loads(ln) for ln in (tmp_path / "joined.jsonl").read_bytes().splitlines()]
+    assert line["linked"] is False and line["hops"][0]["segment"] == "edge>origin"
+    counts = svc.counts()
+    assert counts.traces["unlinked"] == 1 and counts.traces["lost"] == 1
+    assert counts.segments == {"true": 0, "false": 1}
+
+
+def test_an_unwritable_records_file_is_counted_not_raised(tmp_path: Path) -> None:
+    """When the records file cannot take a line the service goes on and counts the loss."""
+    svc = JoinService(config(tmp_path, records="/dev/full"))
+    svc.accept(spans(hop_span(TRACE, EDGE), hop_span(TRACE, ORIGIN, hop="origin", parent=EDGE)))
+    svc.settle()
+    svc.stop()
+    assert svc.lost_records == 1 and svc.segments["true"] == 1
+
+
+def test_a_bug_reading_one_span_loses_only_that_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception while filing a span is counted as an internal error and that span rejected;
+    the rest of the request is filed."""
+    svc = JoinService(config(tmp_path, records=""))
+    real = service_module.read_span
+
+    def flaky(view: SpanView) -> object:
+        if view.span_id == ORIGIN:
+            raise RuntimeError("a bug")
+        return real(view)
+
+    monkeypatch.setattr(service_module, "read_span", flaky)
+    rejected, _ = svc.accept(spans(hop_span(TRACE, ORIGIN, hop="origin"), hop_span(TRACE, EDGE)))
+    assert rejected == 1 and svc.counts().spans["accepted"] == 1
+    samples = {
+        (s.name, tuple(s.labels.items())): s.value
+        for family in svc.metrics.registry.collect()
+        for s in family.samples
+    }
+    assert samples["hopmeter_internal_errors_total", (("where", "join_accept"),)] == 1
+    svc.stop()
+
+
+def test_the_service_loads_no_mitmproxy() -> None:
+    """The join service imports neither mitmproxy nor the proxy layer."""
+    code = (
+        "import sys, hopmeter.join.service, hopmeter.join.files, hopmeter.report.join\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'mitmproxy']\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
