@@ -48,10 +48,11 @@ class Proxy:
 
 
 def read(path: Path) -> list[dict[str, Any]]:
-    """The records written so far."""
+    """The records written so far (a line still being written is not one yet)."""
     if not path.exists():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    complete = path.read_bytes().split(b"\n")[:-1]
+    return [orjson.loads(line) for line in complete if line.strip()]
 
 
 def pages_upstream(tmp: Path) -> tuple[Proc, int]:
