@@ -210,19 +210,20 @@ def test_bad_beacons_get_a_clear_4xx_and_are_counted(proxy: Proxy) -> None:
     assert post(proxy, orjson.dumps(beacon(tp))).status_code == 204  # the page's own still joins
 
 
-def test_a_body_too_long_to_read_closes_the_connection(proxy: Proxy) -> None:
-    """A beacon saying it is 10 MB long, or not saying its length, is not read: the connection
-    is closed without an answer, and counted."""
+def test_a_body_too_long_to_read_is_answered_unread(proxy: Proxy) -> None:
+    """A beacon saying it is 10 MB long, or not saying its length, is not read: it is answered
+    at its headers (413, 411), the connection closed, and counted."""
     before = outcomes(proxy)
-    big = b"POST /_hopmeter/beacon HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n{"
-    chunked = (
-        b"POST /_hopmeter/beacon HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{"
-    )
-    assert raw(proxy, big) == b""
-    assert raw(proxy, chunked) == b""
-    after = wait_for(
-        lambda: (o := outcomes(proxy)).get("unsized", 0) > before.get("unsized", 0) and o
-    )
+    big = raw(proxy, HEAD + b"Content-Length: 10000000\r\n\r\n{")
+    assert big.startswith(b"HTTP/1.1 413 ") and b"not read" in big
+    unsized = raw(proxy, HEAD + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{")
+    assert unsized.startswith(b"HTTP/1.1 411 ") and b"says its length" in unsized
+
+    def counted() -> dict[str, float] | None:
+        now = outcomes(proxy)
+        return now if now.get("unsized", 0) > before.get("unsized", 0) else None
+
+    after = wait_for(counted)
     assert after["too_large"] == before.get("too_large", 0) + 1
     assert after["unsized"] == before.get("unsized", 0) + 1
 

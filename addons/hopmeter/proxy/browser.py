@@ -6,8 +6,9 @@ With the option on, two paths belong to hopmeter and are never forwarded: `GET
 /_hopmeter/beacon` (a page's beacon, hopmeter.core.beacon). With it off they do not exist: such
 requests go upstream like any other. The answers are set in the `request` hook, after the body
 was read; a beacon must say its length (every sendBeacon does), and a body longer than
-READ_LIMIT_BYTES is not read at all: the connection is closed. Every outcome is counted
-(`hopmeter_beacons_total{outcome}`), and a beacon costs the loop one parse and, once, one join.
+READ_LIMIT_BYTES is not read at all: it is answered at its headers and its connection closed.
+Every outcome is counted (`hopmeter_beacons_total{outcome}`), and a beacon costs the loop one
+parse and, once, one join.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from hopmeter.core.trace import parse_traceparent
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.errors import BeaconError
 from hopmeter.proxy.beacons import Answer, BeaconJoins
+from hopmeter.proxy.failures import answer_and_close
 
 if TYPE_CHECKING:
     from hopmeter.proxy.addon import HopMeter
@@ -36,9 +38,9 @@ SNIPPET_PATH = "/_hopmeter/beacon.js"
 BEACON_PATH = "/_hopmeter/beacon"
 # The tracestate entry the snippet adds to a request whose page will send a beacon.
 MARKER = ("hopmeter", "beacon")
-# A beacon body up to this long is read, to answer 413 with the reason; a longer one (or one of
-# unknown length) is not read at all, its connection is closed: four beacons' worth is plenty
-# for a buggy page, and nothing a browser sends is longer.
+# A beacon body up to this long is read, then answered 413; a longer one (or one of unknown
+# length) is not read at all: answered at its headers, its connection closed. Four beacons'
+# worth is plenty for a buggy page, and nothing a browser sends is longer.
 READ_LIMIT_BYTES = 4 * MAX_BEACON_BYTES
 # Beacons answered per second, and the burst allowed above that (a token bucket). A page sends
 # one per reply; 50 replies ending every second at one hop is a large site. Each beacon costs
@@ -154,14 +156,20 @@ class BrowserMeter:
             return
         length = req.headers.get("content-length")
         if length is None and "transfer-encoding" in req.headers:
-            self._refuse(flow, BeaconOutcome.UNSIZED)
+            why = "a beacon says its length (sendBeacon always does); not read"
+            self._refuse(flow, 411, BeaconOutcome.UNSIZED, why)
         elif length is not None and (not length.isdigit() or int(length) > READ_LIMIT_BYTES):
-            self._refuse(flow, BeaconOutcome.TOO_LARGE)
+            why = f"beacon of {length} bytes; at most {MAX_BEACON_BYTES}: not read"
+            self._refuse(flow, 413, BeaconOutcome.TOO_LARGE, why)
 
-    def _refuse(self, flow: http.HTTPFlow, outcome: BeaconOutcome) -> None:
-        """Close the connection without reading the body (it could be of any length)."""
+    def _refuse(
+        self, flow: http.HTTPFlow, status: int, outcome: BeaconOutcome, message: str
+    ) -> None:
+        """Answer and close the connection without reading the body (it could be of any
+        length); an HTTP/2 client's connection is only closed."""
         self.count(outcome)
-        flow.kill()
+        if not answer_and_close(flow, status, outcome, message):
+            flow.kill()  # no connection handler to write to (a test context)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if not self.owns(flow) or not flow.live:
