@@ -29,7 +29,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
-from hopmeter.core.beacon import MAX_BEACON_BYTES, parse_beacon
+from hopmeter.core.beacon import MAX_BEACON_BYTES, MAX_ENTRIES, parse_beacon
 from hopmeter.core.browser import join_beacon
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -48,7 +48,7 @@ def make(tokens: int, gap_ms: float) -> tuple[bytes, dict[str, Any]]:
     frames: list[tuple[float, float, float, int]] = []
     k = 0
     shown = 0
-    while k * FRAME_MS <= reads[-1] + 3 * FRAME_MS and len(frames) < 4096:
+    while k * FRAME_MS <= reads[-1] + 3 * FRAME_MS and len(frames) < MAX_ENTRIES:
         raf = k * FRAME_MS
         k += 1
         chars = CHARS * sum(1 for t in reads if t <= raf)
@@ -94,8 +94,9 @@ def make(tokens: int, gap_ms: float) -> tuple[bytes, dict[str, Any]]:
 
 
 def largest(gap_ms: float) -> int:
-    """The most tokens (a read each, a frame about each) whose beacon fits 64 KiB."""
-    lo, hi = 100, 4096
+    """The most tokens (a read each, a frame about each) whose beacon fits 64 KiB and the
+    entry limit."""
+    lo, hi = 100, MAX_ENTRIES
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if len(make(mid, gap_ms)[0]) <= MAX_BEACON_BYTES:

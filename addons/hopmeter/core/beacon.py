@@ -38,9 +38,11 @@ SCHEMA = "hopmeter.beacon/1"
 # A beacon's body is at most this long: navigator.sendBeacon refuses a body over 64 KiB (Chromium
 # 156 sent 65,536 bytes and refused 65,537; the quota is shared by beacons still in flight).
 MAX_BEACON_BYTES = 65_536
-# Reads and frames listed per beacon. The snippet keeps at most 4,096 of each and merges
-# neighbours to fit 64 KiB (about 13 bytes an entry when delta-coded: ~4,800 entries in all).
-MAX_ENTRIES = 4096
+# Reads and frames listed per beacon. The snippet merges neighbours past this, or to fit 64 KiB
+# (about 12 bytes an entry when delta-coded). It bounds a beacon's join, done once on the
+# proxy's loop: 2,048 reads and frames cost ~15 ms of CPU (bench/micro_beacon.py), a reply of
+# some 2,000 tokens; a longer one is listed two reads an entry, and so on.
+MAX_ENTRIES = 2048
 # Ticks of the page clock per millisecond (the snippet rounds every time to 0.1 ms, its grain).
 TICKS_PER_MS = 10
 # Ticks are whole numbers below this: 10^10 ticks are 11.6 days, longer than any reply.
@@ -106,8 +108,22 @@ class Beacon:
     text: str | None  # the element's text, only when the page opted in
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """A beacon read as far as its trace: enough to refuse it before checking the rest."""
+
+    trace_id: str
+    span_id: str
+    doc: Mapping[str, Any]
+
+
 def parse_beacon(body: bytes) -> Beacon:
     """The checked beacon in `body`; `BeaconError` naming the first problem otherwise."""
+    return check_beacon(read_envelope(body))
+
+
+def read_envelope(body: bytes) -> Envelope:
+    """JSON, the schema and the traceparent of a beacon (its other fields are not looked at)."""
     if len(body) > MAX_BEACON_BYTES:
         raise BeaconError(f"beacon of {len(body)} bytes; at most {MAX_BEACON_BYTES}")
     try:
@@ -122,6 +138,12 @@ def parse_beacon(body: bytes) -> Beacon:
     trace = parse_traceparent(tp)
     if trace is None:
         raise BeaconError(f"beacon traceparent {tp!r} is not a W3C traceparent")
+    return Envelope(trace_id=trace.trace_id, span_id=trace.span_id, doc=doc)
+
+
+def check_beacon(envelope: Envelope) -> Beacon:
+    """Every field of a beacon checked for its type and bounds."""
+    doc = envelope.doc
     how = _str(doc, "how", 16)
     if how not in ENDINGS:
         raise BeaconError(f"beacon how {how!r}; expected one of {', '.join(ENDINGS)}")
@@ -135,8 +157,8 @@ def parse_beacon(body: bytes) -> Beacon:
         raise BeaconError("beacon text: expected a string")
     screen = doc.get("screen")
     return Beacon(
-        trace_id=trace.trace_id,
-        span_id=trace.span_id,
+        trace_id=envelope.trace_id,
+        span_id=envelope.span_id,
         url=_str(doc, "url", 2048),
         t0_ms=_number(doc, "t0"),
         status=_count(doc, "status", 999),

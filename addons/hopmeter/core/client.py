@@ -18,6 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from itertools import accumulate
 from statistics import median
 from typing import Any
@@ -182,20 +183,20 @@ def evidence(b: Beacon) -> Evidence:
     changing = [i for i in range(len(chars)) if chars[i] != (chars[i - 1] if i else 0)]
     changed_at = [reach[i] for i in changing]
     changed_raf = [raf[i] for i in changing]  # frames run in order: these only grow
-    lags: list[float] = []
-    held = 0
-    for j, (t_read, c) in enumerate(zip(r.t_ms, r.shown, strict=True)):
-        if c <= 0 or c == (r.shown[j - 1] if j else 0):
-            continue  # this read added no answer text
-        k = bisect_left(reach, c - 0.5)
-        if k >= len(reach):
-            continue  # never on screen
-        lags.append(t[k] - t_read)
-        # the first frame that changed the screen after this read: did it show the read's text?
-        first = bisect_right(changed_raf, t_read)
-        shown_by = bisect_left(changed_at, c - 0.5)
-        if first < len(changing) and shown_by < len(changing) and shown_by > first:
-            held += 1
+    # the reads that added answer text, and the first frame whose count reached each (in C)
+    added = [
+        (t_read, c - 0.5)
+        for t_read, c, before in zip(r.t_ms, r.shown, (0, *r.shown), strict=False)
+        if c > 0 and c != before
+    ]
+    painted = list(map(partial(bisect_left, reach), (c for _, c in added)))
+    seen = [(t_read, t[k]) for (t_read, _), k in zip(added, painted, strict=True) if k < len(reach)]
+    lags = [t_paint - t_read for t_read, t_paint in seen]
+    # withheld: the first frame that changed the screen after a read did not show its text
+    n = len(changing)
+    firsts = map(partial(bisect_right, changed_raf), (t_read for t_read, _ in added))
+    shown_by = map(partial(bisect_left, changed_at), (c for _, c in added))
+    held = sum(1 for a, s in zip(firsts, shown_by, strict=True) if a < n and a < s < n)
     work = [_work(i, t, raf, write, r.t_ms) for i in changing]
     tail = work[int(len(work) * 0.9) :]
     replaced = [

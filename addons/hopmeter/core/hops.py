@@ -170,8 +170,10 @@ def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
 
 
 def _token_times(v: HopView) -> list[tuple[float, int, int]]:
-    """(absolute time, tokens, content offset) of each token-carrying event."""
-    return [(v.t_start + float(t), int(k), int(c)) for t, k, c, *_ in v.events if k > 0]
+    """(absolute time, tokens, content offset) of each token-carrying event (indexed, not
+    unpacked with a starred target: that builds a list per event, twice as slow)."""
+    t0 = v.t_start
+    return [(t0 + float(e[0]), int(e[1]), int(e[2])) for e in v.events if e[1] > 0]
 
 
 def _token_outs(v: HopView) -> list[float | None]:

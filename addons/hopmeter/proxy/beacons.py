@@ -114,11 +114,13 @@ class BeaconJoins:
             self._forget(oldest, self.expected.pop(oldest), "too many records waited")
         return True
 
-    def beacon(self, b: Beacon, origin: str | None, received_s: float) -> Answer:
-        """A checked beacon arrived from `origin` (None: it named none)."""
-        e = self.expected.get(b.trace_id)
+    def admit(self, trace_id: str, origin: str | None) -> Answer | None:
+        """Whether a beacon for `trace_id` from `origin` (None: it named none) may be checked
+        and joined: None, else the refusal. Refusing before the beacon is checked keeps a flood
+        for traces nobody announced cheap (one JSON parse each)."""
+        e = self.expected.get(trace_id)
         if e is None:
-            done = self.finished.get(b.trace_id)
+            done = self.finished.get(trace_id)
             if done == BeaconOutcome.JOINED:
                 return Answer(
                     status=409, message="this trace's beacon came already",
@@ -149,6 +151,14 @@ class BeaconJoins:
                 status=409, message="this trace's beacon came already",
                 outcome=BeaconOutcome.DUPLICATE,
             )  # fmt: skip
+        return None
+
+    def beacon(self, b: Beacon, origin: str | None, received_s: float) -> Answer:
+        """A checked beacon arrived from `origin` (None: it named none)."""
+        refused = self.admit(b.trace_id, origin)
+        if refused is not None:
+            return refused
+        e = self.expected[b.trace_id]
         if e.result is not None:
             del self.expected[b.trace_id]
             self.parked -= 1

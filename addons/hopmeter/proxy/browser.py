@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.core.beacon import MAX_BEACON_BYTES, parse_beacon
+from hopmeter.core.beacon import MAX_BEACON_BYTES, check_beacon, read_envelope
 from hopmeter.core.trace import parse_traceparent
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.errors import BeaconError
@@ -43,9 +43,10 @@ MARKER = ("hopmeter", "beacon")
 # worth is plenty for a buggy page, and nothing a browser sends is longer.
 READ_LIMIT_BYTES = 4 * MAX_BEACON_BYTES
 # Beacons answered per second, and the burst allowed above that (a token bucket). A page sends
-# one per reply; 50 replies ending every second at one hop is a large site. Each beacon costs
-# the loop a JSON parse and a join (0.3-3 ms, bench/README.md); beyond the bound a flood is
-# answered 429 unread.
+# one per reply; 50 replies ending every second at one hop is a large site. A beacon for a trace
+# nobody announced costs one JSON parse (0.2-3 ms); a joined one, once per reply, 1 ms for a
+# 120-token reply to ~20 ms for a full beacon (bench/micro_beacon.py). Beyond the bound a flood
+# is answered 429 unread.
 RATE_PER_S = 50.0
 BURST = 200.0
 
@@ -174,6 +175,9 @@ class BrowserMeter:
     def request(self, flow: http.HTTPFlow) -> None:
         if not self.owns(flow) or not flow.live:
             return
+        # hopmeter's own step on the loop every stream shares: timed, as measuring steps are, so
+        # the records of the flows it delayed say so (delivery.own_step_max_cpu_s, proxy_hold)
+        t0, cpu0 = time.monotonic(), time.thread_time()
         try:
             if _path(flow) == SNIPPET_PATH:
                 flow.response = self._snippet(flow)
@@ -182,6 +186,7 @@ class BrowserMeter:
         except Exception as exc:  # a bug here must still answer, and never forward
             self.meter.internal_error("browser", exc)
             flow.response = _reply(500, "hopmeter could not handle this beacon (a bug; counted)")
+        self.meter.delivery.log.step(t0, cpu0)
 
     def _snippet(self, flow: http.HTTPFlow) -> http.Response:
         if flow.request.method not in ("GET", "HEAD"):
@@ -214,12 +219,17 @@ class BrowserMeter:
                     outcome=BeaconOutcome.TOO_LARGE,
                 )
             )
+        origin = origin_of(req.headers)
         try:
-            beacon = parse_beacon(body)
+            envelope = read_envelope(body)
+            refused = self.joins.admit(envelope.trace_id, origin)
+            if refused is not None:  # before checking the rest: a flood of these stays cheap
+                return self._answer(refused)
+            beacon = check_beacon(envelope)
         except BeaconError as exc:
             return self._answer(Answer(status=400, message=str(exc),
                                        outcome=BeaconOutcome.MALFORMED))  # fmt: skip
-        return self._answer(self.joins.beacon(beacon, origin_of(req.headers), received_s))
+        return self._answer(self.joins.beacon(beacon, origin, received_s))
 
     def _answer(self, answer: Answer) -> http.Response:
         if answer.outcome is not None:

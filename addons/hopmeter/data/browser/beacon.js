@@ -26,7 +26,7 @@
   var ATTR = "data-hopmeter-reply";
   var KEEP = 8192; // reads and frames kept per reply in the page (the rest counted)
   var KEEP_BYTES = 8388608; // body bytes kept to count characters after the end (8 MiB)
-  var MAX_ENTRIES = 4096; // per list in a beacon (hopmeter refuses more)
+  var MAX_ENTRIES = 2048; // per list in a beacon (hopmeter refuses more)
   var MAX_BODY = 64000; // a beacon's bytes: sendBeacon refuses over 64 KiB, shared in flight
   var origFetch = W.fetch;
   var now = function () { return P.timeOrigin + P.now(); }; // epoch ms, monotonic in the page
