@@ -50,7 +50,7 @@ MAX_TICKS = 10**10
 # Opted-in reply text kept from a beacon, in characters (the rest is cut).
 MAX_TEXT_CHARS = 32_768
 # How the body's reading ended, as the snippet says it.
-ENDINGS = ("done", "error", "cancel", "pagehide", "hidden", "open")
+ENDINGS = ("done", "error", "cancel", "pagehide", "hidden")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
