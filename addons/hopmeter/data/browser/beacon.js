@@ -1,5 +1,5 @@
-/*! hopmeter browser snippet: https://github.com/ (docs/browser.md). Times, for each streamed
- * reply, when the page's body reader got each chunk and when the reply's element changed on
+/*! hopmeter browser snippet (how to use it: hopmeter's docs/browser.md). For each streamed
+ * reply it times when the page's body reader got each chunk and when the reply's element changed on
  * screen, and sends one beacon per reply to hopmeter, which joins it to its record of the same
  * request. It sends counts, times and offsets, never the reply's text unless the page opts in
  * (data-send-text). No dependencies, no build step:
