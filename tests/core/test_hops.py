@@ -72,6 +72,21 @@ def test_skew_is_bounded_by_causality() -> None:
     assert max(seg.holds_s) < 0.01
 
 
+def test_known_skew_limits_narrow_the_bounds() -> None:
+    """Bounds the caller knows from elsewhere narrow the causal ones; equal limits (one clock)
+    fix the skew whatever the events say."""
+    inner = record("origin", 1002.001, steady(10, 0.05, 0.1))
+    outer = record("edge", 1000.0, steady(10, 0.05, 0.102))
+    o, i = HopView.from_record(outer), HopView.from_record(inner)
+    lower, upper = skew_bounds(o, i)
+    assert lower is not None and upper is not None
+    narrowed = align(o, i, (None, upper - 0.0005))
+    assert narrowed.skew_bounds_s == (lower, pytest.approx(upper - 0.0005))
+    fixed = align(o, i, (0.0, 0.0))
+    assert fixed.skew_bounds_s == (0.0, 0.0) and fixed.skew_s == 0.0
+    assert min(fixed.holds_s) < -1.9  # the events disagree: one clock was claimed
+
+
 def test_segment_findings_are_those_the_segment_introduced() -> None:
     """Bursts at the edge but not at the origin belong to the segment; ITL falling is the tell."""
     inner = record(

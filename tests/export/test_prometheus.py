@@ -621,3 +621,42 @@ def test_flows_not_followed_add_no_delivery_observation(registry: CollectorRegis
     metrics.observe_flow(flow_record(delivery={"measured": False, "client_wait_s": None}))
     metrics.observe_flow(flow_record())
     assert value(registry, "hopmeter_client_wait_seconds_count", hop="edge") == 0
+
+
+def test_the_page_s_first_painted_token_and_paint_lags(registry: CollectorRegistry) -> None:
+    """A record with a joined beacon: time to first painted token once, paint lag per token,
+    both with the flow's labels; client findings counted with the others."""
+    record = flow_record(
+        browser={"joined": True, "findings": [{"kind": "client_writes_per_token"}]},
+        screen={"ttft_s": 0.31},
+    )
+    Metrics(registry).observe_flow(record, paint_lags=[0.004, 0.009, 0.03])
+    first = "hopmeter_time_to_first_painted_token_seconds"
+    assert value(registry, f"{first}_count", hop="edge", route="/v1/chat/completions") == 1
+    assert value(registry, f"{first}_sum") == pytest.approx(0.31)
+    assert value(registry, "hopmeter_paint_lag_seconds_count", api="openai.chat") == 3
+    assert value(registry, "hopmeter_paint_lag_seconds_bucket", le="0.0167") == 2
+    assert value(registry, "hopmeter_findings_total", kind="client_writes_per_token") == 1
+
+
+def test_a_record_without_a_screen_observes_no_paint(registry: CollectorRegistry) -> None:
+    """No screen section (no beacon, or no element watched): no painted-token series grow."""
+    Metrics(registry).observe_flow(flow_record(browser={"joined": False}), paint_lags=None)
+    assert value(registry, "hopmeter_time_to_first_painted_token_seconds_count") == 0
+    assert value(registry, "hopmeter_paint_lag_seconds_count") == 0
+
+
+def test_beacon_outcomes_count_from_zero(registry: CollectorRegistry) -> None:
+    """The first beacon creates every outcome's series at 0; an unknown outcome is "other"."""
+    metrics = Metrics(registry)
+    assert value(registry, "hopmeter_beacons_total") == 0
+    metrics.beacon("joined")
+    metrics.beacon("flood")
+    metrics.beacon("flood")
+    metrics.beacon("made_up")
+    names = {
+        dict(ls).get("outcome") for n, ls in samples(registry) if n == "hopmeter_beacons_total"
+    }
+    assert {"joined", "missing", "too_large", "flood", "other"} <= names
+    assert value(registry, "hopmeter_beacons_total", outcome="flood") == 2
+    assert value(registry, "hopmeter_beacons_total", outcome="missing") == 0

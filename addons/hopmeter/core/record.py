@@ -344,6 +344,14 @@ def summary_line(rec: Mapping[str, Any]) -> str:
     findings = rec.get("findings") or []
     if findings:
         parts.append("findings=" + ",".join(f["kind"] for f in findings))
+    browser = rec.get("browser") or {}
+    screen = rec.get("screen") or {}
+    if screen.get("ttft_s") is not None:
+        parts.append(f"painted={screen['ttft_s'] * 1000:.0f}ms")
+    if browser.get("findings"):
+        parts.append("client=" + ",".join(f["kind"] for f in browser["findings"]))
+    elif browser.get("joined") is False:
+        parts.append("browser=no-beacon")
     return " ".join(parts)
 
 

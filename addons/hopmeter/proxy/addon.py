@@ -16,6 +16,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
@@ -37,6 +38,9 @@ from hopmeter.proxy.delivery import Delivery
 from hopmeter.proxy.pairing import LiveFlow, Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizers import Counters, load_counter
+
+if TYPE_CHECKING:
+    from hopmeter.proxy.browser import BrowserMeter
 
 log = get_logger()
 
@@ -61,6 +65,8 @@ class HopMeter:
         # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
         self.delivery = Delivery(self.internal_error)
         self.queue = MeasureQueue(self.delivery.log)
+        # browser measuring (hopmeter.proxy.browser): its paths, and records held for beacons
+        self.browser: BrowserMeter | None = None
         # Set by `done`: the outputs are closing, so flows that still start on connections open
         # until the process exits are forwarded but not measured (their record could not be
         # written).
@@ -172,6 +178,8 @@ class HopMeter:
                 self._complete(flow, state, Ended.SHUTDOWN, state.offset(time.monotonic()))
         self.live.clear()
         self.pairing.drain()
+        if self.browser is not None:  # records waiting for a beacon: written without it
+            self.browser.joins.drain()
 
     # -- observers -----------------------------------------------------------------------------
     def add_observer(self, observer: FlowObserver) -> None:
@@ -224,6 +232,8 @@ class HopMeter:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if not flow.live or self.stopped:  # read from a file (measured when it was live), or
             return  # the proxy is stopping: nothing could write its record any more
+        if self.browser is not None and self.browser.owns(flow):  # answered by hopmeter itself
+            return
         mono0 = time.monotonic()
         wall0 = time.time()
         state = None
@@ -390,8 +400,22 @@ class HopMeter:
         self.delivery.log.step(t0, cpu0)
 
     def _emit(self, result: FlowResult) -> None:
+        """Hand one finished record to every observer, unless it waits for its page's beacon."""
+        if self.browser is not None:
+            try:
+                if self.browser.joins.take(result):
+                    return
+            except Exception as exc:
+                self.internal_error("browser", exc)
+        self.emit_now(result)
+
+    def emit_now(self, result: FlowResult) -> None:
         """Hand one finished record to every observer (metrics, records, console, spans)."""
         self._notify(lambda obs: obs.observe(result), "observer")
+
+    def notify_beacon(self, outcome: str) -> None:
+        """Tell every observer what became of a browser beacon."""
+        self._notify(lambda obs: obs.beacon(outcome), "observer")
 
     def _result(
         self, flow: http.HTTPFlow, state: FlowState, ended: Ended, now: float

@@ -77,6 +77,12 @@ def add_parser(sub: Any) -> None:
         "(the same on every host whose records are joined)",
     )
     p.add_argument(
+        "--browser",
+        action="store_true",
+        help="browser measuring: serve the snippet at /_hopmeter/beacon.js, answer beacons at "
+        "/_hopmeter/beacon, add the browser and screen lanes to records",
+    )
+    p.add_argument(
         "--chaos",
         default="",
         metavar="ACTIONS",
@@ -186,6 +192,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,
         drain_timeout_s=args.drain_timeout,
+        browser=args.browser,
         extra=list(args.set_),
     )
 

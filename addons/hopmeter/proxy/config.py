@@ -39,6 +39,7 @@ class ProxyConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
     drain_timeout_s: float = 20.0
+    browser: bool = False  # --browser: serve the snippet, answer and join beacons
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
 

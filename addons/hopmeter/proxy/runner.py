@@ -16,6 +16,7 @@ from mitmproxy.tools.dump import DumpMaster
 
 from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
@@ -32,15 +33,16 @@ TCP_TIMEOUT_MARGIN_S = 60
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
     the measuring addon, the upstream guard (after it: it reads the stream tap the measuring
-    addon installs), the readiness check, then the outputs that observe the measuring addon,
-    then what mitmweb and the console show (idle elsewhere)."""
+    addon installs), the readiness check, browser measuring (idle unless `hopmeter_browser`),
+    then the outputs that observe the measuring addon, then what mitmweb and the console show
+    (idle elsewhere)."""
     meter = HopMeter()
     readiness = Readiness()
     outputs = [
         MetricsOutput(meter, readiness),
         *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput, HopView)),
     ]
-    return [meter, UpstreamGuard(meter, readiness), readiness, *outputs]
+    return [meter, UpstreamGuard(meter, readiness), readiness, BrowserMeter(meter), *outputs]
 
 
 class FreezeAtStart:
@@ -105,6 +107,7 @@ async def run_proxy(
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
             hopmeter_summary_interval=repr(cfg.summary_interval_s),
+            hopmeter_browser=cfg.browser,
         )
         if cfg.extra:
             opts.set(*cfg.extra)

@@ -12,7 +12,7 @@ from typing import Any
 
 from hopmeter.core.record import summary_line
 from hopmeter.report.fleet import Fleet
-from hopmeter.report.traces import Trace
+from hopmeter.report.traces import Trace, is_page_lane
 
 # C0 controls, DEL and C1 controls: an escape sequence in a model name could rewrite the terminal.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
@@ -113,6 +113,6 @@ def render(fleet: Fleet, traces: Iterable[Trace]) -> str:
     """The whole text report."""
     lines = fleet_lines(fleet)
     lines.append("flows:")
-    for trace in traces:
-        lines += ["  " + flow_line(lane.record) for lane in trace.lanes]
+    for trace in traces:  # the browser and screen lanes are in their record's line already
+        lines += ["  " + flow_line(lane.record) for lane in trace.lanes if not is_page_lane(lane)]
     return "\n".join(lines) + "\n"

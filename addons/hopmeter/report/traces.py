@@ -13,7 +13,9 @@ before this hop. The request's way in is drawn too: from the outer hop's request
 inner hop's.
 
 Times here are seconds since the trace's origin (the outermost request start), on the outermost
-hop's clock; inner hops are shifted by the skew hopmeter.core.hops estimates.
+hop's clock; inner hops are shifted by the skew hopmeter.core.hops estimates. A record whose
+page's beacon was joined (`browser`, `screen`: hopmeter.core.browser) adds two lanes outside
+its own: the page's reader and the screen, the client's side of the stream.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.hops import HopView, align, events_out
 from hopmeter.core.matching import JOIN_SLACK_S, match_records
 from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, Severity
 
 Record = Mapping[str, Any]
 
+# Marks the records `browser_lanes` makes of a record's browser and screen sections.
+PAGE_LANE = "page_lane"
 # The stall threshold when no record says which one it was measured with (docs/design.md §3).
 DEFAULT_STALL_THRESHOLD_S = 0.5
 # A segment finding names no severity; a hold it introduced is as bad as the flow's own.
@@ -97,8 +102,8 @@ class Trace:
 
     @property
     def outer(self) -> Record:
-        """The record nearest the client."""
-        return self.lanes[0].record
+        """The record nearest the client (of a flow: not a lane its page's beacon added)."""
+        return next((la.record for la in self.lanes if not is_page_lane(la)), self.lanes[0].record)
 
     @property
     def span_s(self) -> float:
@@ -118,6 +123,11 @@ class Trace:
         """The worst finding, if any."""
         found = self.findings()
         return found[0][1] if found else None
+
+
+def is_page_lane(lane: Lane) -> bool:
+    """True for the browser and screen lanes a record's joined beacon adds."""
+    return lane.record.get(PAGE_LANE) is True
 
 
 def severity(finding: Mapping[str, Any]) -> Severity:
@@ -167,9 +177,47 @@ def _events(rec: Record) -> list[tuple[float, int, int]]:
     return out
 
 
+def browser_lanes(rec: Record) -> list[Record]:
+    """The screen and browser lanes a record carries (its page's beacon was joined), as records
+    of their own, outermost first: the screen, then the page's reader. Their times are on the
+    record's own clock already (hopmeter.core.browser); each carries its segment's `hops` entry.
+    """
+    browser = rec.get("browser") or {}
+    if browser.get("joined") is not True:
+        return []
+    hops = {h.get("segment"): h for h in rec.get("hops") or []}
+
+    def lane(hop: str, section: Mapping[str, Any], inner: str) -> Record:
+        events = section.get("events") or []
+        ends = [e[0] for e in events] or [0.0]
+        t_start = float(browser["t_start"])
+        return {
+            "hop": hop,
+            PAGE_LANE: True,
+            "trace_id": rec.get("trace_id"),
+            "request": {"t_start": t_start, "method": "", "path": browser.get("path", "")},
+            "response": {
+                "t_first_byte": browser.get("t_first_byte") if hop == BROWSER else None,
+                "t_last_byte": t_start + max(ends),
+            },
+            "events": events,
+            "figures": {"ttft_s": section.get("ttft_s")},
+            "findings": section.get("findings") or [],
+            "hops": [hops[f"{hop}>{inner}"]] if f"{hop}>{inner}" in hops else [],
+        }
+
+    out = [lane(BROWSER, browser, str(rec.get("hop") or "?"))]
+    screen = rec.get("screen")
+    if isinstance(screen, Mapping):
+        out.insert(0, lane(SCREEN, screen, BROWSER))
+    return out
+
+
 def build(records: Sequence[Record], threshold_s: float) -> Trace:
-    """The trace of records that share one trace id (outermost first)."""
+    """The trace of records that share one trace id (outermost first; a page's screen and
+    reader lanes, when its beacon was joined, outside the hop it talked to)."""
     recs = sorted(records, key=_t_start)
+    recs = [*browser_lanes(recs[0]), *recs]
     t0 = _t_start(recs[0])
     bands: list[Band] = []
     shift = [0.0]  # each lane's clock minus the outermost one's
