@@ -123,6 +123,11 @@ ITL = "hopmeter_inter_token_latency_seconds"
 HOLD = "hopmeter_hold_seconds"
 OWN_HOLD = "hopmeter_own_hold_seconds"
 CLIENT_WAIT = "hopmeter_client_wait_seconds"
+REQUEST_DELAY = "hopmeter_segment_request_delay_seconds"
+ADDED_TTFT = "hopmeter_segment_added_ttft_seconds"
+PAIRINGS = "hopmeter_pairings_total"
+FIRST_PAINTED = "hopmeter_time_to_first_painted_token_seconds"
+PAINT_LAG = "hopmeter_paint_lag_seconds"
 FLOWS = "hopmeter_flows_total"
 FINDINGS = "hopmeter_findings_total"
 SEGMENT_FINDINGS = "hopmeter_segment_findings_total"
@@ -298,6 +303,45 @@ HOPS = [
         ],
     ),
     Panel(
+        "Added to the first token by segment",
+        "What each segment added to the time to first token (request delay + first-token hold, "
+        "p50 and p99), and the request's way in alone.",
+        "s",
+        [
+            *p50_p99(ADDED_TTFT, "segment", SEG),
+            Target(quantile(0.5, REQUEST_DELAY, "segment", SEG), "{{segment}} request p50"),
+        ],
+    ),
+    Panel(
+        "Pairing by trace or by content",
+        "Flows paired across listeners by trace id or by reply content (a hop dropped the "
+        "trace context), and flows left unpaired because several replies were alike.",
+        "short",
+        [
+            Target(
+                f"sum by (paired_by, match) (increase({PAIRINGS}[{RI}]))",
+                "{{paired_by}} {{match}}",
+            )
+        ],
+    ),
+    Panel(
+        "Time to first painted token by hop",
+        "From the page's fetch() to the first frame that painted reply text, per reply "
+        "(--browser: the page's beacon, joined to the record of the hop it talked to). Against "
+        "time to first token at that hop: the difference is the page's share.",
+        "s",
+        p50_p99(FIRST_PAINTED),
+    ),
+    Panel(
+        "Paint lag per token (read -> screen)",
+        "How long each token took from the page's body reader to the frame that painted it: a "
+        "client that writes once per frame stays within a frame or two (8-17 ms); a smoothing "
+        "buffer adds its delay; a re-render of the whole message or a reveal after the end "
+        "shows as seconds.",
+        "s",
+        p50_p99(PAINT_LAG),
+    ),
+    Panel(
         "Time to first token, p99 by hop",
         "The same streams' first token at each hop: the "
         "difference between an outer and an inner hop is the path's share.",
@@ -441,6 +485,26 @@ STREAM_HEALTH = [
                 "{{hop}} {{part}}",
             )
         ],
+    ),
+    Panel(
+        "Client findings by kind",
+        "What pages did to streams that reached them intact (--browser, from each page's "
+        "beacon): a decoder per chunk, missed events, a re-render per token, a write per token, "
+        "a reveal after the end, a smoothing buffer (info).",
+        "short",
+        [
+            Target(
+                f'sum by (kind, hop) (increase({FINDINGS}{{kind=~"client_.*", {SEL_HA}}}[{RI}]))',
+                "{{kind}} at {{hop}}",
+            )
+        ],
+    ),
+    Panel(
+        "Browser beacons by outcome",
+        "Beacons per second: joined to their record, refused (malformed, too large, another "
+        "origin, an unknown trace, a flood) or missing (a record waited 15 s in vain).",
+        "short",
+        [Target(f"sum by (outcome) (rate(hopmeter_beacons_total[{RI}]))", "{{outcome}}")],
     ),
     Panel(
         "Internal errors by site",

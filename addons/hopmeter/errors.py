@@ -58,3 +58,7 @@ class OtlpError(HopmeterError, ValueError):
 
 class TimelineError(OtlpError):
     """A span's hopmeter.timeline attributes are present but absurd (lengths, order, range)."""
+
+
+class BeaconError(HopmeterError):
+    """A browser beacon that cannot be read: not JSON, a field of the wrong type or size."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hopmeter.core.hops import HopView, align, chain, chain_views, skew_bounds
+from hopmeter.core.hops import HopView, Segment, align, chain, chain_views, median, skew_bounds
 
 
 def record(hop: str, t_start: float, events: list[list[float]], **fig: Any) -> dict[str, Any]:
@@ -70,6 +70,21 @@ def test_skew_is_bounded_by_causality() -> None:
     seg = align(HopView.from_record(outer), HopView.from_record(inner))
     assert all(h >= 0 for h in seg.holds_s)
     assert max(seg.holds_s) < 0.01
+
+
+def test_known_skew_limits_narrow_the_bounds() -> None:
+    """Bounds the caller knows from elsewhere narrow the causal ones; equal limits (one clock)
+    fix the skew whatever the events say."""
+    inner = record("origin", 1002.001, steady(10, 0.05, 0.1))
+    outer = record("edge", 1000.0, steady(10, 0.05, 0.102))
+    o, i = HopView.from_record(outer), HopView.from_record(inner)
+    lower, upper = skew_bounds(o, i)
+    assert lower is not None and upper is not None
+    narrowed = align(o, i, (None, upper - 0.0005))
+    assert narrowed.skew_bounds_s == (lower, pytest.approx(upper - 0.0005))
+    fixed = align(o, i, (0.0, 0.0))
+    assert fixed.skew_bounds_s == (0.0, 0.0) and fixed.skew_s == 0.0
+    assert min(fixed.holds_s) < -1.9  # the events disagree: one clock was claimed
 
 
 def test_segment_findings_are_those_the_segment_introduced() -> None:
@@ -151,3 +166,47 @@ def test_chain_views_orders_by_request_start() -> None:
     b = HopView.from_record(record("mid", 10.001, steady(3, 0.1, 0.1)))
     c = HopView.from_record(record("origin", 10.002, steady(3, 0.1, 0.05)))
     assert [s.segment for s in chain_views([c, a, b])] == ["edge>mid", "mid>origin"]
+
+
+def test_hold_p50_is_a_median_of_two_clusters() -> None:
+    """Tokens released in two bursts (held 0.287 s and 1.205 s): an even split has its median
+    between them, not at the lower cluster as a nearest rank would say; an odd one at the larger."""
+    even = (0.287,) * 20 + (1.205,) * 20
+    seg = Segment(
+        segment="edge>origin",
+        inner_hop="origin",
+        holds_s=even,
+        first_token_hold_s=0.287,
+        whole_body=False,
+        skew_s=0.0,
+        skew_bounds_s=(None, None),
+        findings=(),
+    )
+    assert seg.as_dict()["hold_p50_s"] == pytest.approx(0.746)
+    assert median((0.287,) * 20 + (1.205,) * 21) == 1.205
+    assert median((0.287,) * 21 + (1.205,) * 20) == 0.287
+    assert median(()) is None
+
+
+def test_request_delay_and_added_ttft_come_from_the_request_starts() -> None:
+    """On one clock the inner hop saw the request 12 ms after the outer one; the segment added
+    that plus the first token's hold to the time to first token, and causality bounds the delay."""
+    inner = record("origin", 1000.012, steady(10, 0.02, 0.05))
+    outer = record("edge", 1000.0, steady(10, 0.02, 0.065))
+    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    assert d["request_delay_s"] == pytest.approx(0.012)
+    assert d["first_token_hold_s"] == pytest.approx(0.003)
+    assert d["added_ttft_s"] == pytest.approx(0.015)
+    low, high = d["request_delay_bounds_s"]
+    assert low == 0.0 and high == pytest.approx(0.012 + 0.003)
+    assert d["paired_by"] == "trace" and d["inner_flow_id"] is None
+
+
+def test_a_skewed_clock_moves_the_delay_not_the_added_time() -> None:
+    """An inner host whose clock runs 0.5 s fast: the skew estimate takes it back out of the
+    request delay, and the sum the segment added to the first token is the same."""
+    inner = record("origin", 1000.512, steady(10, 0.02, 0.05))
+    outer = record("edge", 1000.0, steady(10, 0.02, 0.065))
+    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    assert d["added_ttft_s"] == pytest.approx(0.015)
+    assert 0.0 <= d["request_delay_s"] <= d["request_delay_bounds_s"][1]

@@ -202,3 +202,27 @@ def test_an_upstream_failure_is_named_with_its_status_and_fix():
     assert finding["severity"] == "error"
     assert finding["fix"] == CAUSE_FIXES[Ended.CONNECT_REFUSED]
     assert "ended=connect_refused" in summary_line(rec)
+
+
+def test_the_summary_line_says_what_the_page_saw() -> None:
+    """A record with a joined beacon: the first painted token and the client findings end its
+    line; one whose beacon never came says so."""
+    from hopmeter.core.record import summary_line
+
+    base: dict[str, Any] = {
+        "hop": "edge",
+        "request": {"method": "POST", "path": "/v1/chat/completions"},
+        "response": {"status": 200, "ended": "complete"},
+        "figures": {"ttft_s": 0.05},
+        "findings": [{"kind": "line_endings"}],
+    }
+    painted = {
+        **base,
+        "browser": {"joined": True, "findings": [{"kind": "client_missed_events"}]},
+        "screen": {"ttft_s": 0.0874},
+    }
+    line = summary_line(painted)
+    assert line.endswith("findings=line_endings painted=87ms client=client_missed_events")
+    missing = summary_line({**base, "browser": {"joined": False, "reason": "no beacon"}})
+    assert missing.endswith("browser=no-beacon")
+    assert "painted" not in summary_line(base) and "browser" not in summary_line(base)

@@ -14,6 +14,7 @@ from hopmeter.core.vocab import (
     TERMINATED_APIS,
     UNKNOWN_APIS,
     Api,
+    BeaconOutcome,
     Ended,
     FindingKind,
     Severity,
@@ -21,7 +22,14 @@ from hopmeter.core.vocab import (
 )
 
 DESIGN = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
-VOCABULARIES: list[type[StrEnum]] = [Api, Ended, TokenSource, Severity, FindingKind]
+VOCABULARIES: list[type[StrEnum]] = [
+    Api,
+    Ended,
+    TokenSource,
+    Severity,
+    FindingKind,
+    BeaconOutcome,
+]
 
 
 def test_a_member_is_its_value_everywhere() -> None:
@@ -67,3 +75,9 @@ def test_the_findings_table_documents_every_kind() -> None:
     rows = re.findall(r"^\| ([a-z0-9_]+) \|", section, flags=re.MULTILINE)
     assert rows[0] == "kind"  # the header
     assert sorted(rows[1:]) == sorted(FindingKind)
+
+
+def test_the_metrics_section_documents_every_beacon_outcome() -> None:
+    """docs/design.md §8 lists exactly the outcomes hopmeter_beacons_total can carry."""
+    section = DESIGN[DESIGN.index("beacons_total{outcome}") : DESIGN.index("Trace ids travel")]
+    assert set(re.findall(r"`([a-z_]+)`", section)) - {"outcome"} >= set(BeaconOutcome)

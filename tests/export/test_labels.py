@@ -152,11 +152,13 @@ def test_vocabulary_labels_keep_only_hopmeters_own_names() -> None:
 
 
 def test_label_tables_follow_the_core() -> None:
-    """Every finding kind the label allows has a fix in the detectors' or the segments' table."""
+    """Every finding kind the label allows has a fix in the detectors', the segments' or the
+    client findings' table."""
+    from hopmeter.core.client import FIXES as CLIENT_FIXES
     from hopmeter.core.detectors import FIXES
     from hopmeter.core.hops import SEGMENT_FIXES
 
-    assert frozenset(FIXES) | frozenset(SEGMENT_FIXES) == FINDING_KINDS
+    assert frozenset(FIXES) | frozenset(SEGMENT_FIXES) | frozenset(CLIENT_FIXES) == FINDING_KINDS
     assert {"complete", "shutdown"} <= ENDINGS
 
 

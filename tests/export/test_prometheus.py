@@ -492,6 +492,44 @@ def test_a_segment_observes_its_holds_and_counts_its_findings(registry: Collecto
     ) in samples(registry)
 
 
+def test_what_a_segment_adds_on_the_way_in_is_observed(registry: CollectorRegistry) -> None:
+    """A segment's request delay and added time to first token are one observation each; a
+    segment whose request starts are unknown observes neither."""
+    from hopmeter.core.hops import Segment
+
+    def seg(bounds: tuple[float | None, float | None]) -> Segment:
+        return Segment(
+            segment="edge>origin", inner_hop="origin", holds_s=(0.007,), first_token_hold_s=0.007,
+            whole_body=False, skew_s=0.0, skew_bounds_s=bounds, findings=(),
+        )  # fmt: skip
+
+    metrics = Metrics(registry)
+    metrics.observe_segment(seg((-0.007, 0.012)), TRACE)
+    metrics.observe_segment(seg((None, None)), TRACE)
+    delay = "hopmeter_segment_request_delay_seconds"
+    assert value(registry, f"{delay}_count", segment="edge>origin") == 1
+    assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.01") == 0
+    assert value(registry, f"{delay}_bucket", segment="edge>origin", le="0.025") == 1
+    assert value(registry, "hopmeter_segment_added_ttft_seconds_sum") == pytest.approx(0.019)
+
+
+def test_pairings_are_counted_by_how_and_how_sure(registry: CollectorRegistry) -> None:
+    """A flow's `pairing` counts once under its hop, how it was paired and how sure; an
+    ambiguous one under paired_by "none"; a record without the field not at all."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(
+        flow_record(pairing={"paired_by": "content", "match": "unique", "candidates": 1})
+    )
+    metrics.observe_flow(
+        flow_record(pairing={"paired_by": None, "match": "ambiguous", "candidates": 2})
+    )
+    metrics.observe_flow(flow_record())
+    name = "hopmeter_pairings_total"
+    assert value(registry, name, paired_by="content", match="unique") == 1
+    assert value(registry, name, paired_by="none", match="ambiguous") == 1
+    assert value(registry, name) == 2
+
+
 def test_internal_errors_and_active_streams(registry: CollectorRegistry) -> None:
     """Internal errors count by site; the active-streams gauge goes up and down."""
     metrics = Metrics(registry)
@@ -583,3 +621,42 @@ def test_flows_not_followed_add_no_delivery_observation(registry: CollectorRegis
     metrics.observe_flow(flow_record(delivery={"measured": False, "client_wait_s": None}))
     metrics.observe_flow(flow_record())
     assert value(registry, "hopmeter_client_wait_seconds_count", hop="edge") == 0
+
+
+def test_the_page_s_first_painted_token_and_paint_lags(registry: CollectorRegistry) -> None:
+    """A record with a joined beacon: time to first painted token once, paint lag per token,
+    both with the flow's labels; client findings counted with the others."""
+    record = flow_record(
+        browser={"joined": True, "findings": [{"kind": "client_writes_per_token"}]},
+        screen={"ttft_s": 0.31},
+    )
+    Metrics(registry).observe_flow(record, paint_lags=[0.004, 0.009, 0.03])
+    first = "hopmeter_time_to_first_painted_token_seconds"
+    assert value(registry, f"{first}_count", hop="edge", route="/v1/chat/completions") == 1
+    assert value(registry, f"{first}_sum") == pytest.approx(0.31)
+    assert value(registry, "hopmeter_paint_lag_seconds_count", api="openai.chat") == 3
+    assert value(registry, "hopmeter_paint_lag_seconds_bucket", le="0.0167") == 2
+    assert value(registry, "hopmeter_findings_total", kind="client_writes_per_token") == 1
+
+
+def test_a_record_without_a_screen_observes_no_paint(registry: CollectorRegistry) -> None:
+    """No screen section (no beacon, or no element watched): no painted-token series grow."""
+    Metrics(registry).observe_flow(flow_record(browser={"joined": False}), paint_lags=None)
+    assert value(registry, "hopmeter_time_to_first_painted_token_seconds_count") == 0
+    assert value(registry, "hopmeter_paint_lag_seconds_count") == 0
+
+
+def test_beacon_outcomes_count_from_zero(registry: CollectorRegistry) -> None:
+    """The first beacon creates every outcome's series at 0; an unknown outcome is "other"."""
+    metrics = Metrics(registry)
+    assert value(registry, "hopmeter_beacons_total") == 0
+    metrics.beacon("joined")
+    metrics.beacon("flood")
+    metrics.beacon("flood")
+    metrics.beacon("made_up")
+    names = {
+        dict(ls).get("outcome") for n, ls in samples(registry) if n == "hopmeter_beacons_total"
+    }
+    assert {"joined", "missing", "too_large", "flood", "other"} <= names
+    assert value(registry, "hopmeter_beacons_total", outcome="flood") == 2
+    assert value(registry, "hopmeter_beacons_total", outcome="missing") == 0

@@ -58,6 +58,33 @@ class Route:
     api_base: str  # the upstream's base URL, e.g. http://127.0.0.1:9000/v1
     upstream_model: str = "demo-1"  # the name the upstream is asked for
     forward_headers: bool = False  # pass the client's x-* headers (X-Hopmeter-Scenario) upstream
+    # an X-Hopmeter-Scenario the gateway itself adds to every request of this route (its
+    # `extra_headers`), so a route plays a reply of its own while client headers stay dropped
+    scenario: str = ""
+    warm: bool = True  # warmed up at start (False: its upstream is not up yet then)
+
+
+# Routes through a port where the gateway tests put an origin listener of their own, each playing
+# one reply the upstream behind it replays (tests/integration/test_gateway_pairing.py).
+VIA_REPLIES = {
+    "reply-a": "replay=alpha;rate=40",
+    "reply-b": "replay=bravo;rate=40",
+    "reply-c": "replay=charlie;rate=40",
+}
+
+
+def via_routes(port: int, *, forward_headers: bool = False) -> list[Route]:
+    """The VIA_REPLIES routes, to an origin listener on 127.0.0.1:`port` (not warmed at start).
+
+    With the otel callback forwarding traceparent, LiteLLM 1.108.7 replaces the route's own
+    `extra_headers` with the traceparent it adds: such a gateway needs `forward_headers` and the
+    client's X-Hopmeter-Scenario instead (measured: every route then played the default reply).
+    """
+    base = f"http://127.0.0.1:{port}/v1"
+    return [
+        Route(name, base, scenario=sc, warm=False, forward_headers=forward_headers)
+        for name, sc in VIA_REPLIES.items()
+    ]
 
 
 def config(routes: Sequence[Route], *, forward_traceparent: bool = False) -> dict[str, object]:
@@ -72,22 +99,21 @@ def config(routes: Sequence[Route], *, forward_traceparent: bool = False) -> dic
         settings["model_group_settings"] = {"forward_client_headers_to_llm_api": forwarding}
     if forward_traceparent:
         settings.update(callbacks=["otel"], forward_traceparent_to_llm_provider=True)
-    doc: dict[str, object] = {
-        "model_list": [
-            {
-                "model_name": r.name,
-                "litellm_params": {
-                    "model": f"openai/{r.upstream_model}",
-                    "api_base": r.api_base,
-                    "api_key": "sk-upstream-unused",
-                },
-            }
-            for r in routes
-        ]
-    }
+    doc: dict[str, object] = {"model_list": [_model(r) for r in routes]}
     if settings:
         doc["litellm_settings"] = settings
     return doc
+
+
+def _model(r: Route) -> dict[str, object]:
+    params: dict[str, object] = {
+        "model": f"openai/{r.upstream_model}",
+        "api_base": r.api_base,
+        "api_key": "sk-upstream-unused",
+    }
+    if r.scenario:
+        params["extra_headers"] = {"X-Hopmeter-Scenario": r.scenario}
+    return {"model_name": r.name, "litellm_params": params}
 
 
 class LiteLLM:
@@ -155,10 +181,13 @@ class LiteLLM:
         except httpx.HTTPError:
             return False
 
-    def warm_up(self, requests: int = WARM_UP_REQUESTS) -> None:
-        """Stream a short reply through every route, `requests` times each."""
+    def warm_up(self, requests: int = WARM_UP_REQUESTS, *, every: bool = False) -> None:
+        """Stream a short reply through every route to warm (`every`: all of them), `requests`
+        times each."""
         for _ in range(requests):
             for route in self.routes:
+                if not (route.warm or every):
+                    continue
                 body = {
                     "model": route.name,
                     "stream": True,
@@ -198,6 +227,12 @@ class Gateway:
 
     litellm: LiteLLM
     upstream_port: int
+    via_port: int = 0  # where the VIA_REPLIES routes go: a test's origin listener
+
+    @property
+    def url(self) -> str:
+        """The gateway's own base URL (the upstream an edge listener forwards to)."""
+        return self.litellm.url
 
     @property
     def upstream_url(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.harness.nginx import NginxServer
+from tests.harness.nginx import GZIP_HOLD, NginxConfig, NginxServer
 from tests.harness.procs import HOPMETER, free_port, hopmeter, read_records
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,7 @@ def _send(port: int) -> None:
     assert r.status_code == 200
 
 
-def _live(tmp: Path, config: str) -> list[dict[str, Any]]:
+def _live(tmp: Path, config: str | NginxConfig) -> list[dict[str, Any]]:
     """Records of one request through edge listener → nginx → origin listener → upstream."""
     up, edge, origin = free_port(), free_port(), free_port()
     records = tmp / "records.jsonl"
@@ -86,6 +87,34 @@ def test_gzip_nginx_holds_the_whole_body_on_its_segment(tmp_path: Path) -> None:
     assert "whole_body_hold" in [f["kind"] for f in seg["findings"]]
     # the model-side segment (origin) is clean
     assert not [f for f in inner["findings"] if f["kind"] in ("whole_body_hold", "burst_gaps")]
+
+
+# gzip_hold behind an nginx that also drops the client's traceparent, as an LLM gateway as
+# shipped does (docs/gateways.md): the two listeners see different trace ids.
+GZIP_DROPS_TRACE = dataclasses.replace(
+    GZIP_HOLD,
+    name="gzip_drops_trace",
+    location=GZIP_HOLD.location + '    proxy_set_header traceparent "";\n',
+)
+
+
+def test_a_segment_that_drops_the_trace_and_gzips_is_paired_by_content(tmp_path: Path) -> None:
+    """Through an nginx that gzips and drops traceparent, the edge saw a compressed stream under
+    a trace id of its own; paired by the reply's decoded text, the segment still shows the
+    whole-body hold, and says the trace context was dropped."""
+    recs = _live(tmp_path, GZIP_DROPS_TRACE)
+    outer, inner = _outer(recs), next(r for r in recs if r["hop"] == "origin")
+    assert outer["trace_id"] != inner["trace_id"]
+    assert (outer["response"]["content_encoding"], inner["response"]["content_encoding"]) == (
+        "gzip",
+        None,
+    )
+    assert outer["fingerprint"] == inner["fingerprint"]
+    (seg,) = outer["hops"]
+    assert seg["paired_by"] == "content" and seg["inner_flow_id"] == inner["flow_id"]
+    assert seg["whole_body"] and seg["tokens_aligned"] == 120
+    assert "trace_context_dropped" in [f["kind"] for f in outer["findings"]]
+    assert outer["pairing"]["match"] == inner["pairing"]["match"] == "unique"
 
 
 def _join(*paths: Path) -> list[dict[str, Any]]:

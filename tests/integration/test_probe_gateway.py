@@ -11,6 +11,7 @@ it asked for.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import orjson
@@ -91,11 +92,13 @@ def test_a_gateway_that_drops_the_canary_is_judged_on_timing_only(
 def test_the_model_must_be_named_when_the_gateway_serves_several(
     litellm_gateway: Gateway, key: str
 ) -> None:
-    """Asked without --model, the probe reads the gateway's /v1/models and, with two models
+    """Asked without --model, the probe reads the gateway's /v1/models and, with several models
     and no canary alias, says in one line to pass --model."""
     del key
     parser = argparse.ArgumentParser(prog="hopmeter")
     probe.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["probe", litellm_gateway.litellm.url, "--api-key-env", KEY_VAR])
-    with pytest.raises(HopmeterError, match=r"lists 2 models \(demo, demo-fwd\); pass --model"):
+    names = [r.name for r in litellm_gateway.litellm.routes]
+    listed = re.escape(f"lists {len(names)} models ({', '.join(names)}); pass --model")
+    with pytest.raises(HopmeterError, match=listed):
         probe.run(args)

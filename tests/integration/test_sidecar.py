@@ -14,6 +14,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -463,7 +464,14 @@ def test_upstream_restart_under_traffic(tmp_path: Path) -> None:
             assert failed and all(end >= killed and start <= back for start, end, _ in failed)
             assert all(o[2] == "200" for o in outcomes if o[0] > back)
             wait_for(lambda: metric(metrics, "hopmeter_flows_total") == len(outcomes))
-            assert metric(metrics, "hopmeter_flows_total", ended="connect_refused") == len(failed)
+            # each 502 is counted under its cause: nearly all find nothing listening; a connect the
+            # dying (or starting) upstream's kernel accepted and then reset is an upstream_reset
+            causes = Counter(r["ended"] for r in records if "response" not in r)
+            assert sum(causes.values()) == len(failed)
+            assert set(causes) <= {"connect_refused", "upstream_reset"}
+            assert causes["connect_refused"] >= len(failed) - 2
+            for ended, n in causes.items():
+                assert metric(metrics, "hopmeter_flows_total", ended=ended) == n
             assert metric(metrics, "hopmeter_streams_active") == 0
             wait_for(lambda: readyz(metrics)[0] == 200, what="/readyz to pass again")
             # no connection left open: the proxy's descriptors are back where traffic had them

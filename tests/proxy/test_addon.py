@@ -265,6 +265,38 @@ class TestOptions:
             assert tctx.options.mode == ["reverse:http://127.0.0.1:9@8081"]
             assert hm.listener_names == {"reverse:http://127.0.0.1:9@8081": "edge"}
 
+    def test_listeners_of_two_hops_pair_by_content_too(self) -> None:
+        """Listeners of two hops turn content pairing on; one hop leaves it off."""
+        hm = HopMeter()
+        with taddons.context(hm) as tctx:
+            assert not hm.pairing.by_content
+            tctx.configure(
+                hm,
+                hopmeter_listeners=[
+                    "edge=reverse:http://127.0.0.1:1@8081",
+                    "origin=reverse:http://127.0.0.1:2@8082",
+                ],
+            )
+            assert hm.pairing.hops == {"edge", "origin"} and hm.pairing.by_content
+
+    def test_the_fingerprint_key_comes_from_the_named_variable(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The key is read from the variable the option names; an unset one is a clear error, and
+        the record's fingerprint says it is keyed."""
+        hm = HopMeter()
+        with taddons.context(hm) as tctx:
+            with pytest.raises(exceptions.OptionsError, match="HOPMETER_TEST_FP_KEY is not set"):
+                tctx.configure(hm, hopmeter_fingerprint_key_env="HOPMETER_TEST_FP_KEY")
+            monkeypatch.setenv("HOPMETER_TEST_FP_KEY", "s3cret")
+            tctx.configure(hm, hopmeter_fingerprint_key_env="HOPMETER_TEST_FP_KEY")
+            assert hm.fingerprint_key == b"s3cret"
+            rec = Recorder()
+            hm.add_observer(rec)
+            stream_through(hm, sse_flow(), [SSE, DONE])
+            fp = rec.results[0].record["fingerprint"]
+            assert fp["keyed"] is True and "s3cret" not in str(rec.results[0].record)
+
     def test_bad_listener_is_one_clear_error(self) -> None:
         """A listener without NAME= is refused with an example of the right form."""
         with pytest.raises(Exception, match="expected NAME=MODE"):

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from hopmeter.core.fingerprint import fingerprint
 from hopmeter.core.record import FlowResult
-from hopmeter.proxy.pairing import Pairing
+from hopmeter.proxy.pairing import PARK_TIMEOUT_S, TRACE_DROP_LOG_INTERVAL_S, LiveFlow, Pairing
 
 
 def result(hop: str, t_start: float, trace: str = "t1") -> FlowResult:
@@ -73,3 +76,180 @@ def test_unrelated_traces_do_not_mix() -> None:
     p.start("b", 0.001)
     assert "hops" not in p.finish(result("edge", 0.0, "a"))[0].record
     assert "hops" not in p.finish(result("origin", 0.001, "b"))[0].record
+
+
+# -- by content ---------------------------------------------------------------------------------
+
+REPLY = "The answer is forty-two."
+HOPS = frozenset({"edge", "origin"})
+
+
+def reply(hop: str, trace: str, t_start: float, text: str = REPLY, flow_id: str = "") -> FlowResult:
+    """A finished flow of `text`, fingerprinted as finish_flow does, lasting 0.5 s or so."""
+    base = result(hop, t_start, trace)
+    fp = fingerprint(text, len(text))
+    assert fp is not None
+    lag = 0.03 if hop == "edge" else 0.0  # the edge sees each token 10 ms after the origin
+    rec = {
+        **base.record,
+        "events": [[t + lag, k, c] for t, k, c in base.record["events"]],
+        "flow_id": flow_id or f"{hop}-{trace}",
+        "fingerprint": fp.as_dict(),
+        "response": {"t_last_byte": t_start + (0.6 if hop == "edge" else 0.59)},
+        "request": {"t_start": t_start, "t_end": t_start},
+    }
+    return FlowResult(record=rec, figures=None, tokens=None, opening=text)
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def content_pairing(
+    live: list[LiveFlow] | None = None, clock: Clock | None = None
+) -> tuple[Pairing, list[Callable[[], None]], list[FlowResult]]:
+    timers: list[Callable[[], None]] = []
+    emitted: list[FlowResult] = []
+    p = Pairing(
+        schedule=lambda _d, fn: timers.append(fn),
+        emit=emitted.append,
+        in_flight=lambda: list(live or []),
+        clock=clock or Clock(),
+    )
+    p.hops = HOPS
+    return p, timers, emitted
+
+
+def test_a_dropped_trace_is_paired_by_content() -> None:
+    """The origin flow (a trace of its own) and the edge flow are written together: the edge one
+    with hops paired by content and a trace_context_dropped finding, both saying how."""
+    p, _timers, _emitted = content_pairing()
+    p.start("e1", 10.0)
+    p.start("o1", 10.02)
+    assert p.finish(reply("origin", "o1", 10.02)) == []
+    inner, outer = p.finish(reply("edge", "e1", 10.0))
+    (seg,) = outer.record["hops"]
+    assert (seg["segment"], seg["paired_by"], seg["inner_flow_id"]) == (
+        "edge>origin",
+        "content",
+        "origin-o1",
+    )
+    assert seg["request_delay_s"] == pytest.approx(0.02)
+    assert [f["kind"] for f in outer.record["findings"]] == ["trace_context_dropped"]
+    for r in (inner, outer):
+        assert r.record["pairing"] == {
+            "paired_by": "content",
+            "match": "unique",
+            "candidates": 1,
+            "model_match": False,
+        }
+    assert "hops" not in inner.record and len(outer.segments) == 1
+
+
+def test_a_shared_trace_in_a_process_of_two_hops_says_trace() -> None:
+    """Flows that share a trace at every hop are paired by it, without the finding, at once:
+    a flow in flight with the same opening cannot change that."""
+    p, _timers, _emitted = content_pairing(
+        [LiveFlow(trace_id="x", t_start=10.0, opening="", chars=0)]
+    )
+    p.start("t1", 10.0)
+    p.start("t1", 10.02)
+    assert p.finish(reply("origin", "t1", 10.02)) == []
+    inner, outer = p.finish(reply("edge", "t1", 10.0))
+    assert outer.record["hops"][0]["paired_by"] == "trace" and not outer.record["findings"]
+    assert inner.record["pairing"] == {"paired_by": "trace", "match": "unique", "candidates": 0}
+
+
+def test_a_flow_in_flight_that_may_be_the_same_reply_holds_the_decision() -> None:
+    """While a flow in flight has said nothing that rules it out, nothing is written; once it has
+    (a different word), the recheck pairs the two."""
+    live = [LiveFlow(trace_id="x", t_start=10.01, opening="The answer", chars=10)]
+    p, timers, emitted = content_pairing(live)
+    p.start("e1", 10.0)
+    p.start("o1", 10.02)
+    assert p.finish(reply("origin", "o1", 10.02)) == []
+    assert p.finish(reply("edge", "e1", 10.0)) == []
+    live[0] = LiveFlow(trace_id="x", t_start=10.01, opening="The answer is nine", chars=18)
+    timers.pop()()
+    assert [r.record["pairing"]["match"] for r in emitted] == ["unique", "unique"]
+
+
+def test_flows_that_cannot_be_the_reply_do_not_hold_it() -> None:
+    """A stream in flight with another opening, one already longer, or one that started after
+    the reply ended, is no candidate."""
+    live = [
+        LiveFlow(trace_id="a", t_start=10.0, opening="Hello", chars=5),
+        LiveFlow(trace_id="b", t_start=10.0, opening=REPLY + " More", chars=len(REPLY) + 5),
+        LiveFlow(trace_id="c", t_start=12.0, opening="", chars=0),
+    ]
+    p, _timers, _emitted = content_pairing(live)
+    p.start("e1", 10.0)
+    p.start("o1", 10.02)
+    p.finish(reply("origin", "o1", 10.02))
+    assert len(p.finish(reply("edge", "e1", 10.0))) == 2
+
+
+def test_identical_replies_at_once_are_written_unpaired_and_ambiguous() -> None:
+    """Two identical replies in flight together: four records, none with hops, all ambiguous."""
+    p, _timers, _emitted = content_pairing()
+    for trace, t in (("e1", 10.0), ("e2", 10.001), ("o1", 10.02), ("o2", 10.021)):
+        p.start(trace, t)
+    assert p.finish(reply("origin", "o1", 10.02)) == []
+    assert p.finish(reply("origin", "o2", 10.021)) == []
+    assert p.finish(reply("edge", "e1", 10.0)) == []
+    out = p.finish(reply("edge", "e2", 10.001))
+    assert len(out) == 4
+    for r in out:
+        assert "hops" not in r.record
+        assert r.record["pairing"] == {"paired_by": None, "match": "ambiguous", "candidates": 2}
+
+
+def test_after_the_timeout_a_held_reply_is_written_unpaired() -> None:
+    """A flow in flight that never rules itself out: after PARK_TIMEOUT_S both records go out,
+    unpaired and ambiguous, never paired on a guess."""
+    clock = Clock()
+    live = [LiveFlow(trace_id="x", t_start=10.01, opening="", chars=0)]
+    p, timers, emitted = content_pairing(live, clock)
+    p.start("e1", 10.0)
+    p.start("o1", 10.02)
+    p.finish(reply("origin", "o1", 10.02))
+    p.finish(reply("edge", "e1", 10.0))
+    timers.pop()()
+    assert emitted == []
+    clock.now = PARK_TIMEOUT_S + 1
+    timers.pop()()
+    assert [r.record["pairing"]["match"] for r in emitted] == ["ambiguous", "ambiguous"]
+    assert not any("hops" in r.record for r in emitted)
+
+
+def test_one_log_line_per_segment_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """Ten requests paired by content within a minute log one line; the next minute, one more
+    saying how many were not logged."""
+    clock = Clock()
+    p, _timers, _emitted = content_pairing(clock=clock)
+    for i in range(11):
+        clock.now = 0.0 if i < 10 else TRACE_DROP_LOG_INTERVAL_S + 1
+        t = 10.0 + i
+        p.start(f"e{i}", t)
+        p.start(f"o{i}", t + 0.02)
+        p.finish(reply("origin", f"o{i}", t + 0.02, text=f"reply {i}"))
+        p.finish(reply("edge", f"e{i}", t, text=f"reply {i}"))
+    lines = [r.getMessage() for r in caplog.records if "drops the trace context" in r.getMessage()]
+    assert len(lines) == 2
+    assert "segment=edge>origin" in lines[0] and "more_since_last_line=9" in lines[1]
+
+
+def test_drain_writes_what_waits() -> None:
+    """At shutdown a reply held by a flow in flight is written (unpaired: it may be that one)."""
+    live = [LiveFlow(trace_id="x", t_start=10.01, opening="", chars=0)]
+    p, _timers, emitted = content_pairing(live)
+    p.start("o1", 10.02)
+    p.finish(reply("origin", "o1", 10.02))
+    p.drain()
+    assert [r.record["pairing"]["match"] for r in emitted] == ["ambiguous"]

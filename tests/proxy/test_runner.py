@@ -14,6 +14,7 @@ from mitmproxy import log as mitmlog
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
@@ -32,15 +33,16 @@ DONE = b"data: [DONE]\n\n"
 
 def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
     """The list is the HopMeter addon, the upstream guard (it reads the tap HopMeter installs)
-    and the readiness check, then metrics, records, console, spans and what mitmweb shows, each
-    observing that same HopMeter; nothing that changes the whole process is in it (the drain,
-    which takes the signals, is `hopmeter run`'s alone)."""
+    and the readiness check, then browser measuring, metrics, records, console, spans and what
+    mitmweb shows, each with that same HopMeter; nothing that changes the whole process is in
+    it (the drain, which takes the signals, is `hopmeter run`'s alone)."""
     meter, guard, readiness, *outputs = default_addons()
     assert type(meter) is HopMeter
     assert (type(guard), type(readiness)) == (UpstreamGuard, Readiness)
     assert guard.meter is meter and guard.readiness is readiness
-    assert outputs[0].readiness is readiness  # /readyz is served beside /metrics
+    assert outputs[1].readiness is readiness  # /readyz is served beside /metrics
     assert [type(o) for o in outputs] == [
+        BrowserMeter,
         MetricsOutput,
         RecordsOutput,
         ConsoleOutput,
@@ -56,7 +58,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
     """Loaded together and configured, each output that has somewhere to write observes the
     meter, and one streamed flow reaches the records file and the metrics."""
     addons = default_addons()
-    meter, _guard, _readiness, metrics, records, console, _otel, _view = addons
+    meter, _guard, _readiness, _browser, metrics, records, console, _otel, _view = addons
     path = tmp_path / "records.jsonl"
     with taddons.context(*addons) as tctx:
         tctx.options.update(

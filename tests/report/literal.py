@@ -50,3 +50,53 @@ def flow(
 # the segment between them holds the first token 0.399 s, the last 0.2 s.
 ORIGIN = flow("origin", T0 + 0.001, [[0.05, 0, 0], [0.1, 1, 5], [0.2, 1, 9], [0.3, 1, 14]])
 EDGE = flow("edge", T0, [[0.5, 0, 0], [0.5, 1, 5], [0.5, 1, 9], [0.501, 1, 14]])
+
+
+def _segment(name: str, inner: str, holds: list[float]) -> dict[str, Any]:
+    return {
+        "segment": name,
+        "inner_hop": inner,
+        "first_token_hold_s": holds[0],
+        "hold_p50_s": sorted(holds)[1],
+        "hold_p99_s": max(holds),
+        "hold_max_s": max(holds),
+        "whole_body": False,
+        "tokens_aligned": len(holds),
+        "skew_s": 0.0,
+        "skew_bounds_s": [-0.0004, 0.002],
+        "findings": [],
+    }
+
+
+# A page read the edge's three tokens 0.5 ms after the edge did and painted them 9.5, 6.5 and
+# 2.5 ms after it read them; it called fetch() 5 ms before the edge saw the request, and its
+# client is a smoothing buffer (the finding its beacon gave).
+SMOOTHING = {
+    "kind": "client_smoothing_buffer",
+    "severity": "info",
+    "evidence": {"delay_ms": 21.0},
+    "fix": "A deliberate jitter buffer adds this delay to every token.",
+}
+PAGE_EDGE = flow(
+    "edge",
+    T0,
+    [[0.05, 0, 0], [0.1, 1, 5], [0.12, 1, 10], [0.14, 1, 15]],
+    trace="page",
+    hops=[
+        _segment("screen>browser", "browser", [0.0095, 0.0065, 0.0025]),
+        _segment("browser>edge", "edge", [0.0005, 0.0005, 0.0005]),
+    ],
+)
+PAGE_EDGE["browser"] = {
+    "joined": True,
+    "t_start": T0 - 0.005,
+    "path": "/v1/chat/completions",
+    "t_first_byte": T0 + 0.0505,
+    "events": [[0.1055, 1, 5], [0.1255, 1, 10], [0.1455, 1, 15]],
+    "ttft_s": 0.1055,
+    "findings": [SMOOTHING],
+}
+PAGE_EDGE["screen"] = {
+    "events": [[0.115, 1, 5], [0.132, 1, 10], [0.148, 1, 15]],
+    "ttft_s": 0.115,
+}

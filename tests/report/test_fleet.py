@@ -90,3 +90,16 @@ def test_an_empty_fleet_has_no_times() -> None:
     fleet = summarise([], [])
     assert (fleet.flows, fleet.t_first, fleet.t_last, fleet.findings) == (0, None, None, [])
     assert [(name, lat.ttfb) for name, lat in fleet.latency] == [(ALL, (None, None))]
+
+
+def test_client_findings_count_with_the_flow_s_own() -> None:
+    """A page's finding (its record's browser section) counts as one of that flow's; its lanes
+    make the trace one seen at several hops, its two segments are listed."""
+    from tests.report.literal import PAGE_EDGE
+
+    fleet = _fleet([PAGE_EDGE])
+    assert fleet.findings == [
+        FindingCount(kind="client_smoothing_buffer", severity="info", flows=1, segments=0)
+    ]
+    assert fleet.flows == 1 and fleet.multi_hop == 1
+    assert [s for s, _, _ in fleet.segments] == ["browser>edge", "screen>browser"]

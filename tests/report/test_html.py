@@ -198,3 +198,22 @@ def test_segments_show_the_inner_hops_own_hold_apart(tmp_path: Path, streaming_p
         seg = outer["hops"][0]
         assert seg["tokens_out"] == seg["tokens_aligned"] > 0
         assert seg["wire_hold_p99_s"] is not None and seg["inner_hold_p99_s"] is not None
+
+
+def test_the_page_s_lanes_are_drawn_and_explained(tmp_path: Path) -> None:
+    """A record with a joined beacon: three lanes from the model's side down (edge, browser,
+    screen), the two segments between them, the note that says what the page's lanes are, and
+    the client finding with its fix."""
+    from tests.report.literal import PAGE_EDGE
+
+    path = tmp_path / "page.jsonl"
+    path.write_bytes(orjson.dumps(PAGE_EDGE) + b"\n")
+    page = _page(tmp_path, path)
+    (section,) = page.sections
+    assert section.attrs["data-hops"] == "3"
+    assert section.lanes == ["edge", "browser", "screen"]
+    assert section.bands == ["browser>edge", "screen>browser"]
+    assert section.findings == ["client_smoothing_buffer"]
+    text = "".join(section.text)
+    assert "body reader got each token" in text and "jitter buffer" in text
+    assert "POST /v1/chat/completions" in text  # named by the edge's record, not a page lane

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
+from hopmeter.core.fingerprint import fingerprint
+from hopmeter.errors import UsageError
 from hopmeter.report import join as join_command
 from hopmeter.report.join import join
 from tests.harness.otlp import exported, to_otlp_json
@@ -68,7 +70,8 @@ def test_run_prints_a_line_per_segment(tmp_path: Path, capsys: pytest.CaptureFix
     assert join_command.run(_args(edge, origin)) == 0
     assert capsys.readouterr().out == (
         "t1 edge>origin first_token_hold=399.0ms p50=299.0ms p99=399.0ms max=399.0ms "
-        "inner_p99=- wire_p99=- whole_body=no skew=0.0ms findings=-\n"
+        "inner_p99=- wire_p99=- whole_body=no skew=0.0ms findings=- request_delay=1.0ms "
+        "paired_by=trace\n"
     )
 
 
@@ -252,3 +255,56 @@ def test_without_the_otel_extra_records_and_json_join_and_serve_names_the_instal
         assert out.returncode == 2, out.stderr
         assert "pip install 'hopmeter[otel]'" in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
+
+
+def _reply(rec: dict[str, Any], trace: str, text: str = "fourteen chars") -> dict[str, Any]:
+    """`rec` under its own trace id (a gateway dropped it), carrying `text`'s fingerprint."""
+    fp = fingerprint(text, len(text))
+    assert fp is not None
+    last = rec["request"]["t_start"] + rec["events"][-1][0]
+    return {
+        **rec,
+        "trace_id": trace,
+        "flow_id": f"{trace}-{rec['hop']}",
+        "fingerprint": fp.as_dict(),
+        "response": {**rec["response"], "t_last_byte": last},
+    }
+
+
+def test_a_dropped_trace_joins_by_content_with_the_same_holds() -> None:
+    """Edge and origin records with different trace ids but one reply join as one request,
+    paired by content, with the holds the shared trace gives."""
+    by_trace = join([ORIGIN, EDGE])[0]["hops"][0]
+    (entry,) = join([_reply(ORIGIN, "o1"), _reply(EDGE, "e1")])
+    assert entry["trace_id"] == "e1" and entry["paired_by"] == "content"
+    assert entry["flow_ids"] == ["e1-edge", "o1-origin"]
+    (seg,) = entry["hops"]
+    assert seg["paired_by"] == "content" and seg["inner_flow_id"] == "o1-origin"
+    for key in ("first_token_hold_s", "hold_p50_s", "hold_max_s", "request_delay_s"):
+        assert seg[key] == by_trace[key], key
+
+
+def test_identical_replies_at_once_join_nothing_and_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two edge and two origin records of one reply at the same time: nothing is joined, and a
+    line on stderr counts the flows left unpaired as ambiguous."""
+    later = {**ORIGIN, "request": {**ORIGIN["request"], "t_start": T0 + 0.002}}
+    recs = [_reply(EDGE, "e1"), _reply(EDGE, "e2"), _reply(ORIGIN, "o1"), _reply(later, "o2")]
+    assert join(recs) == []
+    path = _write(tmp_path / "all.jsonl", *recs)
+    assert join_command.run(_args(path)) == 1
+    err = capsys.readouterr().err
+    assert "4 flows carried a reply that several others at another hop carried" in err
+
+
+def test_max_skew_bounds_how_far_windows_may_disagree(tmp_path: Path) -> None:
+    """An origin host whose clock runs 2 s ahead pairs by content only with --max-skew 3; a
+    negative skew is refused in one line."""
+    ahead = {**ORIGIN, "request": {**ORIGIN["request"], "t_start": T0 + 2.001}}
+    recs = [_reply(EDGE, "e1"), _reply(ahead, "o1")]
+    assert join(recs) == []
+    assert len(join(recs, 3.0)) == 1
+    path = _write(tmp_path / "r.jsonl", *recs)
+    with pytest.raises(UsageError, match="--max-skew must be 0 or more"):
+        join_command.run(_args("--max-skew", "-1", path))

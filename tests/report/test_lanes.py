@@ -116,3 +116,21 @@ def test_names_from_traffic_are_escaped_and_made_visible() -> None:
     svg = render(build([odd], 0.5))
     assert "<dge>" not in svg and "\x1b" not in svg
     assert 'data-hop="e&lt;dge&gt;&quot;\\x1b[31m"' in svg
+
+
+def test_the_request_climbs_from_the_outer_start_to_the_inner_one() -> None:
+    """In each band a blue line climbs from the outer hop's request start (below) to the inner
+    hop's (above), titled with the delay; the band's label says it and the added first-token
+    time."""
+    svg = render(TWO_HOPS)
+    band = _group(svg, "segment", "edge&gt;origin")
+    m = re.search(r'<path d="M([\d.]+) ([\d.]+)L([\d.]+) ([\d.]+)" class="request">', band)
+    assert m is not None
+    x0, y_bottom, x1, y_top = map(float, m.groups())
+    starts = [
+        float(re.search(r'class="life"', lane) and re.findall(r'x1="([\d.]+)"', lane)[0])
+        for lane in (_group(svg, "hop", "edge"), _group(svg, "hop", "origin"))
+    ]
+    assert (x0, x1) == (starts[0], max(starts[1], starts[0] + 0.5)) and y_bottom > y_top
+    assert "request took 1.0 ms from edge to origin" in band
+    assert "request 1.0ms · hold p50" in band and "400ms added to the first token" in band

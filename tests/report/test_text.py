@@ -178,3 +178,19 @@ def test_report_imports_no_mitmproxy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_page_s_lanes_are_in_their_record_s_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A record with a joined beacon is one line: its hop's figures, the first painted token,
+    the client finding and the two segments' holds; the page's lanes get no lines of their own."""
+    from tests.report.literal import PAGE_EDGE
+
+    path = tmp_path / "page.jsonl"
+    path.write_bytes(orjson.dumps(PAGE_EDGE) + b"\n")
+    lines = [line for line in _text(capsys, path) if " page " in line or "[" in line]
+    (line,) = [line for line in lines if "POST /v1/chat/completions" in line]
+    assert "[edge]" in line and "painted=115ms" in line and "client=client_smoothing_buffer" in line
+    assert "hold screen>browser first=9.5ms" in line and "hold browser>edge" in line
+    assert not [line for line in lines if "[screen]" in line or "[browser]" in line]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from hopmeter.core.fingerprint import fingerprint
 from hopmeter.export.records import read_records
 from hopmeter.report.traces import build, group, severity, stall_threshold
 
@@ -172,3 +173,58 @@ def test_records_without_out_times_draw_whole_runs() -> None:
     """A record from a hopmeter that did not follow its bytes out: no split, as before."""
     (band,) = build([ORIGIN, EDGE], 0.5).bands
     assert all(r.t_left_s is None for r in band.runs)
+
+
+def _fingerprinted(rec: dict[str, Any], trace: str) -> dict[str, Any]:
+    """`rec` under another trace id, carrying the fingerprint of one shared reply."""
+    fp = fingerprint("fourteen chars", 14)
+    assert fp is not None
+    last = rec["request"]["t_start"] + rec["events"][-1][0]
+    return {
+        **rec,
+        "trace_id": trace,
+        "flow_id": f"{trace}-{rec['hop']}",
+        "fingerprint": fp.as_dict(),
+        "response": {**rec["response"], "t_last_byte": last},
+    }
+
+
+def test_records_paired_by_content_group_together() -> None:
+    """An edge and an origin record with different trace ids but one reply (a gateway dropped
+    the trace) are one trace: the band says content and carries the request's way in."""
+    edge, origin = _fingerprinted(EDGE, "t-edge"), _fingerprinted(ORIGIN, "t-origin")
+    (g,) = group([origin, edge])
+    assert [r["hop"] for r in g] == ["edge", "origin"]
+    (band,) = build(g, 0.5).bands
+    assert band.summary["paired_by"] == "content"
+    assert band.summary["request_delay_s"] == pytest.approx(0.001)
+    assert band.request is not None
+    assert (band.request.t0_s, band.request.t1_s) == pytest.approx((0.0, 0.001), abs=1e-6)
+    assert band.request.label == "request took 1.0 ms from edge to origin"
+
+
+def test_a_joined_beacon_adds_the_page_s_two_lanes_outside_its_hop() -> None:
+    """A record with browser and screen sections is drawn as three lanes, client side first
+    (screen, browser, edge), its two segments aligned with no skew, the trace still named by
+    the edge's record, the client finding listed at the browser."""
+    from tests.report.literal import PAGE_EDGE
+
+    trace = build([PAGE_EDGE], 0.5)
+    assert [lane.hop for lane in trace.lanes] == ["screen", "browser", "edge"]
+    assert [b.segment for b in trace.bands] == ["screen>browser", "browser>edge"]
+    assert all(b.live for b in trace.bands)  # the record's own hops entries
+    assert trace.t0 == T0 - 0.005 and trace.outer is PAGE_EDGE
+    screen, browser, edge = trace.lanes
+    assert [m.t_s for m in edge.marks] == pytest.approx([0.105, 0.125, 0.145], abs=1e-6)
+    assert [m.t_s for m in browser.marks] == pytest.approx([0.1055, 0.1255, 0.1455], abs=1e-6)
+    assert [m.t_s for m in screen.marks] == pytest.approx([0.115, 0.132, 0.148], abs=1e-6)
+    runs = trace.bands[1].runs  # browser>edge: from the edge's read to the page's
+    flat = [t for r in runs for t in (r.t0_s, r.t1_s)]
+    assert flat == pytest.approx([0.105, 0.1055, 0.125, 0.1255, 0.145, 0.1455], abs=1e-6)
+    assert ("browser", PAGE_EDGE["browser"]["findings"][0]) in trace.findings()
+
+
+def test_a_record_whose_beacon_did_not_come_has_its_own_lane_only() -> None:
+    """`browser.joined: false`: nothing to draw beyond the hop."""
+    rec = {**EDGE, "browser": {"joined": False, "reason": "no beacon"}}
+    assert [lane.hop for lane in build([rec], 0.5).lanes] == ["edge"]

@@ -105,9 +105,16 @@ FIXES: Mapping[str, str] = {
         "Turn compression off for streaming endpoints: a compressor waits to fill its window "
         "before it writes."
     ),
+    # Not every proxy honours these headers (measured, docs/gateways.md: Traffic Server 9.2.9 and
+    # h2o 2.2.5, Debian's builds, against an upstream that sent both): Traffic Server's compress
+    # plugin held the stream whole (2 reads, the body at the end), h2o compressed it anyway,
+    # flushing each chunk. Both decide by content type, h2o also by x-compress-hint.
     FindingKind.BUFFERING_HEADERS: (
         "Send X-Accel-Buffering: no and Cache-Control: no-cache, no-transform, and no "
-        "Content-Length or ETag, so every proxy streams the response."
+        "Content-Length or ETag: nginx and caches that honour them then stream the response. "
+        "Compressors that decide by content type ignore them: for Apache Traffic Server's "
+        "compress plugin leave text/event-stream out of compressible-content-type; for h2o send "
+        "x-compress-hint: off (or leave compress off on that path)."
     ),
     FindingKind.REPLACEMENT_CHAR: (
         "The server decodes token bytes one at a time: hold bytes until they form valid UTF-8 "

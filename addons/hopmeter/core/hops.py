@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.figures import weighted_quantile, weighted_quantiles
-from hopmeter.core.vocab import FindingKind
+from hopmeter.core.vocab import FindingKind, PairedBy
 
 # A segment that released its first token after this share of the inner hop's token span had
 # passed held the whole body: nothing, then everything (seed "GPU to pixel").
@@ -49,6 +49,16 @@ SEGMENT_FIXES = {
     FindingKind.SEGMENT_BATCHING: (
         "This segment turned a steady stream into bursts: inter-token latency fell while the "
         "first token came later; look for buffering or compression between these two hops."
+    ),
+    # LiteLLM 1.108.7, measured (docs/gateways.md); Kong's OpenTelemetry plugin documents its
+    # `propagation` settings; for the rest, only their own docs can say.
+    FindingKind.TRACE_CONTEXT_DROPPED: (
+        "A hop on this segment does not pass the W3C traceparent header on, so its two sides were "
+        "paired by their reply text (identical replies at once cannot be): make it forward "
+        'traceparent. LiteLLM: litellm_settings callbacks: ["otel"] and '
+        "forward_traceparent_to_llm_provider: true, both (with opentelemetry-sdk installed); "
+        "Kong: the OpenTelemetry plugin's propagation (inject w3c); Portkey and other gateways: "
+        "check their docs; a proxy of your own: copy traceparent onto the upstream request."
     ),
 }
 
@@ -127,6 +137,35 @@ class Segment:
     findings: tuple[dict[str, Any], ...]
     inner_holds_s: tuple[float, ...] = ()  # per token the inner hop followed out: read -> out
     wire_holds_s: tuple[float, ...] = ()  # ... and left the inner hop -> read by the outer one
+    paired_by: PairedBy = PairedBy.TRACE
+    inner_flow_id: str | None = None  # the inner hop's record, when known
+
+    @property
+    def request_delay_s(self) -> float | None:
+        """From the outer hop seeing the request to the inner hop seeing it, on one clock.
+
+        The upper skew bound is the raw difference of the two request starts; the estimated skew
+        takes its share back, so the delay lies between 0 (causality) and upper - lower.
+        """
+        upper = self.skew_bounds_s[1]
+        return None if upper is None else max(0.0, upper - self.skew_s)
+
+    @property
+    def request_delay_bounds_s(self) -> tuple[float | None, float | None]:
+        """What causality allows the request delay to be, whatever the clocks' skew."""
+        lower, upper = self.skew_bounds_s
+        if upper is None:
+            return (None, None)
+        return (0.0, None if lower is None else max(0.0, upper - lower))
+
+    @property
+    def added_ttft_s(self) -> float | None:
+        """What this segment added to the time to first token: the request's way in plus the
+        first token's hold on its way out (the skew cancels out of the sum)."""
+        delay = self.request_delay_s
+        if delay is None or self.first_token_hold_s is None:
+            return None
+        return delay + self.first_token_hold_s
 
     def as_dict(self) -> dict[str, Any]:
         """The `hops` entry of the outer record (docs/design.md §4)."""
@@ -139,10 +178,8 @@ class Segment:
         out: dict[str, Any] = {
             "segment": self.segment,
             "inner_hop": self.inner_hop,
-            "first_token_hold_s": None
-            if self.first_token_hold_s is None
-            else round(self.first_token_hold_s, 6),
-            "hold_p50_s": q(0.5),
+            "first_token_hold_s": _r(self.first_token_hold_s),
+            "hold_p50_s": _r(median(self.holds_s)),
             "hold_p99_s": q(0.99),
             "hold_max_s": round(max(self.holds_s), 6) if self.holds_s else None,
             "whole_body": self.whole_body,
@@ -150,6 +187,11 @@ class Segment:
             "skew_s": round(self.skew_s, 6),
             "skew_bounds_s": [None if b is None else round(b, 6) for b in self.skew_bounds_s],
             "findings": list(self.findings),
+            "paired_by": self.paired_by,
+            "inner_flow_id": self.inner_flow_id,
+            "request_delay_s": _r(self.request_delay_s),
+            "request_delay_bounds_s": [_r(b) for b in self.request_delay_bounds_s],
+            "added_ttft_s": _r(self.added_ttft_s),
         }
         # the hold split where the inner hop followed its bytes out: its own, and the wire's
         out.update(_quantiles("inner_hold", self.inner_holds_s))
@@ -159,8 +201,10 @@ class Segment:
 
 
 def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
-    """`{name}_p50_s`, `{name}_p99_s` and `{name}_max_s` of per-token values (None when none)."""
-    p50, p99 = weighted_quantiles(values, [1] * len(values), (0.5, 0.99))
+    """`{name}_p50_s` (a median), `{name}_p99_s` and `{name}_max_s` of per-token values (None
+    when none)."""
+    (p99,) = weighted_quantiles(values, [1] * len(values), (0.99,))
+    p50 = median(values)
     top = max(values) if values else None
     return {
         f"{name}_p50_s": None if p50 is None else round(p50, 6),
@@ -169,9 +213,29 @@ def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def median(values: Sequence[float]) -> float | None:
+    """The median as a median: the middle value, or the mean of the two middle ones.
+
+    A nearest-rank p50 picks the lower middle of an even count, which on a hold distribution of
+    two clusters (tokens released in two bursts) is one cluster's value, not the middle.
+    """
+    n = len(values)
+    if not n:
+        return None
+    ordered = sorted(values)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def _token_times(v: HopView) -> list[tuple[float, int, int]]:
-    """(absolute time, tokens, content offset) of each token-carrying event."""
-    return [(v.t_start + float(t), int(k), int(c)) for t, k, c, *_ in v.events if k > 0]
+    """(absolute time, tokens, content offset) of each token-carrying event (indexed, not
+    unpacked with a starred target: that builds a list per event, twice as slow)."""
+    t0 = v.t_start
+    return [(t0 + float(e[0]), int(e[1]), int(e[2])) for e in v.events if e[1] > 0]
 
 
 def _token_outs(v: HopView) -> list[float | None]:
@@ -223,12 +287,29 @@ def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | N
     return _bounds(outer, inner, _reaching(_token_times(outer), _token_times(inner)))
 
 
-def align(outer: HopView, inner: HopView) -> Segment:
-    """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later)."""
+def align(
+    outer: HopView,
+    inner: HopView,
+    skew_limits: tuple[float | None, float | None] = (None, None),
+) -> Segment:
+    """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later).
+
+    `skew_limits` are further bounds on the skew that the caller knows from causality too (the
+    browser's beacon left the page before the edge received it), or (0, 0) for two views read
+    from one clock; they narrow the bounds computed here.
+    """
     out = _token_times(outer)
     inner_tokens = _token_times(inner)
     reached = _reaching(out, inner_tokens)  # once, for the bounds and the holds
     lower, upper = _bounds(outer, inner, reached)
+    lo, hi = skew_limits
+    if lo is not None and lo == hi:  # one clock: the skew is known, whatever the events say
+        lower = upper = lo
+    else:
+        if lo is not None:
+            lower = lo if lower is None else max(lower, lo)
+        if hi is not None:
+            upper = hi if upper is None else min(upper, hi)
     skew = 0.0
     if lower is not None and lower > skew:
         skew = lower

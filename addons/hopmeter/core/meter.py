@@ -8,6 +8,7 @@ Token counting, figures and detectors run once at the end (hopmeter.core.record.
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -208,6 +209,22 @@ class FlowMeter:
     def text(self) -> str:
         """The reply text kept so far (answer, reasoning and tool arguments), in order."""
         return "".join(self._text_blocks) + "".join(self._text_recent)
+
+    def text_head(self, n: int) -> str:
+        """The first `n` characters of the kept text, without joining the rest."""
+        out: list[str] = []
+        got = 0
+        for piece in itertools.chain(self._text_blocks, self._text_recent):
+            out.append(piece)
+            got += len(piece)
+            if got >= n:
+                break
+        return "".join(out)[:n]
+
+    @property
+    def visible_chars(self) -> int:
+        """Visible characters so far, kept or not (the last event's content offset)."""
+        return self._visible_chars
 
     def event_texts(self) -> list[str]:
         """The kept text of each recorded event: "" for one without text or past MAX_TEXT_CHARS."""

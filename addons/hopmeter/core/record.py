@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from hopmeter.core.delivery import Delivery, DeliverySeen, summarize
 from hopmeter.core.detectors import StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
+from hopmeter.core.fingerprint import FINGERPRINT_CHARS, fingerprint
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import Counter, TokenAccount, account_tokens
 from hopmeter.core.upstream import UpstreamFailure, upstream_finding
@@ -81,6 +82,9 @@ class FlowResult:
     tokens: TokenAccount | None
     segments: tuple[Any, ...] = ()  # hops.Segment per segment, on the outermost flow of a trace
     delivery: Delivery | None = None  # the bytes' way to the client, when the proxy followed it
+    # the reply's first visible characters, in memory only (never written): live pairing tells
+    # a flow still in flight that cannot be this reply from one that may be (proxy.pairing)
+    opening: str = ""
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -106,6 +110,7 @@ def finish_flow(
     measuring_error: str | None = None,
     delivery: DeliverySeen | None = None,
     failure: UpstreamFailure | None = None,
+    fingerprint_key: bytes | None = None,
 ) -> FlowResult:
     """Build the record of a finished flow: tokens, figures and findings.
 
@@ -136,6 +141,7 @@ def finish_flow(
     figures: Figures | None = None
     account: TokenAccount | None = None
     out: Delivery | None = None
+    opening = ""
     api = "other"
     model = request.model
     if response is not None:
@@ -184,8 +190,7 @@ def finish_flow(
                     rec["chunks_out"] = out.chunks_out
             rec["figures"] = _figures_dict(meter, figures, account)
             rec["stream"] = _stream_facts(meter)
-            if log_content:
-                rec["content"] = meter.text()
+            opening = _text_fields(rec, meter, log_content, fingerprint_key)
         if delivery is not None:
             if out is None:  # no measured response: nothing to align the chunks with
                 why = delivery.reason or "the response was not measured"
@@ -212,7 +217,20 @@ def finish_flow(
     rec["findings"] = findings
     if measuring_error:
         rec["measuring_error"] = measuring_error
-    return FlowResult(record=rec, figures=figures, tokens=account, delivery=out)
+    return FlowResult(record=rec, figures=figures, tokens=account, delivery=out, opening=opening)
+
+
+def _text_fields(
+    rec: dict[str, Any], meter: FlowMeter, log_content: bool, key: bytes | None
+) -> str:
+    """The reply's fingerprint (always) and text (with --log-content) in `rec`; its opening."""
+    opening = meter.text_head(FINGERPRINT_CHARS)
+    fp = fingerprint(opening, meter.visible_chars, key)
+    if fp is not None:  # a digest of the opening, never the text (core.fingerprint)
+        rec["fingerprint"] = fp.as_dict()
+    if log_content:
+        rec["content"] = meter.text()
+    return opening
 
 
 def _abs(t0: float, offset: float | None) -> float | None:
@@ -326,6 +344,14 @@ def summary_line(rec: Mapping[str, Any]) -> str:
     findings = rec.get("findings") or []
     if findings:
         parts.append("findings=" + ",".join(f["kind"] for f in findings))
+    browser = rec.get("browser") or {}
+    screen = rec.get("screen") or {}
+    if screen.get("ttft_s") is not None:
+        parts.append(f"painted={screen['ttft_s'] * 1000:.0f}ms")
+    if browser.get("findings"):
+        parts.append("client=" + ",".join(f["kind"] for f in browser["findings"]))
+    elif browser.get("joined") is False:
+        parts.append("browser=no-beacon")
     return " ".join(parts)
 
 

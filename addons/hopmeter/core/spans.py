@@ -21,7 +21,8 @@ from hopmeter.errors import TimelineError
 
 HOP_KEY = "hopmeter.hop"  # the attribute that makes a span hopmeter's
 MAX_HOP_CHARS = 128  # a hop is a short name (a label value downstream)
-# Span attributes (hopmeter.<figure>) read back into the record's figures.
+# Span attributes (hopmeter.<figure>) read back into the record's figures; the exporter writes
+# these and the token source (hopmeter.export.otel.FIGURES).
 FIGURES = (
     "ttfb_s",
     "ttfe_s",
@@ -138,6 +139,7 @@ def span_record(view: SpanView) -> dict[str, Any] | SpanOutcome:
         "trace_id": span.trace_id.hex(),
         "span_id": span.span_id.hex(),
         "parent_span_id": span.parent_span_id.hex() or None,
+        "flow_id": attrs.get("hopmeter.flow_id"),  # what a join names its flows by
         "hop": span.hop,
         "request": {"t_start": span.start_ns / 1e9},
         "api": attrs.get("hopmeter.api"),

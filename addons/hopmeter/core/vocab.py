@@ -121,6 +121,47 @@ class FindingKind(StrEnum):
     SEGMENT_BATCHING = "segment_batching"  # a segment's tell, from two hops (core.hops)
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # no connection: refused, DNS, TLS, timeout
     UPSTREAM_SILENT = "upstream_silent"  # connected, then no headers or no bytes in time
+    # a segment whose two hops saw different trace ids: paired by content (core.matching)
+    TRACE_CONTEXT_DROPPED = "trace_context_dropped"
+    # the page, from its beacon (core.client)
+    CLIENT_DECODES_CHUNKS_ALONE = "client_decodes_chunks_alone"
+    CLIENT_MISSED_EVENTS = "client_missed_events"
+    CLIENT_RENDER_GROWS = "client_render_grows"
+    CLIENT_WRITES_PER_TOKEN = "client_writes_per_token"
+    CLIENT_REVEALS_AFTER_END = "client_reveals_after_end"
+    CLIENT_SMOOTHING_BUFFER = "client_smoothing_buffer"
+
+
+class PairedBy(StrEnum):
+    """How two flows of one request at two hops were found (`paired_by` in records and hops)."""
+
+    TRACE = "trace"  # the same W3C trace id at both hops
+    CONTENT = "content"  # different trace ids: the same reply text, in nested time windows
+
+
+class PairingMatch(StrEnum):
+    """How sure a flow's pairing is (`pairing.match` in a record, the label of pairings_total)."""
+
+    UNIQUE = "unique"  # one partner at each other hop: paired
+    AMBIGUOUS = "ambiguous"  # several flows could be its partner: not paired, never guessed
+    NONE = "none"  # no flow at another hop could be its partner
+
+
+class BeaconOutcome(StrEnum):
+    """What became of a browser beacon (the `outcome` label of hopmeter_beacons_total)."""
+
+    JOINED = "joined"  # joined to its trace's record: the browser and screen lanes
+    MISSING = "missing"  # a record waited for a beacon that did not come in time
+    MALFORMED = "malformed"  # 400: not a beacon (not JSON, a field of the wrong type or size)
+    WRONG_METHOD = "wrong_method"  # 405: not a POST
+    UNSIZED = "unsized"  # 411: no Content-Length (a beacon always has one)
+    TOO_LARGE = "too_large"  # 413: over 64 KiB, more than sendBeacon can send
+    WRONG_ORIGIN = "wrong_origin"  # 403: not from the origin of the page that made the request
+    UNKNOWN_TRACE = "unknown_trace"  # 404: no request of its trace announced a beacon here
+    LATE = "late"  # 410: its record was written already
+    DUPLICATE = "duplicate"  # 409: its trace's beacon came already
+    FLOOD = "flood"  # 429: more beacons than the rate bound allows
+    DROPPED = "dropped"  # accepted, then pushed out of a full wait list before its record came
 
 
 class ProbeCheck(StrEnum):

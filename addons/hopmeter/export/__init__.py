@@ -31,3 +31,7 @@ class FlowObserver(Protocol):
     def internal_error(self, where: str) -> None:
         """A bug in measuring was caught at `where`; the flow went on unmeasured."""
         return
+
+    def beacon(self, outcome: str) -> None:
+        """A browser beacon was joined, refused or missed (a hopmeter.core.vocab.BeaconOutcome)."""
+        return

@@ -13,7 +13,15 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from hopmeter.core.vocab import Api, Ended, FindingKind, TokenSource
+from hopmeter.core.vocab import (
+    Api,
+    BeaconOutcome,
+    Ended,
+    FindingKind,
+    PairedBy,
+    PairingMatch,
+    TokenSource,
+)
 
 OTHER = "other"
 NO_MODEL = "none"
@@ -22,6 +30,9 @@ APIS = frozenset(Api)
 ENDINGS = frozenset(Ended)
 TOKEN_SOURCES = frozenset(TokenSource)
 FINDING_KINDS = frozenset(FindingKind)
+PAIRED_BY = frozenset(PairedBy)
+PAIRING_MATCHES = frozenset(PairingMatch)
+BEACON_OUTCOMES = frozenset(BeaconOutcome)
 # Hop, segment and error-site names come from configuration, not traffic; the cap guards against
 # a misconfiguration (a name per request) turning into a series per request.
 MAX_NAMES_PER_LABEL = 32

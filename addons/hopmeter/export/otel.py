@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from hopmeter import __version__
 from hopmeter.core import timeline as token_timeline
 from hopmeter.core.hops import events_out
+from hopmeter.core.spans import FIGURES as SPAN_FIGURES
 from hopmeter.errors import OtelConfigError
 from hopmeter.export.labels import DEFAULT_ROUTES, OTHER, RouteLabels
 from hopmeter.log import get_logger
@@ -71,19 +72,9 @@ GEN_AI_PROVIDERS = {
     "anthropic.messages": "anthropic",
     "gemini": "gcp.gemini",
 }
-# figures -> hopmeter.<name>: seconds, counts and the token source (docs/design.md §4, §6).
-FIGURES = (
-    "ttfb_s",
-    "ttfe_s",
-    "ttft_s",
-    "duration_s",
-    "itl_p50_s",
-    "itl_p99_s",
-    "max_gap_s",
-    "stalls",
-    "tokens_per_s",
-    "tokens_source",
-)
+# figures -> hopmeter.<name>: seconds, counts (what a join reads back, core.spans.FIGURES) and
+# the token source (docs/design.md §4, §6).
+FIGURES = (*SPAN_FIGURES, "tokens_source")
 # a `hops` entry -> attributes of its "hold" event.
 HOLD_FIGURES = (
     "inner_hop",

@@ -29,11 +29,14 @@ from hopmeter.core.figures import Gaps
 from hopmeter.core.hops import Segment
 from hopmeter.export.labels import (
     APIS,
+    BEACON_OUTCOMES,
     DEFAULT_MODEL_FAMILIES,
     DEFAULT_ROUTES,
     ENDINGS,
     FINDING_KINDS,
     OTHER,
+    PAIRED_BY,
+    PAIRING_MATCHES,
     TOKEN_SOURCES,
     ModelLabels,
     NameLabels,
@@ -57,6 +60,11 @@ HOLD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 # vLLM's end-to-end request latency list.
 DURATION_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                       60.0, 120.0, 240.0, 480.0, 960.0)
+# Paint lag, a page's read -> the frame that painted it: a frame is 16.7 ms, a client that writes
+# once per frame lands within one or two (8-17 ms, measured), a smoothing buffer 30-110 ms, a
+# re-render of a long reply or a reveal after the end seconds.
+PAINT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.0167, 0.025, 0.0333, 0.05, 0.075, 0.1, 0.15,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Tokens per event: 1 is a token-per-event stream, 2-8 a coalescing provider, hundreds a body
 # reconciled from a usage total (not streamed, or held whole by a hop).
 EVENT_TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)
@@ -181,6 +189,41 @@ class Metrics:
             HOLD_BUCKETS_S,
             FLOW_LABELS,
         )
+        self.request_delay = hist(
+            "segment_request_delay_seconds",
+            "From the outer listener seeing a request to the inner one seeing it, per segment.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.added_ttft = hist(
+            "segment_added_ttft_seconds",
+            "What a segment added to the time to first token: request delay + first-token hold.",
+            HOLD_BUCKETS_S,
+            ("segment",),
+        )
+        self.pairings = counter(
+            "pairings_total",
+            "Flows of a process with listeners of several hops, by how they were paired "
+            '(paired_by "none" with match "ambiguous": several replies alike, left unpaired).',
+            ("hop", "paired_by", "match"),
+        )
+        self.first_painted = hist(
+            "time_to_first_painted_token_seconds",
+            "The page's fetch() to the first frame that painted reply text (browser measuring).",
+            FIRST_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.paint_lag = weighted(
+            "paint_lag_seconds",
+            "Per token: the page's body reader got it -> the frame that painted it (browser "
+            "measuring).",
+            PAINT_BUCKETS_S,
+            FLOW_LABELS,
+        )
+        self.beacons = counter(
+            "beacons_total", "Browser beacons, by what became of them.", ("outcome",)
+        )
+        self._beacons_initialised = False
         self.flows = counter(
             "flows_total", "Finished flows.", (*FLOW_LABELS, "status_class", "ended")
         )
@@ -233,13 +276,16 @@ class Metrics:
         gaps: Gaps | None = None,
         event_tokens: Sequence[int] | None = None,
         own_holds: Sequence[tuple[float, int]] | None = None,
+        paint_lags: Sequence[float] | None = None,
     ) -> None:
         """Observe one finished flow record (docs/design.md §4).
 
         `gaps` and `event_tokens` (the token-weighted gaps and the tokens of each event, as
         finish_flow computed them) spare reading them again from the record's events;
         `own_holds` are the hop's own holds, (seconds, tokens) per chunk, when the proxy followed
-        the flow's bytes to the client (FlowResult.delivery.holds).
+        the flow's bytes to the client (FlowResult.delivery.holds); `paint_lags` the per-token
+        lags from the page's read to the screen, when a beacon was joined (the `screen>browser`
+        segment's holds).
         """
         request = record.get("request") or {}
         response = record.get("response") or {}
@@ -291,10 +337,39 @@ class Metrics:
         self._initialise(hop, api)
         self._observe_bytes(hop, api, response, figures)
         self._observe_delivery(record.get("delivery"), own_holds, labels, exemplar)
-        for finding in record.get("findings") or ():
+        browser = record.get("browser")
+        client = browser.get("findings") if isinstance(browser, Mapping) else None
+        for finding in (*(record.get("findings") or ()), *(client or ())):
             kind = finding.get("kind") if isinstance(finding, Mapping) else None
             kind = vocabulary_label(kind, FINDING_KINDS)
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
+        self._observe_pairing(hop, record.get("pairing"), exemplar)
+        self._observe_screen(record.get("screen"), paint_lags, labels, exemplar)
+
+    def _observe_screen(
+        self,
+        section: object,
+        paint_lags: Sequence[float] | None,
+        labels: tuple[str, ...],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        """Time to first painted token per flow, paint lag per token (browser measuring)."""
+        if not isinstance(section, Mapping):
+            return
+        first = _num(section.get("ttft_s"))
+        if first is not None:
+            self._child(self.first_painted, labels).observe(first, exemplar)
+        if paint_lags:
+            values = [(v, 1) for v in (_num(x) for x in paint_lags) if v is not None]
+            self.paint_lag.observe(labels, values, exemplar)
+
+    def beacon(self, outcome: str) -> None:
+        """Count what became of one browser beacon (every outcome's series starts at 0)."""
+        if not self._beacons_initialised:
+            self._beacons_initialised = True
+            for name in BEACON_OUTCOMES:
+                self.beacons.labels(outcome=name)
+        self._child(self.beacons, (vocabulary_label(outcome, BEACON_OUTCOMES),)).inc()
 
     def _observe_delivery(
         self,
@@ -312,6 +387,15 @@ class Metrics:
         if own_holds:
             values = [(v, k) for v, k in own_holds if _num(v) is not None and k > 0]
             self.own_hold.observe(labels, values, exemplar)
+
+    def _observe_pairing(self, hop: str, pairing: object, exemplar: dict[str, str] | None) -> None:
+        """Count how a flow was paired across listeners (a record without `pairing`: not)."""
+        if not isinstance(pairing, Mapping):
+            return
+        by = pairing.get("paired_by")
+        by = "none" if by is None else vocabulary_label(by, PAIRED_BY)
+        match = vocabulary_label(pairing.get("match"), PAIRING_MATCHES)
+        self._child(self.pairings, (hop, by, match)).inc(1, exemplar)
 
     def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
         """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""
@@ -389,9 +473,17 @@ class Metrics:
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
 
     def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
-        """One segment of one stream: its per-token holds and the findings it introduced."""
+        """One segment of one stream: its per-token holds, what it added on the way in (request
+        delay, time to first token) and the findings it introduced."""
         label = self.segments.label(segment.segment)
         self.observe_holds(segment.segment, segment.holds_s, trace_id)
+        for hist, value in (
+            (self.request_delay, segment.request_delay_s),
+            (self.added_ttft, segment.added_ttft_s),
+        ):
+            v = _num(value)
+            if v is not None:
+                self._child(hist, (label,)).observe(v, _exemplar(trace_id))
         if f"segment\0{label}" not in self._initialised:  # every kind from 0, as _initialise
             self._initialised.add(f"segment\0{label}")
             for kind in (*FINDING_KINDS, OTHER):

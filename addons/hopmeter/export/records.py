@@ -51,12 +51,18 @@ def read_records(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
             data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
         except OSError as exc:
             raise HopmeterError(f"cannot read records from {path}: {exc.strerror}") from None
-        for n, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise HopmeterError(f"{path}:{n} is not a JSON record") from None
-            if isinstance(rec, dict) and rec.get("schema") == SCHEMA:
-                yield rec
+        yield from record_lines(data, path)
+
+
+def record_lines(data: bytes, path: str) -> Iterator[dict[str, Any]]:
+    """Every `hopmeter.flow/1` record in `data`, JSON lines read from `path` (named in errors);
+    blank lines and objects of other schemas are passed over."""
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            raise HopmeterError(f"{path}:{n} is not a JSON record") from None
+        if isinstance(rec, dict) and rec.get("schema") == SCHEMA:
+            yield rec

@@ -24,6 +24,7 @@ from hopmeter.core.record import SCHEMA
 from hopmeter.core.spans import SpanView, span_record
 from hopmeter.core.vocab import SpanOutcome
 from hopmeter.errors import HopmeterError, OtlpError, UsageError
+from hopmeter.export.records import record_lines
 
 OTEL_EXTRA = "pip install 'hopmeter[otel]'"
 
@@ -56,21 +57,9 @@ def _flows(data: bytes, path: str, skipped: Counter[str]) -> Iterator[dict[str, 
     except orjson.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
-        yield from _record_lines(data, path)
+        yield from record_lines(data, path)
         return
     yield from _records_of(_json_spans(data), skipped)
-
-
-def _record_lines(data: bytes, path: str) -> Iterator[dict[str, Any]]:
-    for n, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise HopmeterError(f"{path}:{n} is not a JSON record") from None
-        if isinstance(rec, dict) and rec.get("schema") == SCHEMA:
-            yield rec
 
 
 def _json_spans(data: bytes) -> Iterator[SpanView]:

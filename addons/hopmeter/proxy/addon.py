@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.delivery import DeliverySeen
+from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.trace import TraceContext, parse_traceparent
@@ -32,9 +35,12 @@ from hopmeter.log import get_logger
 from hopmeter.proxy.chaos import Chaos, parse_actions
 from hopmeter.proxy.config import parse_listener, parse_seconds
 from hopmeter.proxy.delivery import Delivery
-from hopmeter.proxy.pairing import Pairing
+from hopmeter.proxy.pairing import LiveFlow, Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizers import Counters, load_counter
+
+if TYPE_CHECKING:
+    from hopmeter.proxy.browser import BrowserMeter
 
 log = get_logger()
 
@@ -49,13 +55,18 @@ class HopMeter:
         self.observers: list[FlowObserver] = []
         # called with the flow and its record as soon as the record is built (before pairing)
         self.flow_listeners: list[Callable[[http.HTTPFlow, FlowResult], None]] = []
-        self.pairing = Pairing(schedule=_call_later, emit=self._emit)
+        self.pairing = Pairing(
+            schedule=self._call_later, emit=self._emit, in_flight=self._in_flight
+        )
+        self.fingerprint_key: bytes | None = None  # from hopmeter_fingerprint_key_env
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.chaos_actions: tuple[str, ...] = ()
         self.stall_threshold_s = 0.5  # hopmeter_stall_threshold, parsed
         # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
         self.delivery = Delivery(self.internal_error)
         self.queue = MeasureQueue(self.delivery.log)
+        # browser measuring (hopmeter.proxy.browser): its paths, and records held for beacons
+        self.browser: BrowserMeter | None = None
         # Set by `done`: the outputs are closing, so flows that still start on connections open
         # until the process exits are forwarded but not measured (their record could not be
         # written).
@@ -101,6 +112,13 @@ class HopMeter:
         loader.add_option(
             "hopmeter_trace_header", bool, True, "Add a W3C traceparent to requests that have none."
         )
+        loader.add_option(
+            "hopmeter_fingerprint_key_env",
+            str,
+            "",
+            "An environment variable holding a secret key for the reply fingerprints in records "
+            "(the same on every host whose records are joined); default: unkeyed.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -122,6 +140,13 @@ class HopMeter:
                 if modes == ["regular"]:
                     modes = []
                 opts.update(mode=[*modes, *wanted])
+        if updated & {"hopmeter_listeners", "hopmeter_hop", "mode"}:
+            # listeners of two or more hops: flows pair by reply content where a trace id is lost
+            self.pairing.hops = frozenset(
+                self.listener_names.get(m, opts.hopmeter_hop) for m in opts.mode
+            )
+        if "hopmeter_fingerprint_key_env" in updated:
+            self.fingerprint_key = _fingerprint_key(opts.hopmeter_fingerprint_key_env)
         if "hopmeter_chaos" in updated:
             try:
                 self.chaos_actions = parse_actions(opts.hopmeter_chaos)
@@ -153,6 +178,8 @@ class HopMeter:
                 self._complete(flow, state, Ended.SHUTDOWN, state.offset(time.monotonic()))
         self.live.clear()
         self.pairing.drain()
+        if self.browser is not None:  # records waiting for a beacon: written without it
+            self.browser.joins.drain()
 
     # -- observers -----------------------------------------------------------------------------
     def add_observer(self, observer: FlowObserver) -> None:
@@ -205,6 +232,8 @@ class HopMeter:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if not flow.live or self.stopped:  # read from a file (measured when it was live), or
             return  # the proxy is stopping: nothing could write its record any more
+        if self.browser is not None and self.browser.owns(flow):  # answered by hopmeter itself
+            return
         mono0 = time.monotonic()
         wall0 = time.time()
         state = None
@@ -371,8 +400,22 @@ class HopMeter:
         self.delivery.log.step(t0, cpu0)
 
     def _emit(self, result: FlowResult) -> None:
+        """Hand one finished record to every observer, unless it waits for its page's beacon."""
+        if self.browser is not None:
+            try:
+                if self.browser.joins.take(result):
+                    return
+            except Exception as exc:
+                self.internal_error("browser", exc)
+        self.emit_now(result)
+
+    def emit_now(self, result: FlowResult) -> None:
         """Hand one finished record to every observer (metrics, records, console, spans)."""
         self._notify(lambda obs: obs.observe(result), "observer")
+
+    def notify_beacon(self, outcome: str) -> None:
+        """Tell every observer what became of a browser beacon."""
+        self._notify(lambda obs: obs.beacon(outcome), "observer")
 
     def _result(
         self, flow: http.HTTPFlow, state: FlowState, ended: Ended, now: float
@@ -428,6 +471,7 @@ class HopMeter:
             measuring_error=tap.error if tap is not None else None,
             delivery=self._seen(state),
             failure=state.failure,
+            fingerprint_key=self.fingerprint_key,
         )
         if tap is not None and tap.chaos is not None:
             result.record["chaos"] = sorted(tap.chaos.actions)
@@ -444,9 +488,44 @@ class HopMeter:
             self.internal_error("delivery", exc)
             return None
 
+    def _call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run `fn` later on the loop; a failure in it is counted, never raised into the loop."""
 
-def _call_later(delay_s: float, fn: Callable[[], None]) -> None:
-    asyncio.get_running_loop().call_later(delay_s, fn)
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception as exc:
+                self.internal_error("pairing", exc)
+
+        asyncio.get_running_loop().call_later(delay_s, guarded)
+
+    def _in_flight(self) -> list[LiveFlow]:
+        """The flows in flight, for content pairing: their reply text so far."""
+        out = []
+        for flow, state in self.live.values():
+            meter = state.tap.meter if state.tap is not None else None
+            out.append(
+                LiveFlow(
+                    trace_id=state.trace.trace_id if state.trace else "",
+                    t_start=flow.request.timestamp_start,
+                    opening=meter.text_head(FINGERPRINT_CHARS) if meter is not None else "",
+                    chars=meter.visible_chars if meter is not None else 0,
+                )
+            )
+        return out
+
+
+def _fingerprint_key(var: str) -> bytes | None:
+    """The fingerprint key from the environment variable `var` ("" = unkeyed)."""
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise exceptions.OptionsError(
+            f"hopmeter_fingerprint_key_env: the environment variable {var} is not set or empty; "
+            "set it to the secret every host shares, or leave the option empty"
+        )
+    return value.encode()
 
 
 def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopmeter.argtypes import positive_int, positive_seconds, seconds
 from hopmeter.env import bind_env, source
 from hopmeter.errors import UsageError
 from hopmeter.proxy.config import (
@@ -46,7 +47,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--records", default="", metavar="PATH", help='JSON lines file ("-" = stdout)')
     p.add_argument("--metrics", default="127.0.0.1:9464", metavar="HOST:PORT|off")
-    p.add_argument("--stall-threshold", type=_positive_float, default=0.5, metavar="SECONDS")
+    p.add_argument("--stall-threshold", type=positive_seconds, default=0.5, metavar="SECONDS")
     p.add_argument("--tokenizer", default="", metavar="NAME|PATH")
     p.add_argument(
         "--log-content",
@@ -69,6 +70,19 @@ def add_parser(sub: Any) -> None:
         "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
     )
     p.add_argument(
+        "--fingerprint-key-env",
+        default="",
+        metavar="VAR",
+        help="key the reply fingerprints in records with the secret in this environment variable "
+        "(the same on every host whose records are joined)",
+    )
+    p.add_argument(
+        "--browser",
+        action="store_true",
+        help="browser measuring: serve the snippet at /_hopmeter/beacon.js, answer beacons at "
+        "/_hopmeter/beacon, add the browser and screen lanes to records",
+    )
+    p.add_argument(
         "--chaos",
         default="",
         metavar="ACTIONS",
@@ -77,7 +91,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chaos-seed", type=int, default=0, metavar="N", help="seed for --chaos")
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="N proxy processes on the same ports (SO_REUSEPORT); metrics port + index each",
@@ -96,14 +110,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--connect-timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=10.0,
         metavar="SECONDS",
         help="seconds to connect to the upstream (TCP and TLS) before answering 504 (default 10)",
     )
     p.add_argument(
         "--read-timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=600.0,
         metavar="SECONDS",
         help="longest upstream silence: before the response headers (answered 504) and between "
@@ -111,7 +125,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        type=_seconds,
+        type=seconds,
         default=20.0,
         metavar="SECONDS",
         help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops "
@@ -128,40 +142,6 @@ def add_parser(sub: Any) -> None:
     )
     p.set_defaults(func=run)
     bind_env(p)
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
-    return n
-
-
-def _positive_float(value: str) -> float:
-    f = _number(value)
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
-    return f
-
-
-def _seconds(value: str) -> float:
-    f = _number(value)
-    if not f >= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more seconds")
-    return f
-
-
-def _number(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if f == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds")
-    return f
 
 
 def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
@@ -202,6 +182,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         tokenizer=args.tokenizer,
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
+        fingerprint_key_env=args.fingerprint_key_env,
         otel_endpoint=args.otel_endpoint,
         otel_timeline=args.otel_timeline == "on",
         chaos=args.chaos,
@@ -211,6 +192,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,
         drain_timeout_s=args.drain_timeout,
+        browser=args.browser,
         extra=list(args.set_),
     )
 

@@ -29,6 +29,7 @@ class ProxyConfig:
     tokenizer: str = ""
     log_content: bool = False
     trace_header: bool = True
+    fingerprint_key_env: str = ""  # a variable's name, never the key
     otel_endpoint: str = ""
     otel_timeline: bool = True
     chaos: str = ""
@@ -38,6 +39,7 @@ class ProxyConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
     drain_timeout_s: float = 20.0
+    browser: bool = False  # --browser: serve the snippet, answer and join beacons
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
 

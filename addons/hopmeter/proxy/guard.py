@@ -143,6 +143,8 @@ class UpstreamGuard:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if not flow.live or flow.request.method == "CONNECT" or self.meter.stopped:
             return
+        if self.meter.browser is not None and self.meter.browser.owns(flow):
+            return  # hopmeter answers it itself: no upstream to wait for
         watch = Watch(flow=flow, phase=CONNECT, last_s=time.monotonic())
         self.watches[flow.id] = watch
         self.by_client.setdefault(flow.client_conn.id, set()).add(flow.id)

@@ -14,6 +14,7 @@ import orjson
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.record import FlowResult
 from hopmeter.errors import OtelConfigError, PortError, UsageError
 from hopmeter.export import FlowObserver
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 log = get_logger()
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PAINT_SEGMENT = f"{SCREEN}>{BROWSER}"  # its holds are the paint lags
 
 
 class RecordsOutput(FlowObserver):
@@ -221,19 +223,27 @@ class MetricsOutput(FlowObserver):
         """One finished flow, and the holds of each segment when it is a trace's outermost."""
         if self.metrics is None:
             return
+        paint = next((s.holds_s for s in result.segments if s.segment == PAINT_SEGMENT), None)
         self.metrics.observe_flow(
             result.record,
             gaps=result.figures.gaps if result.figures is not None else None,
             event_tokens=result.tokens.per_event if result.tokens is not None else None,
             own_holds=result.delivery.holds if result.delivery is not None else None,
+            paint_lags=paint,
         )
+        trace_id = result.record.get("trace_id")
         for seg in result.segments:
-            self.metrics.observe_segment(seg, result.record.get("trace_id"))
+            self.metrics.observe_segment(seg, trace_id)
 
     def internal_error(self, where: str) -> None:
         """A measuring bug was caught."""
         if self.metrics is not None:
             self.metrics.internal_error(where)
+
+    def beacon(self, outcome: str) -> None:
+        """A browser beacon was joined, refused or missed."""
+        if self.metrics is not None:
+            self.metrics.beacon(outcome)
 
     def stream_started(self) -> None:
         """A response started."""

@@ -1,27 +1,70 @@
-"""Live pairing of the flows one trace makes through several listeners of this process.
+"""Live pairing of the flows one request makes through several listeners of this process.
 
-The outermost flow of a trace (the one whose request started first) is written last, with a
-`hops` section, once every other flow of the trace has finished: the inner flows usually finish
-first (the inner hop sees the end of the body before the outer one), so the wait is short; a
-bounded timeout writes it without waiting longer.
+By trace: the outermost flow of a trace (the one whose request started first) is written last,
+with a `hops` section, once every other flow of the trace has finished: the inner flows usually
+finish first (the inner hop sees the end of the body before the outer one), so the wait is short;
+a bounded timeout writes it without waiting longer.
+
+By content, when this process has listeners of two or more hops (`hops`): a gateway between them
+that drops `traceparent` gives the inner flow a trace of its own, so a trace that closes seen at
+fewer than every hop waits, pending, until nothing that could still turn out to be the same reply
+is in flight (hopmeter.core.matching decides, and never pairs two different replies). A flow in
+flight cannot be the same reply once its text so far departs from the pending reply's opening or
+outgrows its length, so unrelated streams in flight do not hold records back. Then every flow of
+the decided requests is written with a `pairing` field, the outermost with its `hops`, and a
+segment paired by content gets a `trace_context_dropped` finding and, once per interval, a log
+line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
-from collections.abc import Callable
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from hopmeter.core.fingerprint import Fingerprint
 from hopmeter.core.hops import Segment, chain
+from hopmeter.core.matching import (
+    LIVE_SLACK_S,
+    match_records,
+    segments,
+    trace_dropped,
+    with_findings,
+    without_content,
+)
 from hopmeter.core.record import FlowResult
+from hopmeter.log import get_logger
+
+log = get_logger()
 
 # Traces tracked at once. A trace is forgotten when its last flow finishes; this bound only
 # matters if flows are never finished (it drops the oldest).
 MAX_TRACES = 8192
 # How long the outer record waits for inner flows that have not finished. An inner flow finishes
-# before the outer one unless something between them is broken; 30 s covers a slow tail.
+# before the outer one unless something between them is broken; 30 s covers a slow tail. A
+# request waiting to be paired by content waits at most this long too, then is written unpaired
+# (ambiguous) if a flow that could be the same reply is still in flight.
 PARK_TIMEOUT_S = 30.0
+# Requests waiting to be paired by content. Each holds its finished records (a few KB); past the
+# bound, groups are decided at once (as on the timeout) until it holds again.
+MAX_PENDING = 4096
+# While requests wait, how often flows in flight are looked at again (their text grows and may
+# rule them out); a finishing flow looks at once.
+RECHECK_S = 0.1
+# One log line per segment that drops the trace context, then at most one per this many seconds.
+TRACE_DROP_LOG_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveFlow:
+    """A flow still in flight, as far as content pairing needs it."""
+
+    trace_id: str
+    t_start: float
+    opening: str  # its visible text so far, up to the fingerprint's opening
+    chars: int  # visible characters so far
 
 
 @dataclass(slots=True)
@@ -31,17 +74,75 @@ class _Trace:
     parked: FlowResult | None = None
 
 
+@dataclass(slots=True)
+class _Unit:
+    """The finished flows of one trace, waiting to be paired by content."""
+
+    results: list[FlowResult]
+    since: float  # clock() when it began to wait
+    trace_id: str = ""
+    key: tuple[str, int] | None = None
+    opening: str = ""
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    def __post_init__(self) -> None:
+        outer = min(self.results, key=lambda r: r.record["request"]["t_start"])
+        self.trace_id = str(outer.record.get("trace_id"))
+        fp = Fingerprint.from_record(outer.record)
+        self.key = None if fp is None else fp.key
+        self.opening = outer.opening
+        self.t_start = min(_start(r) for r in self.results)
+        self.t_end = max(_end(r) for r in self.results)
+
+    def could_be(self, flow: LiveFlow) -> bool:
+        """Whether a flow in flight may still turn out to carry this unit's reply."""
+        if self.key is None or flow.trace_id == self.trace_id:
+            return False
+        if flow.t_start > self.t_end + LIVE_SLACK_S:
+            return False  # started after this request ended: neither its outer nor its inner
+        if flow.chars > self.key[1]:
+            return False
+        n = min(len(flow.opening), len(self.opening))
+        return flow.opening[:n] == self.opening[:n]
+
+
+def _start(r: FlowResult) -> float:
+    return float(r.record["request"]["t_start"])
+
+
+def _end(r: FlowResult) -> float:
+    resp = r.record.get("response") or {}
+    ends = [resp.get("t_last_byte"), r.record["request"].get("t_end"), _start(r)]
+    return max(float(t) for t in ends if isinstance(t, int | float))
+
+
 class Pairing:
-    """Groups finished flows by trace id and attaches per-segment holds to the outermost."""
+    """Groups finished flows by trace id (and by content, across hops) and attaches per-segment
+    holds to the outermost."""
 
     def __init__(
         self,
         schedule: Callable[[float, Callable[[], None]], object] | None = None,
         emit: Callable[[FlowResult], None] | None = None,
+        *,
+        in_flight: Callable[[], Iterable[LiveFlow]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
         self._schedule = schedule
         self._emit = emit
+        self._in_flight = in_flight
+        self._clock = clock
+        self.hops: frozenset[str] = frozenset()  # this process's hops: content pairing at 2+
+        self._pending: list[_Unit] = []
+        self._recheck = False  # a recheck timer is set
+        self._logged: dict[str, tuple[float, int]] = {}  # segment -> (last line, since then)
+
+    @property
+    def by_content(self) -> bool:
+        """Whether flows are paired by content too (listeners of two or more hops)."""
+        return len(self.hops) > 1
 
     def start(self, trace_id: str, t_start: float) -> None:
         """A flow of `trace_id` began (its request started at `t_start`)."""
@@ -57,20 +158,29 @@ class Pairing:
         trace_id = result.record.get("trace_id")
         trace = self._traces.get(trace_id) if isinstance(trace_id, str) else None
         if trace is None or not isinstance(trace_id, str):
-            return [result]
+            return self._lone(result)
         t_start = result.record["request"]["t_start"]
         if t_start in trace.live_starts:
             trace.live_starts.remove(t_start)
         trace.done.append(result)
         if trace.live_starts:
-            if t_start < min(trace.live_starts) and trace.parked is None:
+            outer_first = t_start < min(trace.live_starts) and trace.parked is None
+            if outer_first:
                 # the outer flow ended first: wait for the inner ones before writing it
                 trace.parked = result
                 if self._schedule is not None:
                     self._schedule(PARK_TIMEOUT_S, lambda: self._expire(trace_id))
                 return []
+            if self.by_content:
+                return []  # the whole trace is decided together when it closes
             return [] if result is trace.parked else [result]
+        if self.by_content:
+            self._traces.pop(trace_id)
+            return self._wait(trace.done)
         return self._close(trace_id, result)
+
+    def _lone(self, result: FlowResult) -> list[FlowResult]:
+        return self._wait([result]) if self.by_content else [result]
 
     def _close(self, trace_id: str, last: FlowResult) -> list[FlowResult]:
         trace = self._traces.pop(trace_id)
@@ -83,20 +193,150 @@ class Pairing:
         return [with_hops if r is outer else r for r in out] if outer in out else out
 
     def drain(self) -> None:
-        """Write every parked record now (the proxy is stopping)."""
+        """Write every parked and pending record now (the proxy is stopping)."""
         for trace_id in list(self._traces):
             self._expire(trace_id)
         self._traces.clear()
+        for r in self._settle_all(force=True):
+            self._send(r)
 
     def _expire(self, trace_id: str) -> None:
         trace = self._traces.get(trace_id)
         if trace is None or trace.parked is None:
             return
+        if self.by_content:  # what finished of the trace waits as one request
+            self._traces.pop(trace_id)
+            for r in self._wait(trace.done):
+                self._send(r)
+            return
         parked, trace.parked = trace.parked, None
         trace.done.remove(parked)
         segments = chain([r.record for r in [parked, *trace.done]])
+        self._send(attach(parked, segments))
+
+    def _send(self, result: FlowResult) -> None:
         if self._emit is not None:
-            self._emit(attach(parked, segments))
+            self._emit(result)
+
+    # -- by content ----------------------------------------------------------------------------
+    def _wait(self, results: list[FlowResult]) -> list[FlowResult]:
+        """A trace closed: decide it now if it cannot pair further, else let it wait."""
+        if not results:
+            return []
+        unit = _Unit(results, self._clock())
+        if {r.record.get("hop") for r in results} >= self.hops:
+            # seen at every hop: no other trace can be its partner or make another's ambiguous
+            # (candidates share no hop), so nothing in flight can change its pairing
+            return self._settle([unit], unsure=False)
+        self._pending.append(unit)
+        return self._settle_all()
+
+    def _recheck_later(self) -> None:
+        if self._recheck or self._schedule is None or not self._pending:
+            return
+        self._recheck = True
+        self._schedule(RECHECK_S, self._on_recheck)
+
+    def _on_recheck(self) -> None:
+        self._recheck = False
+        for r in self._settle_all():
+            self._send(r)
+
+    def _settle_all(self, *, force: bool = False) -> list[FlowResult]:
+        """Decide every group of waiting requests that nothing in flight can still join."""
+        live = self._live()
+        now = self._clock()
+        out: list[FlowResult] = []
+        keep: list[_Unit] = []
+        overflow = len(self._pending) - MAX_PENDING
+        for comp in _components(self._pending):
+            blocked = any(u.could_be(f) for u in comp for f in live)
+            expired = force or overflow > 0 or any(now - u.since >= PARK_TIMEOUT_S for u in comp)
+            if blocked and not expired:
+                keep += comp
+                continue
+            overflow -= len(comp)
+            out += self._settle(comp, unsure=blocked)
+        self._pending = keep
+        self._recheck_later()
+        return out
+
+    def _live(self) -> list[LiveFlow]:
+        """Every flow not finished here: those in flight with their text so far, and those
+        started here that the proxy no longer lists (ended, record not built yet), text unknown."""
+        live = list(self._in_flight()) if self._in_flight is not None else []
+        seen = {(f.trace_id, f.t_start) for f in live}
+        for trace_id, trace in self._traces.items():
+            live += [
+                LiveFlow(trace_id=trace_id, t_start=t, opening="", chars=0)
+                for t in trace.live_starts
+                if (trace_id, t) not in seen
+            ]
+        return live
+
+    def _settle(self, comp: Sequence[_Unit], *, unsure: bool) -> list[FlowResult]:
+        """Pair one group of waiting requests and give every record its `pairing`."""
+        results = [r for u in comp for r in u.results]
+        records = [r.record for r in results]
+        matching = match_records(records, LIVE_SLACK_S)
+        if unsure:  # a flow that may carry the same reply is still in flight: trace pairs only
+            matching = without_content(matching, records)
+        out = [
+            dataclasses.replace(r, record={**r.record, "pairing": matching.outcomes[i].as_dict()})
+            for i, r in enumerate(results)
+        ]
+        for refs in matching.groups:
+            segs = segments([records[i] for i in refs])
+            outer = refs[0]
+            dropped = trace_dropped(segs)
+            with_hops = attach(out[outer], segs)
+            if dropped:
+                with_hops = dataclasses.replace(
+                    with_hops, record=with_findings(with_hops.record, dropped)
+                )
+                for f in dropped:
+                    self._log_dropped(f["evidence"]["segment"])
+            out[outer] = with_hops
+        return sorted(out, key=lambda r: -_start(r))  # inner flows first, as they finished
+
+    def _log_dropped(self, segment: str) -> None:
+        """One line per segment, then one per TRACE_DROP_LOG_INTERVAL_S saying how many more."""
+        now = self._clock()
+        last, more = self._logged.get(segment, (None, 0))
+        if last is not None and now - last < TRACE_DROP_LOG_INTERVAL_S:
+            self._logged[segment] = (last, more + 1)
+            return
+        self._logged[segment] = (now, 0)
+        log.warning(
+            "hopmeter: a hop between these listeners drops the trace context (traceparent); "
+            "its flows are paired by their reply text (see the trace_context_dropped finding)",
+            segment=segment,
+            more_since_last_line=more,
+        )
+
+
+def _components(units: Sequence[_Unit]) -> list[list[_Unit]]:
+    """Waiting requests that may pair with each other: the same reply, overlapping in time."""
+    by_key: dict[tuple[str, int] | None, list[_Unit]] = defaultdict(list)
+    out: list[list[_Unit]] = []
+    for u in units:
+        if u.key is None:
+            out.append([u])
+        else:
+            by_key[u.key].append(u)
+    for same in by_key.values():
+        same.sort(key=lambda u: u.t_start)
+        comp = [same[0]]
+        end = same[0].t_end
+        for u in same[1:]:
+            if u.t_start <= end + LIVE_SLACK_S:
+                comp.append(u)
+                end = max(end, u.t_end)
+            else:
+                out.append(comp)
+                comp, end = [u], u.t_end
+        out.append(comp)
+    return out
 
 
 def attach(outer: FlowResult, segments: list[Segment]) -> FlowResult:

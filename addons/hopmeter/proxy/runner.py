@@ -15,6 +15,7 @@ from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
@@ -32,15 +33,16 @@ TCP_TIMEOUT_MARGIN_S = 60
 def default_addons() -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
     the measuring addon, the upstream guard (after it: it reads the stream tap the measuring
-    addon installs), the readiness check, then the outputs that observe the measuring addon,
-    then what mitmweb and the console show (idle elsewhere)."""
+    addon installs), the readiness check, browser measuring (idle unless `hopmeter_browser`),
+    then the outputs that observe the measuring addon, then what mitmweb and the console show
+    (idle elsewhere)."""
     meter = HopMeter()
     readiness = Readiness()
     outputs = [
         MetricsOutput(meter, readiness),
         *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput, HopView)),
     ]
-    return [meter, UpstreamGuard(meter, readiness), readiness, *outputs]
+    return [meter, UpstreamGuard(meter, readiness), readiness, BrowserMeter(meter), *outputs]
 
 
 class FreezeAtStart:
@@ -98,12 +100,14 @@ async def run_proxy(
             hopmeter_tokenizer=cfg.tokenizer,
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
+            hopmeter_fingerprint_key_env=cfg.fingerprint_key_env,
             hopmeter_otel_endpoint=cfg.otel_endpoint,
             hopmeter_otel_timeline=cfg.otel_timeline,
             hopmeter_chaos=cfg.chaos,
             hopmeter_chaos_seed=cfg.chaos_seed,
             hopmeter_console=cfg.console,
             hopmeter_summary_interval=repr(cfg.summary_interval_s),
+            hopmeter_browser=cfg.browser,
         )
         if cfg.extra:
             opts.set(*cfg.extra)

@@ -98,7 +98,8 @@ def summarise(records: Sequence[Record], traces: Sequence[Trace]) -> Fleet:
     in_flows: Counter[tuple[str, str]] = Counter()
     in_segments: Counter[tuple[str, str]] = Counter()
     for rec in records:
-        for f in rec.get("findings") or []:
+        client = (rec.get("browser") or {}).get("findings") or []  # the page's, from its beacon
+        for f in [*(rec.get("findings") or []), *client]:
             in_flows[(str(f.get("kind")), severity(f))] += 1
     for trace in traces:
         for band in trace.bands:

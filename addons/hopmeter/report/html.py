@@ -12,6 +12,8 @@ from html import escape
 from typing import Any
 
 from hopmeter import __version__
+from hopmeter.core.browser import BROWSER, SCREEN
+from hopmeter.core.client import FIXES as CLIENT_FIXES
 from hopmeter.core.detectors import FIXES
 from hopmeter.report import histogram, lanes
 from hopmeter.report.fleet import Fleet
@@ -36,6 +38,7 @@ svg text.segment{fill:#9a3412}
 .first-byte{fill:#6b7280}.mark{stroke:#111827;stroke-width:1.2}.quiet{stroke:#9ca3af;stroke-width:1}
 .stall{fill:#ea580c;opacity:.85}.fall{stroke:#6b7280;stroke-width:1;opacity:.6;fill:none}
 .held{stroke:#ea580c;stroke-width:1.6;fill:none}.own{stroke:#7c3aed;stroke-width:1.6;fill:none}.grid{stroke:#e5e7eb}.baseline{stroke:#9ca3af}
+.request{stroke:#2563eb;stroke-width:1.6;fill:none}
 .legend span{display:inline-block;margin-right:16px}.sw{display:inline-block;width:18px;height:8px;
 margin-right:5px;vertical-align:middle}
 """
@@ -48,7 +51,16 @@ LEGEND = (
     '<span><i class="sw" style="background:#7c3aed"></i>held inside the inner hop\'s own process, '
     "before its bytes left it</span>"
     '<span><i class="sw" style="background:#9ca3af;height:2px"></i>the token falls to the next hop'
-    "</span><span>▲ first byte · | request start · top lane nearest the model</span></p>"
+    '</span><span><i class="sw" style="background:#2563eb;height:2px"></i>the request climbs to '
+    "the inner hop</span>"
+    "<span>▲ first byte · | request start · top lane nearest the model</span></p>"
+)
+BROWSER_NOTE = (
+    '<p class="legend muted browser-note">The two bottom lanes are the page\'s, from its beacon: '
+    "<b>browser</b> is when the page's body reader got each token, <b>screen</b> when a frame "
+    "painted it (after its layout: what Paint Timing calls paint time; the pixels reach the "
+    "glass about a frame later). The page's clock is aligned to the proxy's within bounds from "
+    "causality; the screen shares the page's clock.</p>"
 )
 LATENCY_HEAD = ("", "flows", "TTFB p50 / p99", "TTFT p50 / p99", "ITL p50 / p99")
 SEGMENT_HEAD = (
@@ -61,6 +73,9 @@ SEGMENT_HEAD = (
     "wire p99",
     "whole body",
     "tokens",
+    "request",
+    "added to TTFT",
+    "paired by",
     "measured",
 )
 FIGURES = (
@@ -144,7 +159,8 @@ def _finding(where: str, f: Mapping[str, Any]) -> str:
     if f.get("introduced_by") not in (None, where):
         extra["introduced_by"] = f["introduced_by"]
     facts = ", ".join(f"{k}={_fact(v)}" for k, v in {**extra, **ev}.items())
-    fix = f.get("fix") or FIXES.get(str(f.get("kind")), "")
+    kind = str(f.get("kind"))
+    fix = f.get("fix") or FIXES.get(kind) or CLIENT_FIXES.get(kind, "")
     sev = severity(f)
     return (
         f'<li class="finding sev-{_e(sev)}" data-kind="{_e(f.get("kind"))}"><b>{_e(f.get("kind"))}'
@@ -164,6 +180,9 @@ def _segment_row(b: Band) -> list[object]:
         ms(s.get("wire_hold_p99_s")),
         "yes" if s.get("whole_body") else "no",
         s.get("tokens_aligned", len(b.runs)),
+        ms(s.get("request_delay_s")),
+        ms(s.get("added_ttft_s")),
+        s.get("paired_by") or "trace",
         "live" if b.live else "aligned from events",
     ]
 
@@ -211,6 +230,7 @@ def _trace(trace: Trace, threshold_s: float) -> str:
         + _headline(trace)
         + lanes.render(trace)
         + LEGEND
+        + (BROWSER_NOTE if any(lane.hop in (BROWSER, SCREEN) for lane in trace.lanes) else "")
         + '<div class="row"><div><h3>Inter-token gaps</h3>'
         + histogram.render(trace.lanes, threshold_s)
         + f'<p class="muted">stall threshold {_e(ms(threshold_s))}</p></div>'

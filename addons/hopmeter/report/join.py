@@ -1,23 +1,27 @@
 """`hopmeter join FILES...` and `hopmeter join --serve`: per-hop holds across hosts.
 
 Each host's hopmeter writes its own records, or exports its spans over OTLP; the flows of one
-request share a trace id. Joining them gives the same per-segment holds as two listeners of one
-process, with the clock skew between hosts bounded by causality (see hopmeter.core.hops). Files
-may be records or OTLP traces, told apart by content (hopmeter.join.files); `--serve` runs the
-join as an OTLP receiver (hopmeter.join.service, docs/fleet.md).
+request share a trace id, or, behind a gateway that drops it, the fingerprint of their reply
+(records only: hopmeter.core.matching). Joining them gives the same per-segment holds as two
+listeners of one process, with the clock skew between hosts bounded by causality (see
+hopmeter.core.hops). Files may be records or OTLP traces, told apart by content
+(hopmeter.join.files); `--serve` runs the join as an OTLP receiver (hopmeter.join.service,
+docs/fleet.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
-from hopmeter.core.hops import chain
+from hopmeter.argtypes import positive_int, positive_seconds, seconds
+from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments
+from hopmeter.core.vocab import PairedBy, PairingMatch
 from hopmeter.errors import UsageError
 from hopmeter.join.files import OTEL_EXTRA, read_flows
 
@@ -28,21 +32,37 @@ MAX_EVENTS = 16_000_000
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def join(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per trace seen at two or more hops: {trace_id, hops: [segment, ...]}."""
-    by_trace: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in records:
-        if rec.get("trace_id") and rec.get("events") is not None:
-            by_trace[rec["trace_id"]].append(rec)
+def join(
+    records: Iterable[dict[str, Any]], max_skew_s: float = JOIN_SLACK_S
+) -> list[dict[str, Any]]:
+    """One entry per request seen at two or more hops: {trace_id, paired_by, flow_ids, hops}.
+
+    `trace_id` is the outermost flow's; `paired_by` is "content" when any segment's two sides
+    carried different trace ids.
+    """
+    recs = [r for r in records if r.get("events") is not None]
     out = []
-    for trace_id, recs in by_trace.items():
-        if len(recs) < 2:
-            continue
-        segments = chain(recs)
+    for refs in match_records(recs, max_skew_s).groups:
+        group = [recs[i] for i in refs]
+        segs = [s.as_dict() for s in segments(group)]
+        by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
         out.append(
-            {"schema": JOIN_SCHEMA, "trace_id": trace_id, "hops": [s.as_dict() for s in segments]}
+            {
+                "schema": JOIN_SCHEMA,
+                "trace_id": group[0].get("trace_id"),
+                "paired_by": PairedBy.CONTENT if by_content else PairedBy.TRACE,
+                "flow_ids": [r.get("flow_id") for r in group],
+                "hops": segs,
+            }
         )
     return out
+
+
+def ambiguous(records: Iterable[dict[str, Any]], max_skew_s: float = JOIN_SLACK_S) -> int:
+    """Flows that several others could have been one request with: left unpaired."""
+    recs = [r for r in records if r.get("events") is not None]
+    outcomes = match_records(recs, max_skew_s).outcomes.values()
+    return sum(o.match == PairingMatch.AMBIGUOUS for o in outcomes)
 
 
 def add_parser(sub: Any) -> None:
@@ -57,6 +77,14 @@ def add_parser(sub: Any) -> None:
         help='flow records, OTLP JSON or OTLP protobuf files, told apart by content ("-" = stdin)',
     )
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
+    p.add_argument(
+        "--max-skew",
+        type=seconds,
+        default=JOIN_SLACK_S,
+        metavar="SECONDS",
+        help="how far the hosts' clocks may disagree: flows without a shared trace id pair by "
+        "their reply only when their times agree within it (default 1)",
+    )
     serve = p.add_argument_group("as a service (--serve)")
     serve.add_argument(
         "--serve", action="store_true", help="receive spans over OTLP and join them live"
@@ -73,34 +101,14 @@ def add_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--window",
-        type=_positive_float,
+        type=positive_seconds,
         default=WINDOW_S,
         metavar="SECONDS",
         help=f"how long a trace waits for its other hops (default {WINDOW_S:g})",
     )
-    serve.add_argument("--max-traces", type=_positive_int, default=MAX_TRACES, metavar="N")
-    serve.add_argument("--max-events", type=_positive_int, default=MAX_EVENTS, metavar="N")
+    serve.add_argument("--max-traces", type=positive_int, default=MAX_TRACES, metavar="N")
+    serve.add_argument("--max-events", type=positive_int, default=MAX_EVENTS, metavar="N")
     p.set_defaults(func=run)
-
-
-def _positive_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be above 0")
-    return f
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
-    return n
 
 
 def _ms(x: float | None) -> str:
@@ -115,8 +123,11 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args)
     if not args.files:
         raise UsageError("give the files to join (records or OTLP traces), or --serve")
+    if not args.max_skew >= 0:
+        raise UsageError("--max-skew must be 0 or more seconds, e.g. --max-skew 0.5")
     skipped: Counter[str] = Counter()
-    joined = join(read_flows(args.files, skipped))
+    records = list(read_flows(args.files, skipped))
+    joined = join(records, args.max_skew)
     for entry in joined:
         if args.json:
             sys.stdout.buffer.write(orjson.dumps(entry) + b"\n")
@@ -130,8 +141,16 @@ def run(args: argparse.Namespace) -> int:
                 f"inner_p99={_ms(seg.get('inner_hold_p99_s'))} "
                 f"wire_p99={_ms(seg.get('wire_hold_p99_s'))} "
                 f"whole_body={'yes' if seg['whole_body'] else 'no'} "
-                f"skew={_ms(seg['skew_s'])} findings={kinds}"
+                f"skew={_ms(seg['skew_s'])} findings={kinds} "
+                f"request_delay={_ms(seg['request_delay_s'])} paired_by={seg['paired_by']}"
             )
+    unsure = ambiguous(records, args.max_skew)
+    if unsure:
+        print(
+            f"hopmeter join: {unsure} flows carried a reply that several others at another hop "
+            "carried at the same time; they were left unpaired (ambiguous)",
+            file=sys.stderr,
+        )
     if not joined:
         why = ", ".join(f"{n} {outcome}" for outcome, n in sorted(skipped.items()))
         note = f" (spans left out: {why})" if why else ""

@@ -7,7 +7,8 @@ drops from its arrival at the inner hop, runs orange for as long as the segment 
 to its arrival at the outer hop; where the inner hop followed its bytes out, the first part of the
 run, inside the inner hop's own process, is purple. Inside a lane, an orange bar is a stall (a gap
 at or above the stall threshold) or the wait before a whole body arrived: held somewhere before this
-hop.
+hop. The request goes the other way: a blue line climbs each band from the outer hop's request
+start to the inner hop's, the time the segment took to pass the request in (`request_delay_s`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ TICK_H = 18
 MAX_RUNS = 600
 ORANGE = "#ea580c"
 GREY = "#9ca3af"
+BLUE = "#2563eb"
 INK = "#111827"
 
 
@@ -121,6 +123,8 @@ def _band(band: Band, scale: _Scale, top: float) -> list[str]:
     sub = f"hold p50 {ms(s.get('hold_p50_s'))} max {ms(s.get('hold_max_s'))}{whole}"
     if s.get("tokens_out"):
         sub += f" · wire p99 {ms(s.get('wire_hold_p99_s'))}"
+    if s.get("request_delay_s") is not None:
+        sub = f"request {ms(s.get('request_delay_s'))} · {sub}"
     fall, held, own = [], [], []
     bottom = top + BAND_H
     for j, run in enumerate(shown):
@@ -138,6 +142,13 @@ def _band(band: Band, scale: _Scale, top: float) -> list[str]:
         f"segment {band.segment}: first token held {ms(first)}, hold p50 "
         f"{ms(s.get('hold_p50_s'))}, p99 {ms(s.get('hold_p99_s'))}, max {ms(s.get('hold_max_s'))}"
     )
+    if s.get("added_ttft_s") is not None:
+        title += (
+            f"; request took {ms(s.get('request_delay_s'))} on the way in: "
+            f"{ms(s.get('added_ttft_s'))} added to the first token"
+        )
+    if s.get("paired_by") == "content":
+        title += "; paired by reply content (the trace id did not pass)"
     if step > 1:
         title += f" (every {step}th of {len(runs)} token events drawn)"
     out = [
@@ -150,6 +161,13 @@ def _band(band: Band, scale: _Scale, top: float) -> list[str]:
         out.append(f'<path d="{"".join(held)}" class="held"/>')
     if own:
         out.append(f'<path d="{"".join(own)}" class="own"/>')
+    req = band.request
+    if req is not None:  # the request climbs from the outer lane (below) to the inner (above)
+        x0, x1 = scale.x(req.t0_s), scale.x(req.t1_s)
+        out.append(
+            f'<path d="M{_f(x0)} {_f(bottom)}L{_f(max(x1, x0 + 0.5))} {_f(top)}" '
+            f'class="request"><title>{escape(clean(req.label))}</title></path>'
+        )
     out.append("</g>")
     return out
 

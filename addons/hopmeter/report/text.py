@@ -12,7 +12,7 @@ from typing import Any
 
 from hopmeter.core.record import summary_line
 from hopmeter.report.fleet import Fleet
-from hopmeter.report.traces import Trace
+from hopmeter.report.traces import Trace, is_page_lane
 
 # C0 controls, DEL and C1 controls: an escape sequence in a model name could rewrite the terminal.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
@@ -85,6 +85,9 @@ def _hold_note(rec: Mapping[str, Any]) -> str:
     """The outer record's per-segment holds, as a suffix for its flow line."""
     parts = []
     for seg in rec.get("hops") or []:
+        request = seg.get("request_delay_s")
+        note = "" if request is None else f" request={ms(request)}"
+        note += " by_content" if seg.get("paired_by") == "content" else ""
         whole = " whole_body" if seg.get("whole_body") else ""
         split = ""
         if seg.get("tokens_out"):  # the inner hop followed its bytes out: its own, the wire
@@ -94,7 +97,7 @@ def _hold_note(rec: Mapping[str, Any]) -> str:
             )
         parts.append(
             f"hold {clean(seg.get('segment'))} first={ms(seg.get('first_token_hold_s'))} "
-            f"p99={ms(seg.get('hold_p99_s'))}{split}{whole}"
+            f"p99={ms(seg.get('hold_p99_s'))}{split}{note}{whole}"
         )
     return (" " + " ".join(parts)) if parts else ""
 
@@ -110,6 +113,6 @@ def render(fleet: Fleet, traces: Iterable[Trace]) -> str:
     """The whole text report."""
     lines = fleet_lines(fleet)
     lines.append("flows:")
-    for trace in traces:
-        lines += ["  " + flow_line(lane.record) for lane in trace.lanes]
+    for trace in traces:  # the browser and screen lanes are in their record's line already
+        lines += ["  " + flow_line(lane.record) for lane in trace.lanes if not is_page_lane(lane)]
     return "\n".join(lines) + "\n"

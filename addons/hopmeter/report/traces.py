@@ -1,38 +1,48 @@
 """Records grouped into traces, and the lanes picture's data measured from them.
 
-A trace is every record that shares a trace id: the same stream seen at one or more hops. Its lanes
-are ordered outermost first (the hop whose request started first is nearest the client). Between two
-neighbouring lanes lies a segment; aligning the two records' events by `content_offset` gives, for
-each token event, when the inner hop saw it and when the outer hop did: the run between is the time
-the segment held it (docs/design.md §5). Where the inner hop followed its bytes out (`chunks_out`),
-the run also knows when the token left the inner hop's process: the part before is that hop's own
-hold, the part after the wire between the hops. Inside one lane, a gap between tokens at or above
-the stall threshold is a run too: the token was held somewhere before this hop.
+A trace is every record that shares a trace id, or was paired by its reply's fingerprint where a
+hop dropped the trace id (hopmeter.core.matching): the same stream seen at one or more hops. Its
+lanes are ordered outermost first (the hop whose request started first is nearest the client).
+Between two neighbouring lanes lies a segment; aligning the two records' events by
+`content_offset` gives, for each token event, when the inner hop saw it and when the outer hop did:
+the run between is the time the segment held it (docs/design.md §5). Where the inner hop followed
+its bytes out (`chunks_out`), the run also knows when the token left the inner hop's process: the
+part before is that hop's own hold, the part after the wire between the hops. Inside one lane, a
+gap between tokens at or above the stall threshold is a run too: the token was held somewhere
+before this hop. The request's way in is drawn too: from the outer hop's request start up to the
+inner hop's.
 
 Times here are seconds since the trace's origin (the outermost request start), on the outermost
-hop's clock; inner hops are shifted by the skew hopmeter.core.hops estimates.
+hop's clock; inner hops are shifted by the skew hopmeter.core.hops estimates. A record whose
+page's beacon was joined (`browser`, `screen`: hopmeter.core.browser) adds two lanes outside
+its own: the page's reader and the screen, the client's side of the stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from bisect import bisect_left
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.hops import HopView, align, events_out
-from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, Severity
+from hopmeter.core.matching import JOIN_SLACK_S, match_records
+from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, Severity
 
 Record = Mapping[str, Any]
 
+# Marks the records `browser_lanes` makes of a record's browser and screen sections.
+PAGE_LANE = "page_lane"
 # The stall threshold when no record says which one it was measured with (docs/design.md §3).
 DEFAULT_STALL_THRESHOLD_S = 0.5
 # A segment finding names no severity; a hold it introduced is as bad as the flow's own.
 SEGMENT_SEVERITY: Mapping[str, Severity] = {
     FindingKind.WHOLE_BODY_HOLD: Severity.ERROR,
     FindingKind.SEGMENT_BATCHING: Severity.WARNING,
+    FindingKind.TRACE_CONTEXT_DROPPED: Severity.WARNING,
 }
 
 
@@ -78,6 +88,7 @@ class Band:
     runs: tuple[Run, ...]
     summary: Mapping[str, Any]  # the `hops` entry: first_token_hold_s, hold_p50_s, ...
     live: bool  # the summary was measured live (in the record), not aligned here
+    request: Run | None = None  # the request's way in: outer request start to inner one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,8 +102,8 @@ class Trace:
 
     @property
     def outer(self) -> Record:
-        """The record nearest the client."""
-        return self.lanes[0].record
+        """The record nearest the client (of a flow: not a lane its page's beacon added)."""
+        return next((la.record for la in self.lanes if not is_page_lane(la)), self.lanes[0].record)
 
     @property
     def span_s(self) -> float:
@@ -112,6 +123,11 @@ class Trace:
         """The worst finding, if any."""
         found = self.findings()
         return found[0][1] if found else None
+
+
+def is_page_lane(lane: Lane) -> bool:
+    """True for the browser and screen lanes a record's joined beacon adds."""
+    return lane.record.get(PAGE_LANE) is True
 
 
 def severity(finding: Mapping[str, Any]) -> Severity:
@@ -138,13 +154,14 @@ def stall_threshold(records: Iterable[Record]) -> float:
 
 
 def group(records: Iterable[Record]) -> list[list[Record]]:
-    """Records sharing a trace id together (a record without one is its own trace), by time."""
-    by_trace: dict[str, list[Record]] = defaultdict(list)
-    for n, rec in enumerate(records):
-        key = rec.get("trace_id") or f"flow:{rec.get('flow_id') or n}"
-        by_trace[str(key)].append(rec)
-    groups = [sorted(recs, key=_t_start) for recs in by_trace.values()]
-    return sorted(groups, key=lambda recs: _t_start(recs[0]))
+    """Records of one request together, by time: sharing a trace id, or paired by their reply
+    where a hop dropped it (a record without either is its own trace)."""
+    recs = list(records)
+    matching = match_records(recs, JOIN_SLACK_S)
+    grouped = {i for refs in matching.groups for i in refs}
+    groups = [sorted((recs[i] for i in refs), key=_t_start) for refs in matching.groups]
+    groups += [[rec] for i, rec in enumerate(recs) if i not in grouped]
+    return sorted(groups, key=lambda g: _t_start(g[0]))
 
 
 def _t_start(rec: Record) -> float:
@@ -160,9 +177,47 @@ def _events(rec: Record) -> list[tuple[float, int, int]]:
     return out
 
 
+def browser_lanes(rec: Record) -> list[Record]:
+    """The screen and browser lanes a record carries (its page's beacon was joined), as records
+    of their own, outermost first: the screen, then the page's reader. Their times are on the
+    record's own clock already (hopmeter.core.browser); each carries its segment's `hops` entry.
+    """
+    browser = rec.get("browser") or {}
+    if browser.get("joined") is not True:
+        return []
+    hops = {h.get("segment"): h for h in rec.get("hops") or []}
+
+    def lane(hop: str, section: Mapping[str, Any], inner: str) -> Record:
+        events = section.get("events") or []
+        ends = [e[0] for e in events] or [0.0]
+        t_start = float(browser["t_start"])
+        return {
+            "hop": hop,
+            PAGE_LANE: True,
+            "trace_id": rec.get("trace_id"),
+            "request": {"t_start": t_start, "method": "", "path": browser.get("path", "")},
+            "response": {
+                "t_first_byte": browser.get("t_first_byte") if hop == BROWSER else None,
+                "t_last_byte": t_start + max(ends),
+            },
+            "events": events,
+            "figures": {"ttft_s": section.get("ttft_s")},
+            "findings": section.get("findings") or [],
+            "hops": [hops[f"{hop}>{inner}"]] if f"{hop}>{inner}" in hops else [],
+        }
+
+    out = [lane(BROWSER, browser, str(rec.get("hop") or "?"))]
+    screen = rec.get("screen")
+    if isinstance(screen, Mapping):
+        out.insert(0, lane(SCREEN, screen, BROWSER))
+    return out
+
+
 def build(records: Sequence[Record], threshold_s: float) -> Trace:
-    """The trace of records that share one trace id (outermost first)."""
+    """The trace of records that share one trace id (outermost first; a page's screen and
+    reader lanes, when its beacon was joined, outside the hop it talked to)."""
     recs = sorted(records, key=_t_start)
+    recs = [*browser_lanes(recs[0]), *recs]
     t0 = _t_start(recs[0])
     bands: list[Band] = []
     shift = [0.0]  # each lane's clock minus the outermost one's
@@ -223,6 +278,8 @@ def _offsets_only(rec: Record) -> HopView:
 def _band(outer: Record, inner: Record, t0: float, shift: float) -> tuple[Band, float]:
     """The segment between two records, and the inner clock's skew from the outer's."""
     seg = align(_offsets_only(outer), _offsets_only(inner))
+    if outer.get("trace_id") != inner.get("trace_id"):
+        seg = dataclasses.replace(seg, paired_by=PairedBy.CONTENT)
     name = seg.segment
     live = next((h for h in outer.get("hops") or [] if h.get("segment") == name), None)
     summary: Mapping[str, Any] = live if live is not None else seg.as_dict()
@@ -248,4 +305,12 @@ def _band(outer: Record, inner: Record, t0: float, shift: float) -> tuple[Band, 
                     f"{t_out - t_left:.4f} s on the way"
                 )
             runs.append(Run(t0_s=t_in, t1_s=t_out, tokens=k, label=label, t_left_s=t_left))
-    return Band(segment=name, runs=tuple(runs), summary=summary, live=live is not None), seg.skew_s
+    delay = summary.get("request_delay_s")
+    request = None
+    if isinstance(delay, int | float):
+        label = f"request took {delay * 1000:.1f} ms from {name.replace('>', ' to ')}"
+        request = Run(t0_s=out_base, t1_s=in_base, tokens=0, label=label)
+    band = Band(
+        segment=name, runs=tuple(runs), summary=summary, live=live is not None, request=request
+    )
+    return band, seg.skew_s

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from hopmeter.core.record import FlowResult, summary_line
+from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.probe.http import post_stream
 from hopmeter.proxy.config import ProxyConfig
@@ -64,11 +65,36 @@ def add_parser(sub: Any) -> None:
     """The `demo` subcommand, added to an argparse subparsers object."""
     p = sub.add_parser("demo", help="demo upstream + proxy + sample streams; print the figures")
     p.add_argument("--records", default="", metavar="PATH")
+    p.add_argument(
+        "--browser",
+        action="store_true",
+        help="serve a chat page through a browser-measuring proxy (a good client and each bad "
+        "one) and print its URL; runs until Ctrl-C",
+    )
+    p.add_argument(
+        "--headless",
+        nargs="?",
+        const="all",
+        default="",
+        metavar="CLIENTS",
+        help="with --browser: open the page in headless Chromium, run CLIENTS (a comma list, "
+        "default all) and stop once each reply's record was written",
+    )
+    p.add_argument("--port", type=int, default=0, help="with --browser: the proxy's port")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """`hopmeter demo`."""
+    if args.headless and not args.browser:
+        raise UsageError("--headless works with --browser: hopmeter demo --browser --headless")
+    if args.browser:
+        from hopmeter.upstream.browser_demo import run_browser_demo  # noqa: PLC0415
+
+        port = args.port or _free_port()
+        return asyncio.run(
+            run_browser_demo(records=args.records, port=port, headless=args.headless)
+        )
     return asyncio.run(run_demo(records=args.records))
 
 
@@ -104,7 +130,7 @@ async def run_demo(records: str = "") -> int:
         master.addons.get("hopmeter").add_observer(Collect())
 
     async def drive() -> None:
-        await _wait_port(proxy_port)
+        await wait_port(proxy_port)
         print(f"hopmeter demo: upstream 127.0.0.1:{up_port}, proxy 127.0.0.1:{proxy_port}\n")
         for title, path, scenario, body in SAMPLES:
             got = await post_stream(
@@ -135,7 +161,8 @@ async def run_demo(records: str = "") -> int:
     return 0 if len(results) == len(SAMPLES) else 1
 
 
-async def _wait_port(port: int, timeout_s: float = 10.0) -> None:
+async def wait_port(port: int, timeout_s: float = 10.0) -> None:
+    """Wait until something accepts connections on 127.0.0.1:`port`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:

@@ -20,6 +20,7 @@ import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from importlib.resources import files
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
@@ -34,6 +35,13 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # The send log keeps the most recent requests only.
 MAX_LOGGED_REQUESTS = 2048
 _ENDINGS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+# The demo chat page (hopmeter/data/browser/): a good client and each bad one, for `hopmeter demo
+# --browser`; the page loads hopmeter's snippet, which a proxy running with --browser serves.
+DEMO_PAGES = {
+    "/demo": ("demo.html", "text/html; charset=utf-8"),
+    "/demo/": ("demo.html", "text/html; charset=utf-8"),
+    "/demo/demo.js": ("demo.js", "text/javascript; charset=utf-8"),
+}
 
 
 @dataclass(slots=True)
@@ -134,8 +142,13 @@ class UpstreamServer:
                 w,
                 200,
                 b"hopmeter demo upstream: POST /v1/chat/completions, "
-                b"/v1/messages, /api/chat, /api/generate\n",
+                b"/v1/messages, /api/chat, /api/generate; a chat page at GET /demo/\n",
             )
+            return True
+        if req.method == "GET" and req.path in DEMO_PAGES:
+            name, ctype = DEMO_PAGES[req.path]
+            page = (files("hopmeter") / "data" / "browser" / name).read_bytes()
+            await _plain(w, 200, page, ctype, {"cache-control": "no-store"})
             return True
         if req.method == "GET" and req.path.rstrip("/") == "/v1/models":
             body = {"object": "list", "data": [{"id": "demo-1", "object": "model"}]}

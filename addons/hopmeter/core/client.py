@@ -1,0 +1,370 @@
+"""Client findings: what the page did to a stream that arrived intact, from its beacon.
+
+The second half of the seed "GPU to pixel"'s "Where to look first" table happens after the last
+proxy, in the page: a TextDecoder per chunk (U+FFFD only in production), a parser that splits on
+"\\n\\n" (an empty bubble on CRLF streams), re-rendering the whole message per token (slower as it
+grows), one page write per token (stutter), a word-by-word reveal that starts only after the whole
+answer arrived (fake streaming), and a smoothing buffer added on purpose (the AI SDK's
+smoothStream). Each is read from evidence the beacon carries (hopmeter.core.beacon): when each
+read reached the page, and each frame that changed the reply's element, painted when, showing how
+many characters, after how much work and how many separate writes.
+
+The thresholds come from the research runs of these clients in real headless Chromium 156
+through a real hopmeter (12 pages, 48 of 48 runs diagnosed right): each number says which.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from itertools import accumulate
+from statistics import median
+from typing import Any
+
+from hopmeter.core.beacon import Beacon
+from hopmeter.core.detectors import Finding
+from hopmeter.core.vocab import FindingKind, Severity
+
+FRAME_MS = 1000 / 60  # a display frame at 60 Hz (headless Chromium's rAF: 16.67 ms, measured)
+
+THRESHOLDS: dict[str, float] = {
+    # decodes chunks alone: the screen shows U+FFFD the stream did not carry. One is enough: a
+    # streaming decoder never makes one (seed: "� only in production").
+    "fffd_excess": 1,
+    # missed events: the screen ends with under this share of the stream's answer. Markdown hides
+    # syntax (link URLs, fences, emphasis), so not 0.9; an empty bubble (CRLF to a "\n\n"
+    # parser) is 0 (measured: 0 of 809 characters).
+    "missed_share": 0.5,
+    # ... or under this share when the page declared plain text (data-hopmeter-reply="text").
+    "missed_share_plain": 0.98,
+    # ... of a reply at least this long: a shorter one says nothing.
+    "missed_min_chars": 20,
+    # render grows: a frame that removes at least this share of what the element showed ...
+    "replace_share": 0.8,
+    # ... in at least this share of the frames that changed it (re-render: 1.0, appending: 0) ...
+    "replace_frames": 0.5,
+    # ... while the work per frame rises with the reply: Tukey's resistant line through (shown
+    # characters, work), in ms per 1,000 characters. Measured: good clients up to 1.1 (with
+    # work at the end of 1.6 ms at most), a whole-message re-render 2.8-4.0 (seed: re-parsing
+    # makes the work grow with the square of the reply's length) ...
+    "work_slope_ms_per_kchar": 0.5,
+    # ... and at the end (median of the last tenth of frames) at least a quarter frame.
+    "work_end_ms": 4.0,
+    # writes per token: the median frame was written by this many separate tasks (a client that
+    # writes once per frame: exactly 1; one write per token at 200 tokens/s: 3) ...
+    "tasks_per_frame_p50": 2,
+    # ... or this share of the frames that changed had two or more (per-token writer: 0.98-1.0).
+    "multi_task_frames": 0.3,
+    # reveal after end: at most this share of the final text was on screen when the stream
+    # ended (measured: 0 for a reveal after res.text(); good clients 0.96-1.0) ...
+    "at_end_max_share": 0.1,
+    # ... the screen went on changing this long after (a reveal; a last frame lands within one).
+    "after_end_min_ms": 2 * FRAME_MS,
+    # ... of a stream at least this long (a shorter one cannot be told from a one-shot reply).
+    "min_stream_ms": 300,
+    # smoothing buffer (info): text read before a frame that changed the screen, yet not shown
+    # by it, for this share of the reads (a client that shows what it has: 0; smoothStream
+    # 0.91-0.95; a 100 ms playout buffer 0.99) ...
+    "withheld_share": 0.5,
+    # ... with a median read -> screen lag over 1.2 frames (good clients 8.5-10.8 ms, the AI
+    # SDK's smoothStream 28-30, a 100 ms playout 109) ...
+    "lag_p50_ms": 1.2 * FRAME_MS,
+    # ... while frames are cheap (else the lag is work, not a buffer).
+    "work_p50_max_ms": 4.0,
+    # The lag a client that writes once per frame has anyway (half a frame and its work,
+    # measured 8.5-10.8 ms): a smoothing buffer's own delay is its lag beyond this.
+    "frame_lag_ms": 9.0,
+    # Frames that must have changed the element before per-frame rules speak.
+    "min_frames": 6,
+}
+
+FIXES: Mapping[str, str] = {
+    FindingKind.CLIENT_DECODES_CHUNKS_ALONE: (
+        "Keep one TextDecoder per stream and call decode(chunk, {stream: true}): a character "
+        "split between two reads is then decoded whole."
+    ),
+    FindingKind.CLIENT_MISSED_EVENTS: (
+        'Accept CR, LF and CRLF as line ends and end events at blank lines, not at "\\n\\n".'
+    ),
+    FindingKind.CLIENT_RENDER_GROWS: (
+        "Append new text, or re-parse only the last open block; don't re-render the whole "
+        "message per update."
+    ),
+    FindingKind.CLIENT_WRITES_PER_TOKEN: (
+        "Collect the tokens that arrive between frames and write them to the page once per "
+        "frame (requestAnimationFrame)."
+    ),
+    FindingKind.CLIENT_REVEALS_AFTER_END: (
+        "Render tokens as they are read: a reveal after the whole answer arrived smooths the "
+        "text, not the wait."
+    ),
+    FindingKind.CLIENT_SMOOTHING_BUFFER: (
+        "A deliberate jitter buffer adds this delay to every token: lower its delay or chunk "
+        "size if the wait matters more than an even pace."
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """The numbers the client findings read from one beacon (ms on the page's clock)."""
+
+    complete: bool  # the body was read to its end, and the screen was watched throughout
+    stream_chars: int  # the answer's characters in the stream
+    stream_fffd: int
+    screen_chars: int  # characters the element showed at the end
+    screen_fffd: int  # the most U+FFFD it showed
+    frames_changing: int
+    lag_p50_ms: float | None  # read -> painted, per read that added text
+    lag_p90_ms: float | None
+    withheld_share: float
+    work_p50_ms: float | None
+    work_end_ms: float | None
+    work_slope_ms_per_kchar: float | None
+    replace_frames_share: float
+    tasks_per_frame_p50: float
+    multi_task_frames_share: float
+    stream_ms: float | None  # first read to the end of the body
+    on_screen_at_end_share: float | None
+    reveal_after_end_ms: float | None
+    first_painted_ms: float | None  # since t0: the first frame showing text
+    plain: bool
+
+
+def _q(xs: Sequence[float], p: float) -> float | None:
+    """The p-quantile (nearest rank) of `xs`, None when empty."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p * (len(s) - 1) + 0.5))]
+
+
+def screen_scale(stream_chars: int, screen_chars: int) -> float:
+    """The factor from the element's characters to the stream's answer characters.
+
+    Markdown shows fewer characters than the stream carries (link URLs, fences, emphasis): the
+    screen's counts are scaled up to the stream's. Never down: extra characters (U+FFFD for
+    split bytes) sit where they appear.
+    """
+    if stream_chars <= 0 or screen_chars <= 0:
+        return 1.0
+    return max(1.0, stream_chars / screen_chars)
+
+
+def resistant_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Tukey's resistant line's slope: medians of the right and left thirds, sorted by x.
+
+    As robust as Theil-Sen against a few slow frames (a garbage collection, a busy host) and
+    O(n log n) where Theil-Sen's pairs are O(n^2): this runs on the proxy's loop.
+    """
+    if len(xs) < 6:
+        return None
+    pts = sorted(zip(xs, ys, strict=True))
+    third = len(pts) // 3
+    left, right = pts[:third], pts[-third:]
+    dx = median(x for x, _ in right) - median(x for x, _ in left)
+    if dx <= 0:
+        return None
+    return (median(y for _, y in right) - median(y for _, y in left)) / dx
+
+
+def evidence(b: Beacon) -> Evidence:
+    """What one beacon says about its client."""
+    r = b.reads
+    f = b.screen
+    stream = b.stream_shown
+    t, raf, write = (f.t_ms, f.raf_ms, f.write_ms) if f else ((), (), ())
+    chars = f.chars if f else ()
+    final = chars[-1] if chars else 0
+    scale = screen_scale(stream, final)
+    reach = list(accumulate((c * scale for c in chars), max))  # what the screen had reached
+    changing = [i for i in range(len(chars)) if chars[i] != (chars[i - 1] if i else 0)]
+    changed_at = [reach[i] for i in changing]
+    changed_raf = [raf[i] for i in changing]  # frames run in order: these only grow
+    # the reads that added answer text, and the first frame whose count reached each (in C)
+    added = [
+        (t_read, c - 0.5)
+        for t_read, c, before in zip(r.t_ms, r.shown, (0, *r.shown), strict=False)
+        if c > 0 and c != before
+    ]
+    painted = list(map(partial(bisect_left, reach), (c for _, c in added)))
+    seen = [(t_read, t[k]) for (t_read, _), k in zip(added, painted, strict=True) if k < len(reach)]
+    lags = [t_paint - t_read for t_read, t_paint in seen]
+    # withheld: the first frame that changed the screen after a read did not show its text
+    n = len(changing)
+    firsts = map(partial(bisect_right, changed_raf), (t_read for t_read, _ in added))
+    shown_by = map(partial(bisect_left, changed_at), (c for _, c in added))
+    held = sum(1 for a, s in zip(firsts, shown_by, strict=True) if a < n and a < s < n)
+    work = [_work(i, t, raf, write, r.t_ms) for i in changing]
+    tail = work[int(len(work) * 0.9) :]
+    replaced = [
+        f.removed[i] / chars[i - 1] >= THRESHOLDS["replace_share"]
+        for i in changing
+        if f is not None and i and chars[i - 1] > 20
+    ]
+    tasks = [f.tasks[i] for i in changing] if f else []
+    end = b.end_ms
+    at_end = max((chars[i] for i in range(len(t)) if end is not None and t[i] <= end), default=0)
+    last_change = t[changing[-1]] if changing else None
+    first_shown = next((t[i] for i in changing if chars[i] > 0), None)
+    slope = resistant_slope([reach[i] for i in changing], work)
+    return Evidence(
+        complete=b.how == "done" and f is not None,
+        stream_chars=stream,
+        stream_fffd=b.stream_fffd,
+        screen_chars=final,
+        screen_fffd=max(f.fffd, default=0) if f else 0,
+        frames_changing=len(changing),
+        lag_p50_ms=_q(lags, 0.5),
+        lag_p90_ms=_q(lags, 0.9),
+        withheld_share=round(held / len(lags), 3) if lags else 0.0,
+        work_p50_ms=_q(work, 0.5),
+        work_end_ms=median(tail) if tail else None,
+        work_slope_ms_per_kchar=None if slope is None else round(slope * 1000, 3),
+        replace_frames_share=round(sum(replaced) / len(replaced), 3) if replaced else 0.0,
+        tasks_per_frame_p50=_q(tasks, 0.5) or 0,
+        multi_task_frames_share=round(sum(k >= 2 for k in tasks) / len(tasks), 3) if tasks else 0,
+        stream_ms=None if end is None or not r.t_ms else round(end - r.t_ms[0], 1),
+        on_screen_at_end_share=round(at_end / final, 3) if final else None,
+        reveal_after_end_ms=None if end is None or last_change is None else last_change - end,
+        first_painted_ms=first_shown,
+        plain=f.plain if f else False,
+    )
+
+
+def _work(
+    i: int, t: Sequence[float], raf: Sequence[float], write: Sequence[float], reads: Sequence[float]
+) -> float:
+    """A changing frame's work: its animation callbacks, style and layout (our rAF -> painted),
+    and for a write made in a task between frames, the task's time from the last read to it."""
+    w = t[i] - raf[i]
+    if write[i] < raf[i]:
+        j = bisect_right(reads, write[i]) - 1
+        # the same task read and wrote only if it took under a frame: a write later than that
+        # came from a timer (a reveal, a playout buffer), which is waiting, not work
+        if j >= 0 and write[i] - reads[j] <= FRAME_MS:
+            w += write[i] - reads[j]
+    return w
+
+
+def _finding(kind: FindingKind, severity: Severity, **ev: Any) -> Finding:
+    rounded = {k: round(v, 2) if isinstance(v, float) else v for k, v in ev.items()}
+    return Finding(kind=kind, severity=severity, evidence=rounded, fix=FIXES[kind])
+
+
+def diagnose_client(ev: Evidence) -> list[Finding]:
+    """The client findings of one reply, worst first (none when the reply did not end or the
+    screen was not watched: a page left mid-stream shows less than it read, for no fault)."""
+    if not ev.complete:
+        return []
+    out: list[Finding] = []
+    if ev.screen_fffd - ev.stream_fffd >= THRESHOLDS["fffd_excess"]:
+        out.append(
+            _finding(
+                FindingKind.CLIENT_DECODES_CHUNKS_ALONE,
+                Severity.ERROR,
+                screen_fffd=ev.screen_fffd,
+                stream_fffd=ev.stream_fffd,
+            )
+        )
+    share = THRESHOLDS["missed_share_plain"] if ev.plain else THRESHOLDS["missed_share"]
+    missed = (
+        ev.stream_chars >= THRESHOLDS["missed_min_chars"]
+        and ev.screen_chars < share * ev.stream_chars
+    )
+    if missed:
+        out.append(
+            _finding(
+                FindingKind.CLIENT_MISSED_EVENTS,
+                Severity.ERROR,
+                screen_chars=ev.screen_chars,
+                stream_chars=ev.stream_chars,
+                plain_text=ev.plain,
+            )
+        )
+    grows = _grows(ev)
+    if grows:
+        out.append(
+            _finding(
+                FindingKind.CLIENT_RENDER_GROWS,
+                Severity.WARNING,
+                replace_frames_share=ev.replace_frames_share,
+                work_slope_ms_per_kchar=ev.work_slope_ms_per_kchar,
+                work_end_ms=ev.work_end_ms,
+                work_p50_ms=ev.work_p50_ms,
+            )
+        )
+    if ev.frames_changing >= THRESHOLDS["min_frames"] and (
+        ev.tasks_per_frame_p50 >= THRESHOLDS["tasks_per_frame_p50"]
+        or ev.multi_task_frames_share >= THRESHOLDS["multi_task_frames"]
+    ):
+        out.append(
+            _finding(
+                FindingKind.CLIENT_WRITES_PER_TOKEN,
+                Severity.WARNING,
+                tasks_per_frame_p50=ev.tasks_per_frame_p50,
+                multi_task_frames_share=ev.multi_task_frames_share,
+                frames=ev.frames_changing,
+            )
+        )
+    reveal = _reveals(ev)
+    if reveal:
+        out.append(
+            _finding(
+                FindingKind.CLIENT_REVEALS_AFTER_END,
+                Severity.ERROR,
+                on_screen_at_end_share=ev.on_screen_at_end_share,
+                reveal_after_end_ms=ev.reveal_after_end_ms,
+                stream_ms=ev.stream_ms,
+            )
+        )
+    decodes = bool(out) and out[0].kind == FindingKind.CLIENT_DECODES_CHUNKS_ALONE
+    # every other finding explains the lag its own way (a re-render, a reveal, a screen short of
+    # the stream or with characters the stream did not carry: misaligned counts)
+    if not (reveal or grows or missed or decodes) and _smooths(ev):
+        lag = ev.lag_p50_ms or 0.0
+        out.append(
+            _finding(
+                FindingKind.CLIENT_SMOOTHING_BUFFER,
+                Severity.INFO,
+                delay_ms=max(0.0, lag - THRESHOLDS["frame_lag_ms"]),
+                lag_p50_ms=lag,
+                withheld_share=ev.withheld_share,
+                work_p50_ms=ev.work_p50_ms,
+            )
+        )
+    return out
+
+
+def _grows(ev: Evidence) -> bool:
+    return (
+        ev.frames_changing >= THRESHOLDS["min_frames"]
+        and ev.replace_frames_share >= THRESHOLDS["replace_frames"]
+        and (ev.work_slope_ms_per_kchar or 0.0) >= THRESHOLDS["work_slope_ms_per_kchar"]
+        and (ev.work_end_ms or 0.0) >= THRESHOLDS["work_end_ms"]
+    )
+
+
+def _reveals(ev: Evidence) -> bool:
+    return (
+        (ev.stream_ms or 0.0) >= THRESHOLDS["min_stream_ms"]
+        and ev.on_screen_at_end_share is not None
+        and ev.on_screen_at_end_share <= THRESHOLDS["at_end_max_share"]
+        and (ev.reveal_after_end_ms or 0.0) >= THRESHOLDS["after_end_min_ms"]
+    )
+
+
+def _smooths(ev: Evidence) -> bool:
+    return (
+        ev.frames_changing >= THRESHOLDS["min_frames"]
+        and ev.withheld_share >= THRESHOLDS["withheld_share"]
+        and (ev.lag_p50_ms or 0.0) >= THRESHOLDS["lag_p50_ms"]
+        and (ev.work_p50_ms or 0.0) < THRESHOLDS["work_p50_max_ms"]
+    )
+
+
+def evidence_dict(ev: Evidence) -> dict[str, Any]:
+    """The evidence as the record's JSON (ms rounded to 0.01)."""
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(ev).items()}
