@@ -138,7 +138,8 @@ def add_parser(sub: Any) -> None:
         default=[],
         metavar="NAME=VALUE",
         dest="set_",
-        help="any mitmproxy option, passed through",
+        help="any mitmproxy option, passed through: every addon of mitmdump is loaded and acts "
+        "as in mitmdump once its option is set; nothing is left out",
     )
     p.set_defaults(func=run)
     bind_env(p)

@@ -1,16 +1,18 @@
-"""`hopmeter run`'s mitmproxy master: every addon mitmdump has, only the live ones on the hook path.
+"""`hopmeter run`'s mitmproxy master: every addon mitmdump has, fewer of them per flow.
 
 mitmdump's `DumpMaster` runs 35 addons and its `AddonManager` walks all of them for every hook:
 a plain reverse-proxied flow fires 14 hooks, ~490 addon visits, of which five do anything. That
 walk was 43% of bare mitmproxy's CPU per flow (~9.6 M instructions of 22.3 M, callgrind).
 
-`LeanMaster` registers the same addons as `DumpMaster(with_dumper=False)`, so every option and
-command exists and every `--set NAME=VALUE` is accepted and checked exactly as mitmdump does.
-Before the servers start (`run`), it drops from the hook chain each addon that does nothing under
-the options as they are (`prune`): an addon whose own option the user set stays, and so does
-every addon a listener's mode may need. Dropped addons stay registered (`addons.get`, their
-commands and options still work). `LeanAddonManager` dispatches a hook only to the addons that
-implement it, looked up once per hook name.
+`LeanMaster` registers the same addons as `DumpMaster(with_dumper=False)`, in the same order, so
+every option and command exists and every `--set NAME=VALUE` is accepted, checked and acted on
+exactly as mitmdump does. `LeanAddonManager` dispatches a hook only to the addons that implement
+it, looked up once per hook name and again after any change to the chain or the options. The
+addons whose per-flow hooks do nothing while their options keep their defaults
+(`INERT_UNLESS_SET`: map_remote, modify_headers, proxyauth, save_stream_file, ...) are skipped
+for per-flow hooks until one of those options is set; they still get every lifecycle hook
+(load, configure, running, done) and keep their commands. With `scripts` set nothing is skipped:
+a script may reach any addon through its commands.
 
 `mitmdump -s "$(hopmeter --addon-path)"` keeps the user's own master: none of this applies there.
 """
@@ -20,23 +22,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import types
+from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import addonmanager, command, ctx, exceptions, hooks, master, options
 from mitmproxy import addons as mitm_addons
 from mitmproxy import log as mitmlog
 from mitmproxy.addons import errorcheck, keepserving, readfile, termlog
-from mitmproxy.proxy import mode_specs
 
-# Addons that do nothing per flow, connection or start while every option they own (registered in
-# their `load`) and every option named here keeps its default: they stay in the hook chain only
-# when one of those was set. Read in mitmproxy 12.3.1's addons (their hooks return at once, or
-# act on state only those options or a console command create).
+# Addons whose per-flow hooks return at once while every option they register in their `load`
+# (and every option named here) keeps its default, read in mitmproxy 12.3's addons: their hooks
+# act on state only those options (or a command, see `scripts`) create.
 INERT_UNLESS_SET: dict[str, tuple[str, ...]] = {
     "blocklist": (),
     "anticache": (),
     "anticomp": (),
-    "clientplayback": (),  # the `replay.client` command needs a console: not in `hopmeter run`
     "proxyauth": (),
     "scriptloader": (),
     "serverplayback": (),  # its request hook does nothing until server_replay loads flows
@@ -49,15 +49,10 @@ INERT_UNLESS_SET: dict[str, tuple[str, ...]] = {
     "save": (),
     "savehar": (),
     "upstreamauth": (),
-    "keepserving": ("rfile", "client_replay", "server_replay"),
-    "readfilestdin": ("rfile",),
 }
-# Addons only a console or a command reaches (`hopmeter run` has neither): never on the hook path.
-CONSOLE_ONLY = frozenset({"browser", "commandhistory", "comment", "cut", "export"})
-# Addons that act only on DNS (a `dns` mode, or the DNS a WireGuard/local/transparent listener
-# carries) or on the mitm.it page a regular/upstream/SOCKS listener answers: dropped only when
-# every listener is a reverse proxy to a scheme that is not DNS.
-NOT_FOR_REVERSE = frozenset({"dnsresolver", "stripdnshttpsrecords", "onboarding"})
+# Hooks every addon gets, skipped or not: once per process, and what keeps an addon ready for an
+# option set later (configure) or lets it clean up (done).
+LIFECYCLE = frozenset({"load", "configure", "running", "done"})
 
 
 def addon_name(addon: Any) -> str:
@@ -71,17 +66,23 @@ class LeanAddonManager(addonmanager.AddonManager):
     Same semantics: one `safecall` per top-level addon in chain order, sync and async hooks,
     `AddonHalt` stops the chain. An addon with sub-addons (`addons`, e.g. the script loader, whose
     scripts change when reloaded) is walked at each call as mitmproxy does; the others' bound hook
-    methods are looked up once per hook name, again after any change to the chain.
+    methods are looked up once per hook name, again after any change to the chain or options.
+    `skip(addon)` says which addons sit out the per-flow hooks (none unless set).
     """
 
     def __init__(self, master_: Any) -> None:
         super().__init__(master_)
         # hook name -> [(top-level addon, its bound hook, or None: walk it as mitmproxy does)]
         self._plans: dict[str, list[tuple[Any, Any]]] = {}
+        self.skip: Callable[[Any], bool] = lambda addon: False
 
     def invalidate(self) -> None:
-        """Forget the looked-up hooks (the chain changed)."""
+        """Forget the looked-up hooks (the chain or the options changed)."""
         self._plans.clear()
+
+    def _configure_all(self, updated: Any) -> None:
+        super()._configure_all(updated)
+        self._plans.clear()  # an option may bring a skipped addon back (or let it go)
 
     def register(self, addon: Any) -> Any:
         self._plans.clear()
@@ -102,6 +103,8 @@ class LeanAddonManager(addonmanager.AddonManager):
     def _plan(self, name: str) -> list[tuple[Any, Any]]:
         plan: list[tuple[Any, Any]] = []
         for top in self.chain:
+            if name not in LIFECYCLE and self.skip(top):
+                continue
             if hasattr(top, "addons"):
                 plan.append((top, None))
                 continue
@@ -133,7 +136,7 @@ class LeanAddonManager(addonmanager.AddonManager):
 
 
 class LeanMaster(master.Master):
-    """A master with DumpMaster's addons registered and only the live ones in the hook chain."""
+    """A master with DumpMaster's addons, the inert ones skipped for per-flow hooks."""
 
     def __init__(self, opts: options.Options) -> None:
         # What Master.__init__ builds, with LeanAddonManager, and without the legacy log-event
@@ -151,48 +154,25 @@ class LeanMaster(master.Master):
         ctx.log = self.log
         ctx.options = self.options
         self.owned: dict[str, frozenset[str]] = {}  # addon name -> the options its load added
-        self.pruned: list[str] = []
         extra = [keepserving.KeepServing(), readfile.ReadFileStdin(), errorcheck.ErrorCheck()]
         for addon in [*mitm_addons.default_addons(), *extra]:  # DumpMaster's, in its order
             before = set(opts.keys())
             self.addons.add(addon)
             self.owned[addon_name(addon)] = frozenset(opts.keys() - before)
+        self.addons.skip = self.inert
 
-    def live(self, addon: Any) -> bool:
-        """Whether `addon` may act under the options as they are now."""
+    def changed(self, name: str) -> bool:
+        """Whether option `name` differs from its default."""
+        return bool(getattr(self.options, name) != self.options.default(name))
+
+    def inert(self, addon: Any) -> bool:
+        """Whether `addon`'s per-flow hooks do nothing under the options as they are now."""
         name = addon_name(addon)
-        if name in CONSOLE_ONLY:
+        if name not in INERT_UNLESS_SET or self.changed("scripts"):
             return False
-        if name in NOT_FOR_REVERSE:
-            return not only_http_reverse(self.options.mode)
-        if name in INERT_UNLESS_SET:
-            names = self.owned.get(name, frozenset()) | set(INERT_UNLESS_SET[name])
-            return any(self.options._options[n].has_changed() for n in names)
-        return True
+        names = self.owned.get(name, frozenset()) | set(INERT_UNLESS_SET[name])
+        return not any(self.changed(n) for n in names)
 
-    def prune(self) -> None:
-        """Drop from the hook chain the addons that are inert under the current options."""
-        keep = []
-        for addon in self.addons.chain:
-            if self.live(addon):
-                keep.append(addon)
-            else:
-                self.pruned.append(addon_name(addon))
-        self.addons.chain = keep
-        self.addons.invalidate()
-
-    async def run(self) -> None:
-        self.prune()  # the options are final: `hopmeter run` has no console to change them
-        await super().run()
-
-
-def only_http_reverse(modes: list[str]) -> bool:
-    """Whether every listener is a reverse proxy whose traffic is not DNS."""
-    for spec in modes:
-        try:
-            mode = mode_specs.ProxyMode.parse(spec)
-        except ValueError:
-            return False
-        if not isinstance(mode, mode_specs.ReverseMode) or mode.scheme == "dns":
-            return False
-    return bool(modes)
+    def skipped(self) -> list[str]:
+        """The names of the addons that sit out the per-flow hooks now, in chain order."""
+        return [addon_name(a) for a in self.addons.chain if self.inert(a)]
