@@ -193,3 +193,10 @@ class TraceOutcome(StrEnum):
     ONE_SIDED = "one_sided"  # one span only: its other hop never arrived within the window
     EVICTED = "evicted"  # pushed out early because the window was at its bound
     LOST = "lost"  # still waiting when the service stopped
+
+
+class EventLoop(StrEnum):
+    """The event loop `hopmeter run` runs on (`--loop`)."""
+
+    ASYNCIO = "asyncio"  # the standard library's selector loop: the default
+    UVLOOP = "uvloop"  # libuv's: less CPU per event; the client delivery lane is not measured

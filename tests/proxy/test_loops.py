@@ -1,0 +1,48 @@
+"""`--loop`: asyncio's loop by default, uvloop's when asked, one clear line when it is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+import uvloop
+
+from hopmeter.core.vocab import EventLoop
+from hopmeter.proxy.loops import loop_factory
+
+
+def test_asyncio_is_the_standard_librarys_loop() -> None:
+    """--loop asyncio leaves asyncio.run's own loop."""
+    assert loop_factory(EventLoop.ASYNCIO) is None
+
+
+def test_uvloop_makes_a_uvloop_loop() -> None:
+    """--loop uvloop gives asyncio.run a uvloop loop, on which coroutines run."""
+
+    async def which() -> type[asyncio.AbstractEventLoop]:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop())
+
+    assert asyncio.run(which(), loop_factory=loop_factory(EventLoop.UVLOOP)) is uvloop.Loop
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_missing_uvloop_is_one_line_naming_the_fix(workers: str) -> None:
+    """Without the uvloop package, `hopmeter run --loop uvloop` exits 2 with one line that says
+    how to install it or run on asyncio, before anything listens."""
+    hide = (
+        "import sys; sys.modules['uvloop'] = None; from hopmeter.cli import main; sys.exit(main())"
+    )
+    argv = ["run", "http://127.0.0.1:9", "--loop", "uvloop", "--metrics", "off"]
+    done = subprocess.run(
+        [sys.executable, "-c", hide, *argv, "--workers", workers, "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "uvloop is not installed" in line and "--loop asyncio" in line
