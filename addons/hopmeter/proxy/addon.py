@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
@@ -37,6 +37,7 @@ from hopmeter.proxy.config import parse_listener, parse_seconds
 from hopmeter.proxy.delivery import Delivery
 from hopmeter.proxy.pairing import LiveFlow, Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
+from hopmeter.proxy.tokenizer_load import TokenizerLoad
 from hopmeter.proxy.tokenizers import Counters, load_counter
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class HopMeter:
     def __init__(self) -> None:
         self.listener_names: dict[str, str] = {}
         self.counter: Counters | None = None
+        # loads the default vocabulary at the first flow; records wait for it (tokenizer_load)
+        self.tokenizer_load: TokenizerLoad | None = None
         self.internal_errors = 0
         self.observers: list[FlowObserver] = []
         # called with the flow and its record as soon as the record is built (before pairing)
@@ -162,10 +165,11 @@ class HopMeter:
                 self.counter = load_counter(opts.hopmeter_tokenizer or None)
             except HopmeterError as exc:
                 raise exceptions.OptionsError(f"hopmeter_tokenizer: {exc}") from None
-
-    def running(self) -> None:
-        if self.counter is not None:
-            self.counter.preload()
+            if self.tokenizer_load is not None:
+                self.tokenizer_load.drain()  # records of the old tokenizer first
+            self.tokenizer_load = TokenizerLoad(
+                self.counter, lambda: not self.live, self.internal_error
+            )
 
     def done(self) -> None:
         # flows waiting for their last bytes to reach the client are written with what was seen
@@ -177,6 +181,8 @@ class HopMeter:
                 state.finished = True
                 self._complete(flow, state, Ended.SHUTDOWN, state.offset(time.monotonic()))
         self.live.clear()
+        if self.tokenizer_load is not None:  # records waiting for the vocabulary: now
+            self.tokenizer_load.drain()
         self.pairing.drain()
         if self.browser is not None:  # records waiting for a beacon: written without it
             self.browser.joins.drain()
@@ -251,6 +257,8 @@ class HopMeter:
             )
             self.live[flow.id] = (flow, state)
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
+            if self.tokenizer_load is not None:
+                self.tokenizer_load.start()  # once; at once after the first time
         except Exception as exc:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False:
@@ -378,10 +386,32 @@ class HopMeter:
             self._complete(flow, state, ended, end_s)
 
     def _complete(self, flow: http.HTTPFlow, state: FlowState, ended: Ended, end_s: float) -> None:
+        """Take what the record says now; count its tokens and hand it on now, or once the
+        vocabulary is loaded (hopmeter.proxy.tokenizer_load)."""
         # hopmeter's own step on the loop every stream shares: timed, as the measuring steps are
         t0, cpu0 = time.monotonic(), time.thread_time()
         try:
-            result = self._result(flow, state, ended, end_s)
+            seen = self._seen_now(flow, state, ended, end_s)
+        except Exception as exc:
+            self.internal_error("finish", exc)
+            return
+        load = self.tokenizer_load
+        if load is None or (load.ready and not load.parked):
+            self._record(flow, seen)
+            self.delivery.log.step(t0, cpu0)
+            return
+        self.delivery.log.step(t0, cpu0)
+        load.run(lambda: self._timed_record(flow, seen))
+
+    def _timed_record(self, flow: http.HTTPFlow, seen: dict[str, Any]) -> None:
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        self._record(flow, seen)
+        self.delivery.log.step(t0, cpu0)
+
+    def _record(self, flow: http.HTTPFlow, seen: dict[str, Any]) -> None:
+        """Build the record from what was seen (counting its tokens) and hand it on."""
+        try:
+            result = self._build(seen)
         except Exception as exc:
             self.internal_error("finish", exc)
             return
@@ -397,7 +427,6 @@ class HopMeter:
             ready = [result]
         for r in ready:
             self._emit(r)
-        self.delivery.log.step(t0, cpu0)
 
     def _emit(self, result: FlowResult) -> None:
         """Hand one finished record to every observer, unless it waits for its page's beacon."""
@@ -417,9 +446,10 @@ class HopMeter:
         """Tell every observer what became of a browser beacon."""
         self._notify(lambda obs: obs.beacon(outcome), "observer")
 
-    def _result(
+    def _seen_now(
         self, flow: http.HTTPFlow, state: FlowState, ended: Ended, now: float
-    ) -> FlowResult:
+    ) -> dict[str, Any]:
+        """Everything a record says but its token counts, as it is when the flow ends."""
         req = flow.request
         tap = state.tap
         self.queue.measure()  # this flow's last chunks may still be queued
@@ -450,8 +480,7 @@ class HopMeter:
                 headers=state.response_headers or lower_headers(resp.headers),
                 t_headers_s=(resp.timestamp_start - req.timestamp_start),
             )
-        assert self.counter is not None  # configure() loads it before any flow
-        result = finish_flow(
+        return dict(
             flow_id=flow.id,
             trace_id=state.trace.trace_id if state.trace else None,
             span_id=state.span_id,
@@ -465,16 +494,22 @@ class HopMeter:
             meter=meter,
             ended=ended,
             bytes_out=tap.bytes_out if tap is not None else 0,
-            counters=self.counter,
             stall_threshold_s=self.stall_threshold_s,
             log_content=ctx.options.hopmeter_log_content,
             measuring_error=tap.error if tap is not None else None,
             delivery=self._seen(state),
             failure=state.failure,
             fingerprint_key=self.fingerprint_key,
+            chaos=sorted(tap.chaos.actions) if tap is not None and tap.chaos is not None else None,
         )
-        if tap is not None and tap.chaos is not None:
-            result.record["chaos"] = sorted(tap.chaos.actions)
+
+    def _build(self, seen: dict[str, Any]) -> FlowResult:
+        """The record from what was seen, its tokens counted."""
+        assert self.counter is not None  # configure() makes it before any flow
+        chaos = seen.pop("chaos")
+        result = finish_flow(**seen, counters=self.counter)
+        if chaos is not None:
+            result.record["chaos"] = chaos
         return result
 
     def _seen(self, state: FlowState) -> DeliverySeen | None:

@@ -25,6 +25,7 @@ import importlib
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -39,6 +40,10 @@ from hopmeter.log import get_logger
 log = get_logger()
 
 DEFAULT_ENCODING: Final = "o200k_base"
+
+# What a thread does just before tiktoken builds an encoder, which holds the GIL for 0.2-1 s:
+# `BUILD_GATE.wait()` if that thread set one (hopmeter.proxy.tokenizer_load waits for a quiet loop).
+BUILD_GATE = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,9 @@ def _encoding(name: str) -> _Counting:
     # tiktoken.get_encoding would do the same, into an Encoding its registry shares; this one is
     # hopmeter's own, so it may drop the Python copy of the vocabulary below.
     args = openai_public.ENCODING_CONSTRUCTORS[name]()
+    gate = getattr(BUILD_GATE, "wait", None)
+    if gate is not None:
+        gate()
     enc = tiktoken.Encoding(**args)
     # The encoder (Rust) copied the ranks when it was built and counts without them; the Python
     # dict of 200,000 byte strings (~28 MiB of the process's RSS) serves only to pickle the
@@ -294,7 +302,8 @@ class Counters:
         return counter
 
     def preload(self) -> None:
-        """Load the default encoding now (~0.3 s), not on the first flow's event loop turn."""
+        """Load the default encoding now (~0.3 s) (`hopmeter run` loads it at the first flow
+        instead, in a thread: hopmeter.proxy.tokenizer_load)."""
         self.for_model(None)
 
 
