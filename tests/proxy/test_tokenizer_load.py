@@ -100,7 +100,7 @@ def test_nothing_is_loaded_until_a_flow_starts() -> None:
     async def go() -> None:
         hm = HopMeter()
         with taddons.context(hm) as tctx:
-            tctx.configure(hm, hopmeter_hop="edge")
+            tctx.configure(hm, hopmeter_hop="edge", hopmeter_lazy_tokenizer=True)
             assert _load.cache_info().currsize == 0
             assert hm.tokenizer_load is not None and not hm.tokenizer_load.ready
             stream_through(hm, sse_flow(), [SSE, DONE])
@@ -109,6 +109,21 @@ def test_nothing_is_loaded_until_a_flow_starts() -> None:
             tctx.master._legacy_log_events.uninstall()  # its loop closes with asyncio.run's
 
     asyncio.run(go())
+
+
+def test_without_the_option_the_vocabulary_loads_at_start_up() -> None:
+    """By default the meter loads the vocabulary when the proxy runs, and builds each record at
+    once (no load is waited for)."""
+    hm = HopMeter()
+    with taddons.context(hm) as tctx:
+        tctx.configure(hm, hopmeter_hop="edge")
+        assert hm.tokenizer_load is None
+        hm.running()
+        assert _load.cache_info().currsize == 1
+        rec = Recorder()
+        hm.add_observer(rec)
+        stream_through(hm, sse_flow(), [SSE, DONE])
+        assert len(rec.results) == 1
 
 
 def said(result: Any) -> dict[str, Any]:
@@ -131,7 +146,7 @@ def test_a_flow_that_ends_before_the_load_gets_the_same_record_later() -> None:
         hm = HopMeter()
         rec = Recorder()
         with taddons.context(hm) as tctx:
-            tctx.configure(hm, hopmeter_hop="edge")
+            tctx.configure(hm, hopmeter_hop="edge", hopmeter_lazy_tokenizer=True)
             load = hm.tokenizer_load
             assert load is not None
             quiet = threading.Event()

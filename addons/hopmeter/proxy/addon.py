@@ -97,6 +97,14 @@ class HopMeter:
             "tiktoken encoding name or tokenizer file; default: chosen by model.",
         )
         loader.add_option(
+            "hopmeter_lazy_tokenizer",
+            bool,
+            False,
+            "Load the default tokenizer vocabulary (~47 MiB) when the first flow starts, in a "
+            "thread, instead of at start-up; records of flows ending before it is ready are "
+            "written once it is.",
+        )
+        loader.add_option(
             "hopmeter_log_content",
             bool,
             False,
@@ -160,16 +168,22 @@ class HopMeter:
                     "hopmeter: CHAOS is on: responses are re-cut on the way to clients",
                     actions=",".join(self.chaos_actions),
                 )
-        if "hopmeter_tokenizer" in updated or self.counter is None:
+        if updated & {"hopmeter_tokenizer", "hopmeter_lazy_tokenizer"} or self.counter is None:
+            if self.tokenizer_load is not None:
+                self.tokenizer_load.drain()  # records of the old tokenizer first
             try:
                 self.counter = load_counter(opts.hopmeter_tokenizer or None)
             except HopmeterError as exc:
                 raise exceptions.OptionsError(f"hopmeter_tokenizer: {exc}") from None
-            if self.tokenizer_load is not None:
-                self.tokenizer_load.drain()  # records of the old tokenizer first
-            self.tokenizer_load = TokenizerLoad(
-                self.counter, lambda: not self.live, self.internal_error
-            )
+            self.tokenizer_load = None
+            if opts.hopmeter_lazy_tokenizer:
+                self.tokenizer_load = TokenizerLoad(
+                    self.counter, lambda: not self.live, self.internal_error
+                )
+
+    def running(self) -> None:
+        if self.counter is not None and self.tokenizer_load is None:
+            self.counter.preload()
 
     def done(self) -> None:
         # flows waiting for their last bytes to reach the client are written with what was seen

@@ -27,6 +27,7 @@ class ProxyConfig:
     metrics: str = "127.0.0.1:9464"
     stall_threshold_s: float = 0.5
     tokenizer: str = ""
+    lazy_tokenizer: bool = False  # --lazy-tokenizer: the vocabulary loaded at the first flow
     log_content: bool = False
     trace_header: bool = True
     fingerprint_key_env: str = ""  # a variable's name, never the key

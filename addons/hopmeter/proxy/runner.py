@@ -98,6 +98,7 @@ async def run_proxy(
             hopmeter_metrics=cfg.metrics,
             hopmeter_stall_threshold=repr(cfg.stall_threshold_s),
             hopmeter_tokenizer=cfg.tokenizer,
+            hopmeter_lazy_tokenizer=cfg.lazy_tokenizer,
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
             hopmeter_fingerprint_key_env=cfg.fingerprint_key_env,

@@ -1,16 +1,18 @@
-"""The default vocabulary, loaded when the first flow starts, off the event loop.
+"""`--lazy-tokenizer`: the default vocabulary loaded when the first flow starts, off the loop.
 
 o200k_base is ~47 MiB of the process once loaded (tiktoken's encoder keeps three copies of
-200,000 tokens in Rust maps), over half of an idle `hopmeter run`. It is loaded only when the first
-flow starts, in a worker thread: reading and decoding the file (~0.4 s of Python) lets the loop
-run between the interpreter's switches, but tiktoken builds its encoder holding the GIL for
-0.2-1 s, so the thread waits for a moment when no flow is in flight before that step
-(`QUIET_WAIT_MAX_S`): a connection opened during it waits that long once, no stream is paused.
+200,000 tokens in Rust maps), over a third of an idle `hopmeter run`. With the option
+(`hopmeter_lazy_tokenizer`) it is loaded only when the first flow starts, in a worker thread:
+reading and decoding the file (~0.4 s of Python) lets the loop run between the interpreter's
+switches, but tiktoken builds its encoder holding the GIL for 0.2-1 s, so the thread waits for
+a moment when no flow is in flight before that step (`QUIET_WAIT_MAX_S`): a connection opened
+during it waits that long once, no stream is paused.
 Tokens are counted only when a record is built, so a flow that ends before the vocabulary is
 ready has its record built later, unchanged: everything the record says was taken when the flow
 ended; only the counting and what follows it (pairing, outputs, metrics) wait, in the order the
 flows ended, one per loop turn. A `--tokenizer` named on the command line is loaded at start-up
-(it is checked there).
+(it is checked there). Not the default: under steady traffic records (and the metrics made from
+them) can come up to `QUIET_WAIT_MAX_S` late, and a beacon may come before its record.
 """
 
 from __future__ import annotations
