@@ -166,7 +166,8 @@ def _holds(seg: dict[str, Any]) -> list[float]:
 def test_three_replies_at_once_pair_by_content_with_their_own_flows(shipped: Rig) -> None:
     """As shipped, the gateway drops traceparent: each of three replies in flight together (two
     alike until their sixth word) is paired by content with the origin flow that carried it,
-    says trace_context_dropped, and its request delay is what the upstream saw within 2 ms."""
+    says trace_context_dropped, and its added time to first token is its request delay plus its
+    first-token hold."""
     routes = list(VIA_REPLIES)
     asked = shipped.ask_at_once(routes)
     edges = shipped.edge_records(asked)
