@@ -221,7 +221,10 @@ def test_two_identical_replies_at_once_are_not_paired_but_counted(shipped: Rig) 
     for edge in edges:
         assert "hops" not in edge
         assert edge["pairing"]["paired_by"] is None
-        assert edge["pairing"]["match"] == "ambiguous" and edge["pairing"]["candidates"] == 2
+        assert edge["pairing"]["match"] == "ambiguous" and edge["pairing"]["candidates"] >= 1
+    # the first at the edge reached the origin after the second had started there too (the
+    # second may reach the edge only after the first reached the origin: then it sees one)
+    assert max(e["pairing"]["candidates"] for e in edges) == 2
     digest = edges[0]["fingerprint"]["digest"]
     t0 = min(e["request"]["t_start"] for e in edges)
     origins = [
