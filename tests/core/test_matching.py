@@ -63,6 +63,26 @@ def test_identical_replies_at_once_are_never_paired() -> None:
     }
 
 
+def test_a_flow_whose_only_candidate_is_contested_is_ambiguous() -> None:
+    """Identical replies whose windows overlap unevenly (the second request reached the edge
+    after the first reached the origin): the later edge flow has one candidate, which has two,
+    so nothing pairs and every flow says ambiguous, never none."""
+    flows = [
+        flow(0, "edge", "e0", "same reply", 0.0, 0.839),
+        flow(1, "edge", "e1", "same reply", 0.051, 0.880),
+        flow(2, "origin", "o0", "same reply", 0.029, 0.787),
+        flow(3, "origin", "o1", "same reply", 0.073, 0.827),
+    ]
+    m = match(flows)
+    assert m.groups == []
+    assert {r: (o.match, o.candidates) for r, o in m.outcomes.items()} == {
+        0: (PairingMatch.AMBIGUOUS, 2),
+        1: (PairingMatch.AMBIGUOUS, 1),
+        2: (PairingMatch.AMBIGUOUS, 1),
+        3: (PairingMatch.AMBIGUOUS, 2),
+    }
+
+
 def test_identical_replies_one_after_the_other_pair() -> None:
     """The same reply asked twice in a row: the windows do not nest across requests."""
     flows = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import secrets
 import socket
 import sys
 import time
@@ -25,10 +24,11 @@ import httpx
 import orjson
 import pytest
 
+from tests.harness.beacons import ANNOUNCE, beacon, reads_of, traceparent
+from tests.harness.beacons import PAGE_ORIGIN as ORIGIN_PAGE
 from tests.harness.procs import Proc, free_port, hopmeter, wait_for
 
 pytestmark = pytest.mark.integration
-ORIGIN_PAGE = "http://page.example"  # the page's origin as its requests name it
 EVIL = "http://evil.example"
 HEAD = b"POST /_hopmeter/beacon HTTP/1.1\r\nHost: x\r\n"
 
@@ -85,50 +85,6 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
         yield p
 
 
-def beacon(traceparent: str, **changes: Any) -> dict[str, Any]:
-    """A well-formed beacon (three reads of three characters each, no element watched)."""
-    doc: dict[str, Any] = {
-        "schema": "hopmeter.beacon/1",
-        "traceparent": traceparent,
-        "url": "/v1/chat/completions",
-        "t0": time.time() * 1000 - 3000,
-        "status": 200,
-        "headers": 500,
-        "end": 15000,
-        "how": "done",
-        "sent": 16000,
-        "rt": None,
-        "reads": {
-            "t": [600, 100, 100],
-            "bytes": [90, 90, 90],
-            "chars": [3, 3, 3],
-            "lost": 0,
-            "step": 1,
-        },
-        "stream": {"bytes": 270, "chars": 9, "shown": 9, "fffd": 0},
-        "screen": None,
-    }
-    doc.update(changes)
-    return doc
-
-
-def reads_of(body: bytes) -> dict[str, Any]:
-    """A beacon's reads of an SSE chat reply, one per event, as the snippet counts them."""
-    chars = []
-    for block in body.split(b"\n\n"):
-        data = block.removeprefix(b"data: ")
-        if data.startswith(b"{"):
-            choices = orjson.loads(data)["choices"]
-            chars.append(len(choices[0]["delta"].get("content") or "") if choices else 0)
-    n = len(chars)
-    return {"t": [600] + [200] * (n - 1), "bytes": [90] * n, "chars": chars}
-
-
-def traceparent() -> str:
-    """A new W3C traceparent."""
-    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
-
-
 def post(p: Proxy, body: bytes, origin: str = ORIGIN_PAGE) -> httpx.Response:
     """POST `body` to the beacon endpoint as sendBeacon does (text/plain, with an Origin)."""
     headers = {"content-type": "text/plain;charset=UTF-8", "origin": origin}
@@ -139,7 +95,7 @@ def stream(p: Proxy, tp: str, announce: bool = True) -> bytes:
     """A streamed chat reply through the proxy, from the page's origin, announcing a beacon."""
     headers = {"traceparent": tp, "origin": ORIGIN_PAGE, "x-hopmeter-scenario": "tokens=9;rate=50"}
     if announce:
-        headers["tracestate"] = "vendor=1,hopmeter=beacon"
+        headers["tracestate"] = ANNOUNCE
     body = {"model": "demo-1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     r = httpx.post(f"{p.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
     assert r.status_code == 200

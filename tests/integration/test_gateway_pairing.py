@@ -166,7 +166,8 @@ def _holds(seg: dict[str, Any]) -> list[float]:
 def test_three_replies_at_once_pair_by_content_with_their_own_flows(shipped: Rig) -> None:
     """As shipped, the gateway drops traceparent: each of three replies in flight together (two
     alike until their sixth word) is paired by content with the origin flow that carried it,
-    says trace_context_dropped, and its request delay is what the upstream saw within 2 ms."""
+    says trace_context_dropped, and its added time to first token is its request delay plus its
+    first-token hold."""
     routes = list(VIA_REPLIES)
     asked = shipped.ask_at_once(routes)
     edges = shipped.edge_records(asked)
@@ -220,7 +221,10 @@ def test_two_identical_replies_at_once_are_not_paired_but_counted(shipped: Rig) 
     for edge in edges:
         assert "hops" not in edge
         assert edge["pairing"]["paired_by"] is None
-        assert edge["pairing"]["match"] == "ambiguous" and edge["pairing"]["candidates"] == 2
+        assert edge["pairing"]["match"] == "ambiguous" and edge["pairing"]["candidates"] >= 1
+    # the first at the edge reached the origin after the second had started there too (the
+    # second may reach the edge only after the first reached the origin: then it sees one)
+    assert max(e["pairing"]["candidates"] for e in edges) == 2
     digest = edges[0]["fingerprint"]["digest"]
     t0 = min(e["request"]["t_start"] for e in edges)
     origins = [

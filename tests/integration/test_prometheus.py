@@ -5,8 +5,9 @@
 
 One `hopmeter run` holds both listeners and serves /metrics; Prometheus scrapes it every second
 with the shipped recording and alert rules loaded; demo traffic (plain, coalesced, stalled, cut,
-buffered, Anthropic and Ollama streams) goes through the edge; then each panel query of each
-dashboard, with its variables set to "All", must return data.
+buffered, Anthropic and Ollama streams) goes through the edge (`--browser`), with two pages that
+send their beacon; then each panel query of each dashboard, with its variables set to "All", must
+return data.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.harness.beacons import ANNOUNCE, PAGE_ORIGIN, beacon, painted, reads_of, traceparent
 from tests.harness.nginx import NginxConfig, NginxServer
 from tests.harness.procs import free_port, hopmeter, port_open, wait_for
 from tests.test_dashboards import FILES, concrete, load, panels, variable_selectors
@@ -175,6 +177,26 @@ def panel_queries(include_hold: bool) -> list[tuple[str, str, str]]:
     return out
 
 
+def page(edge_port: int) -> None:
+    """A page running hopmeter's snippet: a streamed reply announcing its beacon, then the
+    beacon with the reads and the frames that painted them (the paint panels' data)."""
+    tp = traceparent()
+    headers = {"traceparent": tp, "origin": PAGE_ORIGIN, "tracestate": ANNOUNCE}
+    url = f"http://127.0.0.1:{edge_port}"
+    reply = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+    reads = reads_of(reply.content)
+    doc = beacon(tp, reads=reads, screen=painted(reads))
+    chars = sum(reads["chars"])
+    doc["stream"] = {"bytes": len(reply.content), "chars": chars, "shown": chars, "fffd": 0}
+    answer = httpx.post(
+        f"{url}/_hopmeter/beacon",
+        content=json.dumps(doc),
+        headers={"content-type": "text/plain;charset=UTF-8", "origin": PAGE_ORIGIN},
+        timeout=10,
+    )
+    assert answer.status_code == 204, answer.text
+
+
 def send(edge_port: int, path: str, body: dict[str, Any]) -> None:
     """One streamed request through the edge, read to its end (a cut stream raises; ignored)."""
     try:
@@ -202,7 +224,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
             "--listener", f"edge=reverse:http://127.0.0.1:{nginx.port}@127.0.0.1:{edge_port}",
             "--listener",
             f"origin=reverse:http://127.0.0.1:{upstream_port}@127.0.0.1:{origin_port}",
-            "--metrics", f"127.0.0.1:{metrics_port}", "--quiet",
+            "--metrics", f"127.0.0.1:{metrics_port}", "--quiet", "--browser",
             name="proxy", ports=(edge_port, origin_port, metrics_port),
         ),
     ):  # fmt: skip
@@ -213,8 +235,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
                 lambda: prometheus.query('up{job="hopmeter"} == 1'), 30, "a first hopmeter scrape"
             )
             requests = TRAFFIC * ROUNDS
+            page(edge_port)  # a rate needs two samples of a series: a page before and after
             with ThreadPoolExecutor(max_workers=4) as pool:
                 list(pool.map(lambda r: send(edge_port, *r), requests))
+            page(edge_port)
+            joined = 'hopmeter_beacons_total{outcome="joined"} >= 2'
+            wait_for(lambda: prometheus.query(joined), 30, "both pages' beacons scraped")
             # every request is a flow at the edge and one at the origin
             wanted = 2 * len(requests)
             wait_for(lambda: prometheus.flows() >= wanted, 30, f"{wanted} flows scraped")

@@ -346,7 +346,9 @@ def _start_route(
         "edge-framed": (nginx_f.port, ports["edge_f"]),
         "origin-framed": (upstreams[1], ports["origin_f"]),
     }
-    args = ["run", "--records", str(records), "--metrics", "off", "--quiet"]
+    # two unrelated chains whose upstreams play one script: their replies are alike, so the
+    # listeners pair by trace id only (a reply at edge and one at origin-framed share no request)
+    args = ["run", "--records", str(records), "--metrics", "off", "--quiet", "--no-content-pairing"]
     for name, (target, port) in listeners.items():
         args += ["--listener", f"{name}=reverse:http://127.0.0.1:{target}@127.0.0.1:{port}"]
     proc = Proc([*HOPMETER, *args], tmp / f"hopmeter-{config}-{attempt}.log")

@@ -278,6 +278,10 @@ class TestOptions:
                 ],
             )
             assert hm.pairing.hops == {"edge", "origin"} and hm.pairing.by_content
+            tctx.configure(hm, hopmeter_content_pairing=False)  # --no-content-pairing
+            assert not hm.pairing.by_content
+            tctx.configure(hm, hopmeter_content_pairing=True)
+            assert hm.pairing.by_content
 
     def test_the_fingerprint_key_comes_from_the_named_variable(
         self, monkeypatch: pytest.MonkeyPatch

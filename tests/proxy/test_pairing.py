@@ -253,3 +253,37 @@ def test_drain_writes_what_waits() -> None:
     p.finish(reply("origin", "o1", 10.02))
     p.drain()
     assert [r.record["pairing"]["match"] for r in emitted] == ["ambiguous"]
+
+
+def test_requests_decided_together_go_out_one_per_turn_of_the_loop() -> None:
+    """Three requests a flow in flight held, decided at once when it rules itself out: one
+    request's records (with its segment) now, each of the others on a turn of its own, in
+    order, so that no turn of the loop every stream shares computes them all."""
+    live = [LiveFlow(trace_id="x", t_start=10.0, opening="The answer", chars=10)]
+    turns: list[Callable[[], None]] = []
+    emitted: list[FlowResult] = []
+    p = Pairing(
+        schedule=lambda _d, fn: None,
+        emit=emitted.append,
+        in_flight=lambda: list(live),
+        clock=Clock(),
+        soon=turns.append,
+    )
+    p.hops = HOPS
+    for i in range(3):
+        t = 10.0 + 0.001 * i
+        p.start(f"e{i}", t)
+        p.start(f"o{i}", t + 0.02)
+        assert p.finish(reply("origin", f"o{i}", t + 0.02, text=f"The answer {i}")) == []
+        assert p.finish(reply("edge", f"e{i}", t, text=f"The answer {i}")) == []
+    live.clear()  # the flow in flight ended: its record will be a request of its own
+    p.start("z", 20.0)
+    (lone,) = p.finish(result("edge", 20.0, trace="z"))  # decides all three
+    assert lone.record["trace_id"] == "z" and emitted == []
+    written = []
+    while turns:
+        turns.pop(0)()
+        written.append([r.record["trace_id"] for r in emitted])
+        assert [r.record["hop"] for r in emitted if "hops" in r.record] == ["edge"]
+        emitted.clear()
+    assert written == [["o0", "e0"], ["o1", "e1"], ["o2", "e2"]]

@@ -197,7 +197,9 @@ def _result(
             elif len(u.hops) > 1:
                 outcome = Outcome(paired_by=PairedBy.TRACE, match=PairingMatch.UNIQUE)
             else:
-                ambiguous = most > 1 or len(comp) > 1
+                # a candidate it did not get (its candidate had others too) is ambiguity too:
+                # "none" is for a flow nothing at another hop could have been one request with
+                ambiguous = most > 0 or len(comp) > 1
                 outcome = Outcome(
                     paired_by=None,
                     match=PairingMatch.AMBIGUOUS if ambiguous else PairingMatch.NONE,

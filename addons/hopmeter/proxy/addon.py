@@ -59,7 +59,10 @@ class HopMeter:
         # called with the flow and its record as soon as the record is built (before pairing)
         self.flow_listeners: list[Callable[[http.HTTPFlow, FlowResult], None]] = []
         self.pairing = Pairing(
-            schedule=self._call_later, emit=self._emit, in_flight=self._in_flight
+            schedule=self._call_later,
+            emit=self._emit,
+            in_flight=self._in_flight,
+            soon=self._call_soon,
         )
         self.fingerprint_key: bytes | None = None  # from hopmeter_fingerprint_key_env
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
@@ -130,6 +133,14 @@ class HopMeter:
             "An environment variable holding a secret key for the reply fingerprints in records "
             "(the same on every host whose records are joined); default: unkeyed.",
         )
+        loader.add_option(
+            "hopmeter_content_pairing",
+            bool,
+            True,
+            "With listeners of two or more hops, pair flows whose trace ids differ by their reply "
+            "(a hop between them dropped traceparent). Off for listeners of unrelated chains "
+            "whose replies may be alike.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -151,11 +162,10 @@ class HopMeter:
                 if modes == ["regular"]:
                     modes = []
                 opts.update(mode=[*modes, *wanted])
-        if updated & {"hopmeter_listeners", "hopmeter_hop", "mode"}:
+        if updated & {"hopmeter_listeners", "hopmeter_hop", "mode", "hopmeter_content_pairing"}:
             # listeners of two or more hops: flows pair by reply content where a trace id is lost
-            self.pairing.hops = frozenset(
-                self.listener_names.get(m, opts.hopmeter_hop) for m in opts.mode
-            )
+            hops = frozenset(self.listener_names.get(m, opts.hopmeter_hop) for m in opts.mode)
+            self.pairing.hops = hops if opts.hopmeter_content_pairing else frozenset()
         if "hopmeter_fingerprint_key_env" in updated:
             self.fingerprint_key = _fingerprint_key(opts.hopmeter_fingerprint_key_env)
         if "hopmeter_chaos" in updated:
@@ -547,6 +557,20 @@ class HopMeter:
                 self.internal_error("pairing", exc)
 
         asyncio.get_running_loop().call_later(delay_s, guarded)
+
+    def _call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the loop's next turn, timed as one of hopmeter's own steps; a failure in
+        it is counted, never raised into the loop."""
+
+        def step() -> None:
+            t0, cpu0 = time.monotonic(), time.thread_time()
+            try:
+                fn()
+            except Exception as exc:
+                self.internal_error("pairing", exc)
+            self.delivery.log.step(t0, cpu0)
+
+        asyncio.get_running_loop().call_soon(step)
 
     def _in_flight(self) -> list[LiveFlow]:
         """The flows in flight, for content pairing: their reply text so far."""

@@ -85,6 +85,12 @@ def add_parser(sub: Any) -> None:
         "(the same on every host whose records are joined)",
     )
     p.add_argument(
+        "--no-content-pairing",
+        action="store_true",
+        help="with listeners of several hops, pair flows by trace id only, never by reply "
+        "(for listeners of unrelated chains whose replies may be alike)",
+    )
+    p.add_argument(
         "--browser",
         action="store_true",
         help="browser measuring: serve the snippet at /_hopmeter/beacon.js, answer beacons at "
@@ -201,6 +207,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         log_content=args.log_content,
         trace_header=not args.no_trace_header,
         fingerprint_key_env=args.fingerprint_key_env,
+        content_pairing=not args.no_content_pairing,
         otel_endpoint=args.otel_endpoint,
         otel_timeline=args.otel_timeline == "on",
         chaos=args.chaos,

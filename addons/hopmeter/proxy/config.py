@@ -31,6 +31,7 @@ class ProxyConfig:
     log_content: bool = False
     trace_header: bool = True
     fingerprint_key_env: str = ""  # a variable's name, never the key
+    content_pairing: bool = True  # with listeners of 2+ hops: pair lost traces by reply
     otel_endpoint: str = ""
     otel_timeline: bool = True
     chaos: str = ""

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from hopmeter.core.fingerprint import Fingerprint
 from hopmeter.core.hops import Segment, chain
@@ -53,6 +54,10 @@ MAX_PENDING = 4096
 # While requests wait, how often flows in flight are looked at again (their text grows and may
 # rule them out); a finishing flow looks at once.
 RECHECK_S = 0.1
+# Records handed out in one turn of the loop when many requests are decided at once (a reply
+# many clients got alike, decided when the last of them ends): each costs ~1 ms to write, and a
+# turn of the loop every stream shares should stay well under a display frame (16.7 ms).
+RECORDS_PER_TURN = 4
 # One log line per segment that drops the trace context, then at most one per this many seconds.
 TRACE_DROP_LOG_INTERVAL_S = 60.0
 
@@ -128,7 +133,11 @@ class Pairing:
         *,
         in_flight: Callable[[], Iterable[LiveFlow]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        soon: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
+        """`schedule(delay_s, fn)` runs `fn` later and `soon(fn)` on the loop's next turn; `emit`
+        writes a record decided outside `finish` (a timeout, a recheck, a later turn). Without
+        `soon`, everything decided is handed out at once."""
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
         self._schedule = schedule
         self._emit = emit
@@ -138,6 +147,11 @@ class Pairing:
         self._pending: list[_Unit] = []
         self._recheck = False  # a recheck timer is set
         self._logged: dict[str, tuple[float, int]] = {}  # segment -> (last line, since then)
+        self._soon = soon
+        # decided requests whose records are still to be handed out, one item per loop turn:
+        # each gives its records (computing a paired request's segments when its turn comes)
+        self._turns: deque[Callable[[], list[FlowResult]]] = deque()
+        self._turn_set = False  # a turn is scheduled
 
     @property
     def by_content(self) -> bool:
@@ -176,11 +190,15 @@ class Pairing:
             return [] if result is trace.parked else [result]
         if self.by_content:
             self._traces.pop(trace_id)
-            return self._wait(trace.done)
+            self._wait(trace.done)
+            return self._hand_out()
         return self._close(trace_id, result)
 
     def _lone(self, result: FlowResult) -> list[FlowResult]:
-        return self._wait([result]) if self.by_content else [result]
+        if not self.by_content:
+            return [result]
+        self._wait([result])
+        return self._hand_out()
 
     def _close(self, trace_id: str, last: FlowResult) -> list[FlowResult]:
         trace = self._traces.pop(trace_id)
@@ -197,8 +215,10 @@ class Pairing:
         for trace_id in list(self._traces):
             self._expire(trace_id)
         self._traces.clear()
-        for r in self._settle_all(force=True):
-            self._send(r)
+        self._settle_all(force=True)
+        while self._turns:
+            for r in self._turns.popleft()():
+                self._send(r)
 
     def _expire(self, trace_id: str) -> None:
         trace = self._traces.get(trace_id)
@@ -206,7 +226,8 @@ class Pairing:
             return
         if self.by_content:  # what finished of the trace waits as one request
             self._traces.pop(trace_id)
-            for r in self._wait(trace.done):
+            self._wait(trace.done)
+            for r in self._hand_out():
                 self._send(r)
             return
         parked, trace.parked = trace.parked, None
@@ -219,17 +240,18 @@ class Pairing:
             self._emit(result)
 
     # -- by content ----------------------------------------------------------------------------
-    def _wait(self, results: list[FlowResult]) -> list[FlowResult]:
+    def _wait(self, results: list[FlowResult]) -> None:
         """A trace closed: decide it now if it cannot pair further, else let it wait."""
         if not results:
-            return []
+            return
         unit = _Unit(results, self._clock())
         if {r.record.get("hop") for r in results} >= self.hops:
             # seen at every hop: no other trace can be its partner or make another's ambiguous
             # (candidates share no hop), so nothing in flight can change its pairing
-            return self._settle([unit], unsure=False)
+            self._settle([unit], unsure=False)
+            return
         self._pending.append(unit)
-        return self._settle_all()
+        self._settle_all()
 
     def _recheck_later(self) -> None:
         if self._recheck or self._schedule is None or not self._pending:
@@ -239,14 +261,40 @@ class Pairing:
 
     def _on_recheck(self) -> None:
         self._recheck = False
-        for r in self._settle_all():
+        self._settle_all()
+        for r in self._hand_out():
             self._send(r)
 
-    def _settle_all(self, *, force: bool = False) -> list[FlowResult]:
+    def _hand_out(self) -> list[FlowResult]:
+        """The records to write now: the first turn's worth of what is decided; the rest go out
+        on the loop's next turns (all at once without `soon`)."""
+        if self._soon is None:
+            out: list[FlowResult] = []
+            while self._turns:
+                out += self._turns.popleft()()
+            return out
+        if self._turn_set or not self._turns:
+            return []  # a turn is already set: it hands them out in order
+        out = self._turns.popleft()()
+        if self._turns:
+            self._turn_set = True
+            self._soon(self._on_turn)
+        return out
+
+    def _on_turn(self) -> None:
+        self._turn_set = False
+        if self._turns:
+            for r in self._turns.popleft()():
+                self._send(r)
+        if self._turns:
+            self._turn_set = True
+            assert self._soon is not None
+            self._soon(self._on_turn)
+
+    def _settle_all(self, *, force: bool = False) -> None:
         """Decide every group of waiting requests that nothing in flight can still join."""
         live = self._live()
         now = self._clock()
-        out: list[FlowResult] = []
         keep: list[_Unit] = []
         overflow = len(self._pending) - MAX_PENDING
         for comp in _components(self._pending):
@@ -256,10 +304,9 @@ class Pairing:
                 keep += comp
                 continue
             overflow -= len(comp)
-            out += self._settle(comp, unsure=blocked)
+            self._settle(comp, unsure=blocked)
         self._pending = keep
         self._recheck_later()
-        return out
 
     def _live(self) -> list[LiveFlow]:
         """Every flow not finished here: those in flight with their text so far, and those
@@ -274,8 +321,9 @@ class Pairing:
             ]
         return live
 
-    def _settle(self, comp: Sequence[_Unit], *, unsure: bool) -> list[FlowResult]:
-        """Pair one group of waiting requests and give every record its `pairing`."""
+    def _settle(self, comp: Sequence[_Unit], *, unsure: bool) -> None:
+        """Pair one group of waiting requests and give every record its `pairing`; queue their
+        records to be handed out, a few per turn, a paired request's with its segments."""
         results = [r for u in comp for r in u.results]
         records = [r.record for r in results]
         matching = match_records(records, LIVE_SLACK_S)
@@ -285,19 +333,26 @@ class Pairing:
             dataclasses.replace(r, record={**r.record, "pairing": matching.outcomes[i].as_dict()})
             for i, r in enumerate(results)
         ]
+        paired = {i for refs in matching.groups for i in refs}
+        alone = sorted((r for i, r in enumerate(out) if i not in paired), key=lambda r: -_start(r))
+        for k in range(0, len(alone), RECORDS_PER_TURN):
+            self._turns.append(partial(list, alone[k : k + RECORDS_PER_TURN]))
         for refs in matching.groups:
-            segs = segments([records[i] for i in refs])
-            outer = refs[0]
-            dropped = trace_dropped(segs)
-            with_hops = attach(out[outer], segs)
-            if dropped:
-                with_hops = dataclasses.replace(
-                    with_hops, record=with_findings(with_hops.record, dropped)
-                )
-                for f in dropped:
-                    self._log_dropped(f["evidence"]["segment"])
-            out[outer] = with_hops
-        return sorted(out, key=lambda r: -_start(r))  # inner flows first, as they finished
+            self._turns.append(partial(self._with_segments, [out[i] for i in refs]))
+
+    def _with_segments(self, group: list[FlowResult]) -> list[FlowResult]:
+        """One paired request's records, the outermost (first) with its segments, inner flows
+        first as they finished."""
+        segs = segments([r.record for r in group])
+        dropped = trace_dropped(segs)
+        with_hops = attach(group[0], segs)
+        if dropped:
+            with_hops = dataclasses.replace(
+                with_hops, record=with_findings(with_hops.record, dropped)
+            )
+            for f in dropped:
+                self._log_dropped(f["evidence"]["segment"])
+        return sorted([with_hops, *group[1:]], key=lambda r: -_start(r))
 
     def _log_dropped(self, segment: str) -> None:
         """One line per segment, then one per TRACE_DROP_LOG_INTERVAL_S saying how many more."""

@@ -102,6 +102,7 @@ async def run_proxy(
             hopmeter_log_content=cfg.log_content,
             hopmeter_trace_header=cfg.trace_header,
             hopmeter_fingerprint_key_env=cfg.fingerprint_key_env,
+            hopmeter_content_pairing=cfg.content_pairing,
             hopmeter_otel_endpoint=cfg.otel_endpoint,
             hopmeter_otel_timeline=cfg.otel_timeline,
             hopmeter_chaos=cfg.chaos,

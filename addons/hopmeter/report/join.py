@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from hopmeter.argtypes import positive_int, positive_seconds, seconds
+from hopmeter.argtypes import positive_int, positive_seconds
 from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments
 from hopmeter.core.vocab import PairedBy, PairingMatch
 from hopmeter.errors import UsageError
@@ -79,7 +79,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
     p.add_argument(
         "--max-skew",
-        type=seconds,
+        type=float,
         default=JOIN_SLACK_S,
         metavar="SECONDS",
         help="how far the hosts' clocks may disagree: flows without a shared trace id pair by "
