@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -37,6 +36,8 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+
+from hopmeter.upstream.browser_demo import stop_chromium
 
 CHROMIUM = os.environ.get("HOPMETER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = (
@@ -293,15 +294,7 @@ class Chromium:
                     proc.wait(10)
             self._conn.close()
             self._conn = None
-        if proc is None:
-            return
-        # the browser's helpers (zygotes, renderers) share its process group: end any left
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-                break
+        stop_chromium(proc)  # any helpers left (they share its process group)
 
     def __enter__(self) -> Chromium:
         return self.start()

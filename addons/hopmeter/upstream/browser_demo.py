@@ -143,7 +143,7 @@ async def run_browser_demo(*, records: str, port: int, headless: str) -> int:
                 print(f"hopmeter demo: {task.exception()}", file=sys.stderr)
                 return 1
     finally:
-        _stop(chromium)
+        stop_chromium(chromium)
         profile.cleanup()
     print(f"\n{len(replies)} replies measured in the browser.", flush=True)
     if records and replies:
@@ -163,8 +163,9 @@ def _start_chromium(binary: str, profile: Path, url: str) -> subprocess.Popen[by
     )
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    """End Chromium and its helpers (they share its process group)."""
+def stop_chromium(proc: subprocess.Popen[bytes] | None) -> None:
+    """End Chromium and its helpers, zygotes and renderers (they share its process group):
+    SIGTERM, then SIGKILL."""
     if proc is None:
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
