@@ -67,9 +67,12 @@ class LoopLog:
 
     def step(self, t0: float, cpu0: float) -> None:
         """A step of hopmeter's that began at `t0` (monotonic) with the thread at `cpu0` CPU s."""
+        # CPU read first, so the wall interval holds the CPU one (callers read t0, then cpu0);
+        # one thread cannot use more CPU than wall time: the clamp absorbs the clocks' grain
+        cpu = time.thread_time() - cpu0
         wall = time.monotonic() - t0
         if wall >= STEP_FLOOR_S:
-            self.steps.append((t0, wall, time.thread_time() - cpu0))
+            self.steps.append((t0, wall, min(cpu, wall)))
 
     def lag(self, at: float, late_s: float) -> None:
         """A timer ran `late_s` after it was due."""
