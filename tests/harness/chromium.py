@@ -37,19 +37,14 @@ from wsproto.events import (
     TextMessage,
 )
 
-from hopmeter.upstream.browser_demo import stop_chromium
+from hopmeter.upstream.browser_demo import CHROMIUM_FLAGS, stop_chromium
 
 CHROMIUM = os.environ.get("HOPMETER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# the demo's headless flags (a fresh profile, nothing fetched in the background, a fixed window),
+# plus what a test needs: no sandbox (CI runs as root) and the DevTools protocol it drives
 FLAGS = (
-    "--headless",
+    *CHROMIUM_FLAGS,
     "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
     "--remote-debugging-port=0",
     "--remote-allow-origins=*",
 )

@@ -14,6 +14,7 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BeaconOutcome
+from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter, RateBound, announces_beacon, origin_of
 
@@ -21,8 +22,9 @@ TP = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
 PAGE = "http://page.example"
 
 
-class Recorder:
-    """An observer that keeps every record and beacon outcome."""
+class Recorder(FlowObserver):
+    """An observer that keeps every record and beacon outcome (the other notices: the
+    protocol's own no-ops)."""
 
     def __init__(self) -> None:
         self.results: list[FlowResult] = []
@@ -30,15 +32,6 @@ class Recorder:
 
     def observe(self, result: FlowResult) -> None:
         self.results.append(result)
-
-    def stream_started(self) -> None:
-        return
-
-    def stream_finished(self) -> None:
-        return
-
-    def internal_error(self, where: str) -> None:
-        return
 
     def beacon(self, outcome: str) -> None:
         self.outcomes.append(outcome)
