@@ -11,10 +11,11 @@ Rows indented under FlowMeter.feed are its parts, timed alone. The rows "plain c
 time the general path (every event built as a Frame and a Delta) that chat chunks took before the
 plain path; "4 events per chunk" is what a busy proxy reads when several events coalesce. The
 Anthropic rows feed Anthropic's token event (`event: content_block_delta` and its data line).
-The two rows under the tap add mitmproxy's write of the chunk to a stand-in client transport,
-without and with the chunk followed out to the client (hopmeter.proxy.delivery): their
-difference is what the extra timestamps cost per event on the stream's path; the looks at the
-queues that follow are timed in bench/micro_delivery.py.
+The two rows under the tap add mitmproxy's write of the chunk to a stand-in client transport
+(through an asyncio StreamWriter, as mitmproxy writes), without and with the chunk followed out
+to the client (hopmeter.proxy.delivery): their difference is what the extra timestamps cost per
+event on the stream's path; the looks at the queues that follow are timed in
+bench/micro_delivery.py.
 """
 
 from __future__ import annotations
@@ -156,18 +157,18 @@ def tap_written(followed: bool) -> Callable[[int], object]:
     """The tap as above, then mitmproxy's write of the chunk to a stand-in client transport (the
     selector transport's checks, no send()); `followed` adds following the bytes out: the tap's
     FlowOut arms the connection's counter and the write goes through the counting wrapper."""
-    from micro_delivery import FRAMED, StandInTransport  # noqa: PLC0415 - the bench's own
+    from micro_delivery import FRAMED, StandInTransport, stand_in_writer  # noqa: PLC0415
 
     from hopmeter.proxy.client_conn import ConnTracker  # noqa: PLC0415 - heavy
     from hopmeter.proxy.delivery import FlowOut  # noqa: PLC0415
 
     t = new_tap()
-    transport = StandInTransport()
+    writer = stand_in_writer(StandInTransport())
     if followed:
-        tracker = ConnTracker(transport, socket.socket(), lambda *a: None, lambda *a: None)
+        tracker = ConnTracker(writer, socket.socket(), lambda *a: None, lambda *a: None)
         t.out = FlowOut("HTTP/1.1")
         t.out.conn = tracker
-    write = transport.write
+    write = writer.write
 
     def call(i: int) -> object:
         t(CHUNK)

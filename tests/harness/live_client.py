@@ -57,9 +57,14 @@ async def live_client(rcvbuf: int = 0, *addons: Any) -> AsyncIterator[Live]:
             peer.close()
 
 
-def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run an async test on a fresh loop."""
-    asyncio.run(test())
+def run(test: Callable[[], Coroutine[Any, Any, None]], loop: str = "asyncio") -> None:
+    """Run an async test on a fresh loop: asyncio's own, or uvloop's."""
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    asyncio.run(test(), loop_factory=factory)
 
 
 def flow_of(live: Live) -> http.HTTPFlow:

@@ -1,4 +1,5 @@
-"""`--loop`: asyncio's loop by default, uvloop's when asked, one clear line when it is missing."""
+"""`--loop`: uvloop's loop by default where it is installed, asyncio's otherwise or when asked,
+one clear line when uvloop is asked for and missing."""
 
 from __future__ import annotations
 
@@ -9,8 +10,22 @@ import sys
 import pytest
 import uvloop
 
+from hopmeter.cli import build_parser
 from hopmeter.core.vocab import EventLoop
-from hopmeter.proxy.loops import loop_factory
+from hopmeter.proxy.loops import default_loop, loop_factory
+
+
+def test_uvloop_is_the_default_where_it_is_installed() -> None:
+    """Installed (a dependency on Linux and macOS), uvloop is what `hopmeter run` runs on."""
+    assert default_loop() is EventLoop.UVLOOP
+    assert build_parser().parse_args(["run", "http://127.0.0.1:9"]).loop is EventLoop.UVLOOP
+
+
+def test_without_uvloop_the_default_is_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where uvloop is not installed (Windows), the standard library's loop runs."""
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a missing package sees
+    assert default_loop() is EventLoop.ASYNCIO
+    assert build_parser().parse_args(["run", "http://127.0.0.1:9"]).loop is EventLoop.ASYNCIO
 
 
 def test_asyncio_is_the_standard_librarys_loop() -> None:

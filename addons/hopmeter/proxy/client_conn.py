@@ -3,16 +3,24 @@
 mitmproxy gives addons no "these bytes left the socket" hook (docs/design.md §9). Its proxy server
 keeps every live connection's handler in `Proxyserver.connections`, keyed by the client's id, and
 each handler keeps an `asyncio.StreamWriter` per connection in `transports`; every byte sent to the
-client goes through that writer's `transport.write` (mitmproxy/proxy/server.py, `server_event`).
-`ConnTracker` puts a counting wrapper on that one transport instance and samples its user-space
-buffer and the kernel's unsent queue (SIOCOUTQNSD); hopmeter.core.ledger does the arithmetic.
+client goes through that writer's `write` (mitmproxy/proxy/server.py, `server_event`), and the
+connection ends through its `close`. `ConnTracker` puts a counting wrapper on that one writer
+instance and samples its transport's user-space buffer and the kernel's unsent queue
+(SIOCOUTQNSD); hopmeter.core.ledger does the arithmetic.
+
+The writer is a plain Python object on both of `hopmeter run`'s loops, so the same wrapper follows
+asyncio's selector transports and uvloop's compiled ones. Both write to the socket at once while
+nothing waits and keep the rest in a user-space buffer (`get_write_buffer_size`); both keep the
+socket open after `close` until that buffer is flushed. asyncio's socket object reads -1 once
+closed; uvloop's keeps the number, so there the socket's inode, taken when following begins,
+tells an open socket from a later connection given the same number.
 
 The path was read in mitmproxy 10.4.2, 11.0.2, 11.1.3 and 12.3.1 and is the same in all four. It is
 private, so every step is checked: a mitmproxy whose major version was not read, a different
-registry, a writer that is not an asyncio stream (WireGuard, local and TUN modes), a transport
-without an instance dict (uvloop), or a `write` someone else already wrapped all give "not
-measured" with the reason, never a guess. The wrapper calls the real `write` first and lets nothing
-escape: mitmproxy catches an exception there and skips the rest of that event's commands.
+registry, a writer that is not an asyncio stream (WireGuard, local and TUN modes), or a `write`
+someone else already wrapped all give "not measured" with the reason, never a guess. The wrapper
+calls the real `write` first and lets nothing escape: mitmproxy catches an exception there and
+skips the rest of that event's commands.
 """
 
 from __future__ import annotations
@@ -21,12 +29,12 @@ import asyncio
 import contextlib
 import fcntl
 import math
+import os
 import socket
 import struct
 import sys
 import termios
 import time
-from asyncio.trsock import TransportSocket
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -59,8 +67,8 @@ POLL_STUCK_MAX_S = 0.008
 POLL_IDLE_MAX_S = 0.064
 
 OnFail = Callable[[str, BaseException], None]
-Sock = socket.socket | TransportSocket
-_SOCKETS = (socket.socket, TransportSocket)
+Sock = Any  # socket.socket, asyncio's TransportSocket or uvloop's PseudoSocket
+_SOCKET_TYPES = ("socket", "TransportSocket", "PseudoSocket")
 _monotonic = time.monotonic
 
 
@@ -69,8 +77,8 @@ def mitmproxy_major() -> int:
     return int(version.VERSION.split(".", 1)[0])
 
 
-def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.Transport, Sock] | str:
-    """(handler, transport, socket) of a live flow's client connection, or why not."""
+def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.StreamWriter, Sock] | str:
+    """(handler, writer, socket) of a live flow's client connection, or why not."""
     if not sys.platform.startswith("linux"):
         return f"the kernel's send queue is read with Linux ioctls, not on {sys.platform}"
     if mitmproxy_major() not in TESTED_MAJORS:
@@ -86,15 +94,19 @@ def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.Transport, Sock] | str:
     if not isinstance(writer, asyncio.StreamWriter):
         return f"the client's writer is a {type(writer).__name__}, not an asyncio stream"
     transport = writer.transport
-    if not hasattr(transport, "__dict__") or not callable(getattr(transport, "write", None)):
+    if not callable(getattr(transport, "get_write_buffer_size", None)):
         return f"the client's transport is a {type(transport).__name__}"
-    own = transport.__dict__.get("write")
+    own = writer.__dict__.get("write")
     if own is not None and not isinstance(getattr(own, "__self__", None), ConnTracker):
-        return "the client's transport.write is already wrapped by something else"
-    sock = transport.get_extra_info("socket")  # asyncio's TransportSocket around the socket
-    if not isinstance(sock, _SOCKETS) or sock.type != socket.SOCK_STREAM or sock.fileno() < 0:
+        return "the client's writer.write is already wrapped by something else"
+    sock = transport.get_extra_info("socket")
+    if (
+        type(sock).__name__ not in _SOCKET_TYPES
+        or sock.type != socket.SOCK_STREAM
+        or sock.fileno() < 0
+    ):
         return "the client's connection has no open TCP socket"
-    return handler, transport, sock  # type: ignore[return-value]
+    return handler, writer, sock
 
 
 def locate_h2(handler: Any, flow: http.HTTPFlow) -> tuple[Any, int] | str:
@@ -127,6 +139,13 @@ def locate_h2(handler: Any, flow: http.HTTPFlow) -> tuple[Any, int] | str:
     return "this flow's HTTP/2 stream was not found"
 
 
+def _inode(sock: Sock) -> int | None:
+    """The open socket's inode where its object keeps the number after closing (uvloop)."""
+    if type(sock).__name__ != "PseudoSocket":
+        return None  # socket.socket and asyncio's TransportSocket read -1 once closed
+    return os.fstat(sock.fileno()).st_ino
+
+
 def _ioctl(sock: Sock, request: int) -> int:
     value: int = _INT.unpack(fcntl.ioctl(sock.fileno(), request, _ZERO))[0]
     return value
@@ -145,23 +164,26 @@ def rwnd_limited_us(sock: Sock) -> int | None:
 
 
 class ConnTracker:
-    """One client connection: its transport's write and close wrapped, its chunks followed.
+    """One client connection: its writer's write and close wrapped, its chunks followed.
 
     `poll` is called by hopmeter.proxy.delivery.Delivery (the poller); the rest by mitmproxy.
     """
 
     def __init__(
         self,
-        transport: Any,
+        writer: asyncio.StreamWriter,
         sock: Sock,
         want: Callable[[ConnTracker, float, bool], None],
         on_fail: OnFail,
         h2conn: Any = None,
     ) -> None:
-        self.transport = transport
+        self.writer = writer
+        self.transport: Any = writer.transport
         # The socket object, never its number: asyncio closes this object (fileno() then reads
         # -1), while a remembered number may already belong to the next accepted connection.
+        # uvloop's object keeps the number: its inode says whether it is still this socket.
         self.sock = sock
+        self._ino = _inode(sock)
         self.ledger = Ledger()
         self.h2conn = h2conn
         self.handed: dict[int, int] = {}  # HTTP/2 stream id -> bytes returned by its callable
@@ -176,16 +198,16 @@ class ConnTracker:
         self.last_poll = -math.inf  # none yet
         self.queued_at_close: int | None = None
         self.rwnd_at_close_us: int | None = None
-        buf = getattr(transport, "_buffer", None)  # CPython's selector transport: a deque
+        buf = getattr(self.transport, "_buffer", None)  # CPython's selector transport: a deque
         self._buf: deque[Any] | None = buf if isinstance(buf, deque) else None
-        self._write = transport.write
-        self._close = transport.close
-        transport.write = self.write
-        transport.close = self.close
+        self._write = writer.write
+        self._close = writer.close
+        writer.write = self.write  # type: ignore[method-assign]
+        writer.close = self.close  # type: ignore[method-assign]
 
     # -- mitmproxy's calls -----------------------------------------------------------------------
     def write(self, data: Any) -> None:
-        """transport.write: the real write first, then the count; nothing escapes."""
+        """writer.write: the real write first, then the count; nothing escapes."""
         self._write(data)
         try:
             led = self.ledger
@@ -203,9 +225,9 @@ class ConnTracker:
             self.fail("counting a write", exc)
 
     def close(self) -> None:
-        """transport.close: a last look at the queues (the socket goes right after), then close."""
+        """writer.close: a last look at the queues (the socket goes once they are flushed)."""
         try:
-            if self.broken is None and self.sock.fileno() >= 0:
+            if self.broken is None and self.is_open():
                 self.poll(_monotonic())
                 self.queued_at_close = self._user_bytes() + _ioctl(self.sock, SIOCOUTQ)
                 self.rwnd_at_close_us = rwnd_limited_us(self.sock)
@@ -279,7 +301,7 @@ class ConnTracker:
         led.disarm()  # a step that armed a chunk and wrote nothing has ended by now
         if self.broken is not None:
             return False
-        if self.sock.fileno() < 0:
+        if not self.is_open():
             self.give_up("the connection closed with bytes still queued", prev)
             return False
         user = self._user_bytes()
@@ -301,12 +323,12 @@ class ConnTracker:
             self.broken = why
 
     def fail(self, where: str, exc: BaseException) -> None:
-        """A bug in following: give the transport its own write and close back, and say so.
+        """A bug in following: give the writer its own write and close back, and say so.
 
         Called from inside mitmproxy's write and close, so nothing here may raise either.
         """
         with contextlib.suppress(Exception):
-            d = self.transport.__dict__
+            d = self.writer.__dict__
             d.pop("write", None)
             d.pop("close", None)
         if self.broken is None:
@@ -315,6 +337,22 @@ class ConnTracker:
             self.ledger.give_up(self.broken, self.last_poll)
         with contextlib.suppress(Exception):
             self.on_fail("delivery", exc)
+
+    def is_open(self) -> bool:
+        """Whether the socket followed is still open (and still this connection's)."""
+        fd = self.sock.fileno()
+        if fd < 0:
+            return False
+        if self._ino is None:
+            return True
+        try:
+            return os.fstat(fd).st_ino == self._ino
+        except OSError:
+            return False
+
+    def rwnd_limited_us(self) -> int | None:
+        """The connection's TCP_INFO rwnd-limited time now, or at its close."""
+        return rwnd_limited_us(self.sock) if self.is_open() else self.rwnd_at_close_us
 
     def _user_bytes(self) -> int:
         buf = self._buf

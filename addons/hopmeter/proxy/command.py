@@ -20,7 +20,7 @@ from hopmeter.proxy.config import (
     parse_listener,
 )
 from hopmeter.proxy.listen import tune_listeners
-from hopmeter.proxy.loops import loop_factory
+from hopmeter.proxy.loops import default_loop, loop_factory
 from hopmeter.proxy.workers import run_workers
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -150,9 +150,9 @@ def add_parser(sub: Any) -> None:
         "--loop",
         type=EventLoop,
         choices=list(EventLoop),
-        default=EventLoop.ASYNCIO,
-        help="the event loop: asyncio (default) or uvloop (less CPU per event, needs the uvloop "
-        "package; the client delivery lane is not measured on it)",
+        default=default_loop(),
+        help="the event loop: uvloop (the default where it is installed: less CPU per event) or "
+        "asyncio (the standard library's)",
     )
     p.add_argument(
         "--set",

@@ -35,7 +35,6 @@ from hopmeter.proxy.client_conn import (
     OnFail,
     locate,
     locate_h2,
-    rwnd_limited_us,
 )
 
 # After a flow ends, its record waits at most this long for the client to take the last bytes; a
@@ -173,7 +172,7 @@ class FlowOut:
         steps, lags = log.window(self.mono_start, end)
         rwnd_s = None
         if self.rwnd0_us is not None:
-            last = rwnd_limited_us(conn.sock) if conn.sock.fileno() >= 0 else conn.rwnd_at_close_us
+            last = conn.rwnd_limited_us()
             if last is not None:
                 rwnd_s = max(0, last - self.rwnd0_us) / 1e6
         switches = None if self.nivcsw0 is None else _involuntary_switches() - self.nivcsw0
@@ -227,17 +226,17 @@ class Delivery:
         found = locate(flow)
         if isinstance(found, str):
             return found
-        handler, transport, sock = found
+        handler, writer, sock = found
         key = flow.client_conn.id
         tracker = self.trackers.get(key)
-        if tracker is None or tracker.transport is not transport:
+        if tracker is None or tracker.writer is not writer:
             h2conn = None
             if flow.client_conn.alpn == b"h2":
                 h2 = locate_h2(handler, flow)
                 if isinstance(h2, str):
                     return h2
                 h2conn = h2[0]
-            tracker = ConnTracker(transport, sock, self.want, self.on_error, h2conn)
+            tracker = ConnTracker(writer, sock, self.want, self.on_error, h2conn)
             self._keep(key, tracker)
         if tracker.broken is not None:
             return tracker.broken
@@ -246,7 +245,7 @@ class Delivery:
             if isinstance(h2, str):
                 return h2
             out.sid = h2[1]
-        out.rwnd0_us = rwnd_limited_us(sock)
+        out.rwnd0_us = tracker.rwnd_limited_us()
         out.nivcsw0 = _involuntary_switches()
         out.conn = tracker
         tracker.outs.append(out)

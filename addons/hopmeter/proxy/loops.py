@@ -1,21 +1,27 @@
-"""The event loop `hopmeter run` runs on: asyncio's own, or uvloop's (`--loop`).
+"""The event loop `hopmeter run` runs on: uvloop's where it is installed, else asyncio's (`--loop`).
 
-uvloop (libuv, a well-kept library) spends ~18% fewer CPU instructions per streamed event than
-asyncio's selector loop under mitmproxy (callgrind, bench/README.md "cost"). Its transports are
-compiled types without an instance dict, so hopmeter cannot follow the bytes written to the
-client there (hopmeter.proxy.client_conn): under uvloop every record's delivery lane says "not
-measured" with that reason. Everything else a record says is the same on both loops. asyncio
-stays the default for that reason.
+uvloop (libuv, a well-kept library; a dependency on Linux and macOS) spends ~18-25% fewer CPU
+instructions per streamed event than asyncio's selector loop under mitmproxy (callgrind,
+bench/README.md "cost"), so it is the default where it is installed. Everything a record says is
+the same on both loops, the client delivery lane included: hopmeter follows the client's bytes
+through mitmproxy's `asyncio.StreamWriter`, which both loops use (hopmeter.proxy.client_conn).
+Windows has no uvloop: there, and with `--loop asyncio`, the standard library's loop runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 from collections.abc import Callable
 
 from hopmeter.core.vocab import EventLoop
 from hopmeter.errors import UsageError
+
+
+def default_loop() -> EventLoop:
+    """uvloop where it is installed, else asyncio."""
+    return EventLoop.UVLOOP if importlib.util.find_spec("uvloop") is not None else EventLoop.ASYNCIO
 
 
 def loop_factory(loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -26,8 +32,8 @@ def loop_factory(loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | N
         uvloop = importlib.import_module("uvloop")
     except ImportError:
         raise UsageError(
-            "--loop uvloop: uvloop is not installed; pip install 'hopmeter[fast]' (Linux and "
-            "macOS), or run on --loop asyncio"
+            "--loop uvloop: uvloop is not installed; pip install uvloop (Linux and macOS), or "
+            "run on --loop asyncio"
         ) from None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
