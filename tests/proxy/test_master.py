@@ -23,12 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mitmproxy import addonmanager, certs, exceptions, hooks, options
+from mitmproxy import addonmanager, certs, exceptions, hooks, options, optmanager
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.test import taddons
 from mitmproxy.tools.dump import DumpMaster
 
-from hopmeter.proxy.master import INERT_UNLESS_SET, LeanAddonManager, LeanMaster, addon_name
+from hopmeter.proxy.master import (
+    IMMUTABLE_VALUES,
+    INERT_UNLESS_SET,
+    LeanAddonManager,
+    LeanMaster,
+    LeanOptions,
+    addon_name,
+)
 
 START_TIMEOUT_S = 20.0
 
@@ -103,10 +110,10 @@ def tls_echo(confdir: Path) -> Iterator[int]:
 
 
 def make_master(kind: str) -> Any:
-    opts = options.Options()
+    """mitmdump's master ("dump") or `hopmeter run`'s (LeanMaster with LeanOptions)."""
     if kind == "dump":
-        return DumpMaster(opts, with_termlog=True, with_dumper=False)
-    return LeanMaster(opts)
+        return DumpMaster(options.Options(), with_termlog=True, with_dumper=False)
+    return LeanMaster(LeanOptions())
 
 
 async def wait_listening(master: Any, task: asyncio.Task[None]) -> None:
@@ -475,3 +482,60 @@ def test_hooks_reach_the_same_addons_in_the_same_order() -> None:
         "c.requestheaders",
         "a.requestheaders",
     ]
+
+
+# A value of every kind the options hold, set where the default would not show it (None, a
+# list, a changed bool and number), and the mutable kinds mitmproxy must still copy.
+SETS = [
+    "stream_large_bodies=1m",
+    "keep_host_header=true",
+    "tcp_timeout=7",
+    "modify_headers=/~q/x/y",
+    "allow_hosts=a.example",
+]
+
+
+def test_options_read_the_same_as_mitmproxys_without_copying_immutable_values() -> None:
+    """Every option of a full master reads equal through LeanOptions and mitmproxy's Options, set
+    or not; a bool, number, string or None comes back as the very object kept (no copy), a list
+    as a copy the caller may change without changing the option."""
+
+    async def both() -> tuple[Any, Any]:
+        dump, lean = make_master("dump"), make_master("lean")
+        for m in (dump, lean):
+            m.options.set(*SETS)
+            await m.done()
+        return dump.options, lean.options
+
+    plain, lean = asyncio.run(both())
+    names = sorted(plain.keys())
+    assert names == sorted(lean.keys()) and len(names) > 80
+    assert {n: getattr(plain, n) for n in names} == {n: getattr(lean, n) for n in names}
+    kinds = {type(getattr(lean, n)) for n in names}
+    assert {bool, int, str, type(None), list} <= kinds  # every kind above was read
+    for name in names:
+        kept = lean._options[name].value
+        if kept is optmanager.unset:
+            kept = lean._options[name]._default
+        if type(kept) in IMMUTABLE_VALUES:
+            assert getattr(lean, name) is kept, name
+    hosts = lean.allow_hosts
+    hosts.append("b.example")
+    assert lean.allow_hosts == ["a.example"] and hosts is not lean.allow_hosts
+    with pytest.raises(AttributeError, match="No such option: nope"):
+        lean.nope  # noqa: B018 - the read is the test
+
+
+def test_reading_an_immutable_option_makes_no_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bool (as `store_streamed_bodies`, read by mitmproxy for every streamed chunk), a string
+    or None costs no deep copy (mitmproxy's read makes two); a list still gets its two."""
+    copies: list[Any] = []
+    real = optmanager.copy.deepcopy
+    monkeypatch.setattr(optmanager.copy, "deepcopy", lambda v, *a: copies.append(v) or real(v, *a))
+    plain, lean = options.Options(), LeanOptions()
+    assert plain.ssl_insecure is False and len(copies) == 2
+    copies.clear()
+    assert lean.ssl_insecure is False and lean.listen_port is None
+    assert lean.confdir == plain.confdir  # the plain read's two copies are counted too
+    assert lean.mode == ["regular"]
+    assert len(copies) == 4  # the plain confdir's two and the list's (`mode`) two

@@ -338,28 +338,39 @@ class FlowMeter:
             facts.first_event_s = t
         if incomplete_utf8:
             facts.events_incomplete_utf8 += 1
-        if delta.model and facts.model is None:
-            facts.model = delta.model
-        if (
-            delta.output_tokens_total is not None
-            or delta.input_tokens_total is not None
-            or delta.reasoning_tokens_total is not None
-        ):
+        # one unpacking instead of a field read each (this runs for every event)
+        (
+            content,
+            reasoning,
+            tool_args,
+            stream_tokens,
+            token_ids,
+            out_total,
+            in_total,
+            reasoning_total,
+            model,
+            terminal,
+            error,
+            ids_visible,
+        ) = delta
+        if model and facts.model is None:
+            facts.model = model
+        if out_total is not None or in_total is not None or reasoning_total is not None:
             self._on_usage(delta)
-        if delta.reasoning:
-            facts.reasoning_chars += len(delta.reasoning)
-        if delta.terminal:
+        if reasoning:
+            facts.reasoning_chars += len(reasoning)
+        if terminal:
             facts.terminal_seen = True
-        if delta.error:
-            facts.errors.append(delta.error[:200])
-        text = delta.content + delta.reasoning + delta.tool_args
-        if text or delta.visible:
+        if error:
+            facts.errors.append(error[:200])
+        text = content + reasoning + tool_args if reasoning or tool_args else content
+        if text or (ids_visible and token_ids):  # Delta.visible
             if facts.first_visible_s is None:
                 facts.first_visible_s = t
-            if (delta.content or delta.ids_visible) and facts.first_content_s is None:
+            if (content or ids_visible) and facts.first_content_s is None:
                 facts.first_content_s = t
             # a token-ID stream has no text: its offset advances one per id
-            self._visible_chars += len(text) or len(delta.token_ids or ())
+            self._visible_chars += len(text) or len(token_ids or ())
             if text.isascii():
                 facts.payload_bytes += len(text)
             else:
@@ -380,9 +391,9 @@ class FlowMeter:
         if len(recent) >= TEXT_BLOCK_EVENTS:
             self._fold_text()
         marks.t_s.append(t)
-        ids = delta.stream_tokens
-        if ids is None and delta.token_ids is not None:
-            ids = len(delta.token_ids)
+        ids = stream_tokens
+        if ids is None and token_ids is not None:
+            ids = len(token_ids)
         marks.stream_tokens.append(-1 if ids is None else ids)
         marks.content_offset.append(self._visible_chars)
 

@@ -14,6 +14,11 @@ for per-flow hooks until one of those options is set; they still get every lifec
 (load, configure, running, done) and keep their commands. With `scripts` set nothing is skipped:
 a script may reach any addon through its commands.
 
+`LeanOptions` reads a bool, number, string or None option without the two deep copies mitmproxy's
+`OptManager.__getattr__` makes of every value it returns: mitmproxy reads `store_streamed_bodies`
+for every chunk of a streamed body, and the copies were ~2% of the proxy's CPU per event (perf).
+A copy of such a value is the value itself, so every read returns what it returned before.
+
 `mitmdump -s "$(hopmeter --addon-path)"` keeps the user's own master: none of this applies there.
 """
 
@@ -25,7 +30,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from mitmproxy import addonmanager, command, ctx, exceptions, hooks, master, options
+from mitmproxy import addonmanager, command, ctx, exceptions, hooks, master, options, optmanager
 from mitmproxy import addons as mitm_addons
 from mitmproxy import log as mitmlog
 from mitmproxy.addons import errorcheck, keepserving, readfile, termlog
@@ -53,6 +58,29 @@ INERT_UNLESS_SET: dict[str, tuple[str, ...]] = {
 # Hooks every addon gets, skipped or not: once per process, and what keeps an addon ready for an
 # option set later (configure) or lets it clean up (done).
 LIFECYCLE = frozenset({"load", "configure", "running", "done"})
+
+
+# Option values a deep copy returns unchanged (the same object): LeanOptions returns them as kept.
+IMMUTABLE_VALUES = frozenset({bool, int, float, str, bytes, type(None)})
+
+
+class LeanOptions(options.Options):
+    """mitmproxy's Options; reading an option whose value is immutable skips the deep copies.
+
+    `_Option.current()` deep-copies the default (its `default` property) and then the value; for
+    the types in IMMUTABLE_VALUES both copies are the object itself. Lists, tuples and anything
+    else still go through mitmproxy's own read, as do unknown names (its AttributeError).
+    """
+
+    def __getattr__(self, attr: str) -> Any:
+        opt = self.__dict__.get("_options", {}).get(attr)
+        if opt is not None:
+            value = opt.value
+            if value is optmanager.unset:
+                value = opt._default
+            if type(value) in IMMUTABLE_VALUES:
+                return value
+        return super().__getattr__(attr)
 
 
 def addon_name(addon: Any) -> str:

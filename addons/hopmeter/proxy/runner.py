@@ -10,7 +10,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mitmproxy import exceptions, options
+from mitmproxy import exceptions
 from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
@@ -19,7 +19,7 @@ from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
-from hopmeter.proxy.master import LeanMaster
+from hopmeter.proxy.master import LeanMaster, LeanOptions
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.ui import HopView
@@ -70,7 +70,7 @@ async def run_proxy(
     The first signal drains (hopmeter.proxy.drain): no new connections, the flows in flight
     finish within the drain timeout; a second one stops at once.
     """
-    opts = options.Options()
+    opts = LeanOptions()  # reads of immutable option values without deep copies
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
     master = LeanMaster(opts)
     addons = default_addons()
