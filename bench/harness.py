@@ -102,6 +102,7 @@ def measured_load(topo: Topology, load: Load, upstream_pid: int) -> dict[str, An
     waited = wait_quiet([*pids, upstream_pid])
     idle_rss = procs.rss_kib(pids)
     cpu0, up0, busy0 = procs.cpu_s(pids), procs.cpu_s([upstream_pid]), procs.machine_busy_s()
+    wake0 = procs.wakeups(pids)
     self0 = sum(os.times()[:2])
     samples: list[tuple[float, int]] = []
     t0 = time.monotonic()
@@ -116,6 +117,7 @@ def measured_load(topo: Topology, load: Load, upstream_pid: int) -> dict[str, An
         time.sleep(0.1)
     elapsed = time.monotonic() - t0
     cpu = procs.cpu_s(pids) - cpu0
+    woke = procs.wakeups(pids) - wake0
     generator = procs.cpu_s([upstream_pid]) - up0 + usage.ru_utime + usage.ru_stime
     harness = sum(os.times()[:2]) - self0
     background = procs.machine_busy_s() - busy0 - cpu - generator - harness
@@ -137,4 +139,5 @@ def measured_load(topo: Topology, load: Load, upstream_pid: int) -> dict[str, An
         result["proxy_cores"] = round(cpu / elapsed, 3)
         events = result["events_received"]
         result["cpu_us_per_event"] = round(cpu / events * 1e6, 1) if events else None
+        result["wakeups_per_event"] = round(woke / events, 3) if events else None
     return result

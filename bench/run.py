@@ -115,7 +115,10 @@ def run_matrix(
                     tries = attempts(cls, up, load, logdir)
                     r = min(tries, key=lambda r: float(r["background_cores"]))
                     rounds[cls.name].append(r)
-                    log(f"  delay p50/p99/max {fmt_delay(r)} cpu/event {r.get('cpu_us_per_event')}")
+                    log(
+                        f"  delay p50/p99/max {fmt_delay(r)} cpu/event {r.get('cpu_us_per_event')}"
+                        f" wake-ups/event {r.get('wakeups_per_event')}"
+                    )
             for cls in topos:
                 rows.append({"topology": cls.name, **median_round(rounds[cls.name])})
                 save()
@@ -130,7 +133,11 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     ranked = sorted(rounds, key=lambda r: r.get("cpu_us_per_event") or math.inf)
     row = dict(ranked[(len(ranked) - 1) // 2])
     row["rounds"] = [
-        {"cpu_us_per_event": r.get("cpu_us_per_event"), "p99_ms": r["delay_ms"]["p99"]}
+        {
+            "cpu_us_per_event": r.get("cpu_us_per_event"),
+            "wakeups_per_event": r.get("wakeups_per_event"),
+            "p99_ms": r["delay_ms"]["p99"],
+        }
         for r in rounds
     ]
     p99s = sorted(r["delay_ms"]["p99"] or math.inf for r in rounds)

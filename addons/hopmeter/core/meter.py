@@ -34,8 +34,9 @@ MAX_EVENTS = 8192
 # character count: 256 KiB is ~64,000 tokens of English, longer than any model's reply limit.
 MAX_TEXT_CHARS = 256 * 1024
 # The kept text is joined into one string every this many events: a str per event costs ~50 bytes
-# beyond its characters, ~200 KiB held until the end of a 4,000-token reply.
-TEXT_BLOCK_EVENTS = 256
+# beyond its characters (~200 KiB held until the end of a 4,000-token reply, were none joined);
+# 32 keeps at most ~1.6 KiB of them per open stream (256 kept up to ~12 KiB, tracemalloc).
+TEXT_BLOCK_EVENTS = 32
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
 # Chunks in a row the plain chat path may read and decline before a flow stops trying it (its

@@ -200,6 +200,7 @@ class ConnTracker:
         self.rwnd_at_close_us: int | None = None
         buf = getattr(self.transport, "_buffer", None)  # CPython's selector transport: a deque
         self._buf: deque[Any] | None = buf if isinstance(buf, deque) else None
+        self._buffered_bytes: Callable[[], int] = self.transport.get_write_buffer_size
         self._write = writer.write
         self._close = writer.close
         writer.write = self.write  # type: ignore[method-assign]
@@ -216,7 +217,7 @@ class ConnTracker:
             else:
                 now = _monotonic()
                 buf = self._buf
-                buffered = bool(buf) if buf is not None else self._user_bytes() > 0
+                buffered = bool(buf) if buf is not None else self._buffered_bytes() > 0
                 if led.wrote(len(data), now, buffered) and (buffered or not self.active):
                     self.want(self, now, buffered)  # a look soon; already due otherwise
             if led.held:
@@ -343,8 +344,8 @@ class ConnTracker:
         fd = self.sock.fileno()
         if fd < 0:
             return False
-        if self._ino is None:
-            return True
+        if self._ino is None or not self.transport.is_closing():
+            return True  # uvloop closes the socket only after its transport is closing
         try:
             return os.fstat(fd).st_ino == self._ino
         except OSError:
@@ -358,8 +359,7 @@ class ConnTracker:
         buf = self._buf
         if buf is not None and not buf:
             return 0
-        size: int = self.transport.get_write_buffer_size()
-        return size
+        return self._buffered_bytes()
 
 
 def _stream_reset(h2conn: Any, sid: int) -> bool:

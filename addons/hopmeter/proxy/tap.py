@@ -39,7 +39,7 @@ REQUEST_SNIFF_BYTES = 64 * 1024
 MEASURE_DELAY_S = 0.001
 # A flow's chunks that reached the client are packed from lists into arrays (core.ledger.
 # FlowChunks) once this many are on their way: the measuring step does it, not the callable.
-PACK_AFTER_CHUNKS = 64
+PACK_AFTER_CHUNKS = 16
 
 # Called with where a measuring step failed and the exception; must never raise.
 OnError = Callable[[str, BaseException], None]
