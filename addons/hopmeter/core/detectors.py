@@ -280,20 +280,19 @@ def _two_means_log(gaps: Sequence[float]) -> tuple[list[float], list[float]] | N
     """
     if len(gaps) < 4:
         return None
-    xs = sorted(math.log(max(g, _LOG_FLOOR_S)) for g in gaps)
+    floor = _LOG_FLOOR_S
+    xs = sorted([math.log(g if g > floor else floor) for g in gaps])
     n = len(xs)
-    prefix = [0.0]
-    prefix_sq = [0.0]
-    for x in xs:
-        prefix.append(prefix[-1] + x)
-        prefix_sq.append(prefix_sq[-1] + x * x)
+    # running sums, added in the same order as a loop would: the same floats
+    prefix = list(itertools.accumulate(xs, initial=0.0))
+    prefix_sq = list(itertools.accumulate([x * x for x in xs], initial=0.0))
+    total, total_sq = prefix[n], prefix_sq[n]
     best, best_i = math.inf, -1
     for i in range(1, n):
-        lo_n, hi_n = i, n - i
-        lo_s, hi_s = prefix[i], prefix[n] - prefix[i]
-        sse = (prefix_sq[i] - lo_s * lo_s / lo_n) + (
-            prefix_sq[n] - prefix_sq[i] - hi_s * hi_s / hi_n
-        )
+        lo_s = prefix[i]
+        hi_s = total - lo_s
+        sq = prefix_sq[i]
+        sse = (sq - lo_s * lo_s / i) + (total_sq - sq - hi_s * hi_s / (n - i))
         if sse < best:
             best, best_i = sse, i
     return xs[:best_i], xs[best_i:]

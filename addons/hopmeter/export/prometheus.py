@@ -385,7 +385,9 @@ class Metrics:
         if wait is not None:
             self._child(self.client_wait, labels).observe(wait, exemplar)
         if own_holds:
-            values = [(v, k) for v, k in own_holds if _num(v) is not None and k > 0]
+            # floats from core.delivery.summarize, one per chunk: compared inline (`_num` per
+            # chunk was a call each); NaN and negatives are dropped as `_num` drops them
+            values = [(v, k) for v, k in own_holds if k > 0 and v >= 0]
             self.own_hold.observe(labels, values, exemplar)
 
     def _observe_pairing(self, hop: str, pairing: object, exemplar: dict[str, str] | None) -> None:
