@@ -167,16 +167,15 @@ def cpu_s(pids: list[int]) -> float:
 def wakeups(pids: list[int]) -> int:
     """Voluntary context switches of these processes' threads: each time one went to sleep (its
     event loop waiting for a socket or a timer) and was woken again. A wake-up costs the kernel
-    and the loop more than a little Python does, so this explains CPU per event at light loads."""
+    and the loop more than a little Python does: this tells a proxy whose timers wake it more
+    often apart from one that does more work per event."""
     total = 0
     for pid in pids:
         with contextlib.suppress(OSError):
             for task in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            total += int(line.split()[1])
-                            break
+                total += _status_value(
+                    f"/proc/{pid}/task/{task}/status", "voluntary_ctxt_switches:"
+                )
     return total
 
 
@@ -191,14 +190,16 @@ def machine_busy_s() -> float:
 
 def rss_kib(pids: list[int]) -> int:
     """VmRSS of these processes, KiB."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-                    break
-    return total
+    return sum(_status_value(f"/proc/{pid}/status", "VmRSS:") for pid in pids)
+
+
+def _status_value(path: str, key: str) -> int:
+    """The number after `key` in a /proc status file (0 when the process or thread is gone)."""
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    return 0
 
 
 # -- the upstream --------------------------------------------------------------------------------
