@@ -1,19 +1,25 @@
-"""What tests share across files: the LiteLLM gateways, each started at most once per session.
+"""What tests share across files, each made at most once per session, by the first test that
+asks: the LiteLLM gateways, and records from real runs for the report tests.
 
 LiteLLM costs 13-60 s to start (tests/harness/litellm.py), so the session starts each config
-once, the first time a test asks for it, in front of one `hopmeter upstream`: as shipped
-(`litellm_gateway`), and forwarding traceparent (`litellm_traced_gateway`, gateway pairing only).
+once, in front of one `hopmeter upstream`: as shipped (`litellm_gateway`), and forwarding
+traceparent (`litellm_traced_gateway`, gateway pairing only). The records (`demo_path`,
+`held_path`, `streaming_path`) take a real proxy run each (~5 s); the report's unit tests and its
+render in Chromium read the same files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.harness import litellm
 from tests.harness.litellm import Gateway, LiteLLM, Route, via_routes
+from tests.harness.nginx import available
 from tests.harness.procs import free_port, hopmeter
+from tests.report.records import EMOJI_CRLF, HELD, STALLED, demo_records, two_hop_records
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +54,25 @@ def litellm_traced_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         LiteLLM(tmp, routes, forward_traceparent=True, name="litellm-traced") as gateway,
     ):
         yield Gateway(gateway, up, via)
+
+
+@pytest.fixture(scope="session")
+def demo_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`hopmeter demo` records: seven single-hop flows, clean, stalled, gzip, not streamed..."""
+    return demo_records(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
+def held_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two hops around an nginx that gzips and buffers: a held reply and a stalled one."""
+    if not available():
+        pytest.skip("nginx is not installed")
+    return two_hop_records(tmp_path_factory.mktemp("held"), "gzip_hold", (HELD, STALLED))
+
+
+@pytest.fixture(scope="session")
+def streaming_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two hops around a streaming nginx: a clean reply and one with emoji and CRLF."""
+    if not available():
+        pytest.skip("nginx is not installed")
+    return two_hop_records(tmp_path_factory.mktemp("streaming"), "streaming", (HELD, EMOJI_CRLF))

@@ -18,7 +18,6 @@ from hopmeter.export.records import read_records
 from hopmeter.report import command as report
 from tests.harness import chromium, nginx
 from tests.harness.chromium import Chromium
-from tests.report.records import EMOJI_CRLF, HELD, STALLED, demo_records, two_hop_records
 
 pytestmark = [
     pytest.mark.integration,
@@ -41,12 +40,13 @@ SECTIONS_JS = """[...document.querySelectorAll('section.trace')].map(s => ({
 
 
 @pytest.fixture(scope="module")
-def page_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The report of real records, plus one whose strings carry markup, written as HTML."""
+def page_path(
+    tmp_path_factory: pytest.TempPathFactory, held_path: Path, streaming_path: Path, demo_path: Path
+) -> Path:
+    """The report of real records (the session's, tests/conftest.py), plus one whose strings carry
+    markup, written as HTML."""
     tmp = tmp_path_factory.mktemp("report")
-    held = two_hop_records(tmp, "gzip_hold", (HELD, STALLED))
-    streaming = two_hop_records(tmp, "streaming", (EMOJI_CRLF,))
-    demo = demo_records(tmp)
+    held, streaming, demo = held_path, streaming_path, demo_path
     rec = next(iter(read_records([str(demo)])))
     rec.update(model='<script>console.error("escaped?")</script>', trace_id="hostile")
     hostile = tmp / "hostile.jsonl"
@@ -74,14 +74,14 @@ def test_report_renders_lanes_and_findings_without_errors(page_path: Path, tmp_p
     shutil.copy(tmp_path / "report-held.png", TEST_OUTPUT / "report-held.png")
     assert errors == []
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-    assert len(sections) == 3 + 7 + 1  # three two-hop traces, the demo's seven, the hostile one
+    assert len(sections) == 4 + 7 + 1  # four two-hop traces, the demo's seven, the hostile one
     for s in sections:
         assert len(s["lanes"]) == s["hops"] and s["bands"] == s["hops"] - 1
         assert all(lane["height"] > 20 for lane in s["lanes"])
         assert s["svgWidth"] > 500
         assert all(f["visible"] and "Fix: " in f["text"] for f in s["findings"])
     two_hop = [s for s in sections if s["hops"] == 2]
-    assert len(two_hop) == 3
+    assert len(two_hop) == 4
     assert all([lane["hop"] for lane in s["lanes"]] == ["origin", "edge"] for s in two_hop)
     held = two_hop[0]["findings"]
     assert {"whole_body_hold", "compression_on_stream"} <= {f["kind"] for f in held}
