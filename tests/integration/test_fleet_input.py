@@ -148,7 +148,13 @@ def _flood(join: JoinServe, salt: int, ended: int) -> float:
 
 def test_a_flood_of_one_sided_traces_is_bounded_by_the_window(tmp_path: Path) -> None:
     """100,000 one-sided traces fill the window and leave it, each counted one-sided; a second
-    flood as large grows the service's memory by no more than a sliver of the first."""
+    flood as large grows the service's memory by much less than the first did.
+
+    A service that kept the first flood's traces would grow by as much again (37-50 MiB here). One
+    that lets them go still reaches a new high-water mark when the second flood's window holds more
+    traces at its peak than the first's did, which depends on how the process was scheduled: 2-4
+    MiB usually, 13 MiB once (after a first flood that grew 37). A third of the first growth tells
+    the two apart."""
     with join_serve(tmp_path, window_s=1.0) as join:
         before = rss_mib(join.proc.popen.pid)
         first = _flood(join, 1, FLOOD_TRACES)
@@ -157,4 +163,4 @@ def test_a_flood_of_one_sided_traces_is_bounded_by_the_window(tmp_path: Path) ->
     assert metrics['hopmeter_join_spans_total{outcome="accepted"}'] == 2 * FLOOD_TRACES
     assert metrics["hopmeter_join_window_events{}"] == 0
     grown = first - before
-    assert second - first <= 0.1 * grown + 4, (before, first, second)
+    assert second - first <= grown / 3 + 4, (before, first, second)
