@@ -20,6 +20,9 @@ from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow
 
+from hopmeter.core.vocab import EventLoop
+from hopmeter.proxy.loops import loop_factory
+
 
 @dataclass
 class Live:
@@ -58,13 +61,8 @@ async def live_client(rcvbuf: int = 0, *addons: Any) -> AsyncIterator[Live]:
 
 
 def run(test: Callable[[], Coroutine[Any, Any, None]], loop: str = "asyncio") -> None:
-    """Run an async test on a fresh loop: asyncio's own, or uvloop's."""
-    factory = None
-    if loop == "uvloop":
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    asyncio.run(test(), loop_factory=factory)
+    """Run an async test on a fresh loop of the kind `hopmeter run --loop LOOP` makes."""
+    asyncio.run(test(), loop_factory=loop_factory(EventLoop(loop)))
 
 
 def flow_of(live: Live) -> http.HTTPFlow:

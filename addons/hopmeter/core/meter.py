@@ -365,7 +365,7 @@ class FlowMeter:
         if error:
             facts.errors.append(error[:200])
         text = content + reasoning + tool_args if reasoning or tool_args else content
-        if text or (ids_visible and token_ids):  # Delta.visible
+        if text or delta.visible:
             if facts.first_visible_s is None:
                 facts.first_visible_s = t
             if (content or ids_visible) and facts.first_content_s is None:
