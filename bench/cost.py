@@ -71,7 +71,7 @@ def ratios(out: dict[str, Any], name: str) -> list[dict[str, Any]]:
                 "cpu_ratio": round(cpu / bare_cpu, 3) if cpu and bare_cpu else None,
                 "p99_ms": [round(p99, 3), round(bare_p99, 3)],
                 "p99_ratio": round(p99 / bare_p99, 3) if p99 and bare_p99 else None,
-                # what explains CPU per event at light loads (bench/procs.py `wakeups`)
+                # whether timers woke the proxy more often than bare (bench/procs.py `wakeups`)
                 "wakeups": [r.get("wakeups_per_event"), bare.get("wakeups_per_event")],
             }
         )
