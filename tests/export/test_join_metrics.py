@@ -23,6 +23,7 @@ def test_each_scrape_reads_the_counts_of_that_moment() -> None:
             out_of_order=1,
             window_traces=4,
             window_events=400,
+            window_tombstones=7,
         )
 
     JoinMetrics(registry, snapshot)
@@ -43,5 +44,6 @@ def test_each_scrape_reads_the_counts_of_that_moment() -> None:
     assert first["hopmeter_join_out_of_order_spans_total", ()] == 1
     assert first["hopmeter_join_window_traces", ()] == 4
     assert first["hopmeter_join_window_events", ()] == 400
+    assert first["hopmeter_join_window_tombstones", ()] == 7
     counts["accepted"] = 5
     assert scrape()["hopmeter_join_spans_total", (("outcome", "accepted"),)] == 5

@@ -27,6 +27,7 @@ class JoinCounts:
     out_of_order: int
     window_traces: int
     window_events: int
+    window_tombstones: int = 0  # ids of ended traces remembered, so late spans count late
 
 
 class JoinMetrics:
@@ -79,6 +80,12 @@ class JoinMetrics:
             "hopmeter_join_window_events",
             "Timeline events held in the window now.",
             counts.window_events,
+        )
+        yield GaugeMetricFamily(
+            "hopmeter_join_window_tombstones",
+            "Ids of traces that left the window, remembered one more window so that a span "
+            "arriving after its trace is counted late.",
+            counts.window_tombstones,
         )
 
 

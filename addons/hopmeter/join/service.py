@@ -146,6 +146,7 @@ class JoinService:
             out_of_order=window.out_of_order,
             window_traces=window.held_traces,
             window_events=window.held_events,
+            window_tombstones=window.held_tombstones,
         )
 
     def _internal_error(self, where: str, exc: Exception) -> None:
