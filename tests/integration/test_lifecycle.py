@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.harness.otlp import rss_mib
 from tests.harness.procs import demo_path, read_records, wait_for
 
 pytestmark = pytest.mark.integration
@@ -77,3 +78,30 @@ def test_unwritable_records_file_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert f"cannot write records to {locked / 'r.jsonl'}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["default", "lazy"])
+def test_the_vocabulary_is_loaded_before_the_listener_opens(tmp_path: Path, lazy: bool) -> None:
+    """By default `hopmeter run` loads the tokenizer's vocabulary (~47 MiB) before its listener
+    accepts a connection, so no early request waits for it; with `--lazy-tokenizer` it idles
+    without it and loads it for the first flow. Both count that flow's tokens alike."""
+    with demo_path(tmp_path, *(("--lazy-tokenizer",) if lazy else ())) as path:
+        pid = path.proxy.popen.pid
+        idle = rss_mib(pid)  # the listener accepts connections from here on
+        httpx.post(
+            f"{path.url}/v1/chat/completions",
+            json={"stream": True},
+            headers={"x-hopmeter-scenario": "tokens=40;usage=off"},
+        )
+        (rec,) = read_records(path.records, 1)
+        grown = rss_mib(pid) - idle
+    figures = rec["figures"]
+    assert (figures["tokens_source"], figures["tokens_counted"], figures["tokens"]) == (
+        "tokenizer",
+        40,
+        40,
+    )
+    if lazy:
+        assert grown > 30, (idle, grown)
+    else:
+        assert grown < 20, (idle, grown)

@@ -192,6 +192,10 @@ class HopMeter:
                 )
 
     def running(self) -> None:
+        self.preload()  # `hopmeter run` did it before its listeners opened; mitmdump -s: now
+
+    def preload(self) -> None:
+        """Load the default vocabulary now, unless it is to be loaded at the first flow."""
         if self.counter is not None and self.tokenizer_load is None:
             self.counter.preload()
 

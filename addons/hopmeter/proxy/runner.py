@@ -123,6 +123,9 @@ async def run_proxy(
         on_master(master)
     if before is not None:
         await before()
+    # the vocabulary before the listeners open (mitmproxy opens them before its `running` hook),
+    # so that no request that comes early waits for it
+    meter.preload()
     await master.run()
     # asyncio.run cancels the connection tasks still open at exit; on Python 3.12 the stream
     # protocol then reports each cancellation as an error. They are not errors: stay quiet.

@@ -302,8 +302,8 @@ class Counters:
         return counter
 
     def preload(self) -> None:
-        """Load the default encoding now (~0.3 s) (`hopmeter run` loads it at the first flow
-        instead, in a thread: hopmeter.proxy.tokenizer_load)."""
+        """Load the default encoding now (~0.3 s) (with `--lazy-tokenizer` it is loaded at the
+        first flow instead, in a thread: hopmeter.proxy.tokenizer_load)."""
         self.for_model(None)
 
 
