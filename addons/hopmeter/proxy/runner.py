@@ -14,6 +14,7 @@ from mitmproxy import exceptions
 from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
+from hopmeter.proxy import backpressure
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
@@ -70,6 +71,7 @@ async def run_proxy(
     The first signal drains (hopmeter.proxy.drain): no new connections, the flows in flight
     finish within the drain timeout; a second one stops at once.
     """
+    backpressure.install()  # mitmproxy's per-read drain step only when a writer could need it
     opts = LeanOptions()  # reads of immutable option values without deep copies
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
     master = LeanMaster(opts)

@@ -1,0 +1,68 @@
+"""`hopmeter run`'s shortcut through mitmproxy's backpressure step, taken after every read.
+
+After each read, mitmproxy's `ConnectionHandler` awaits `drain_writers()`: under a lock it awaits
+`StreamWriter.drain()` on every connection of the client's context, so that it reads no more
+while a peer cannot take what was written. Nearly always no writer is paused and every drain
+returns at once; the lock and the awaits still cost 10-13 kIr per streamed event, ~3% of
+`hopmeter run`'s instructions (bench/README.md, callgrind). `install()` puts a method in front
+of mitmproxy's that first asks, without awaiting, whether any drain could wait or raise, by the
+conditions `StreamWriter.drain` checks itself (the reader's exception, a closing transport, a
+lost or paused protocol); only then, or while another drain holds the lock, or for a writer that
+is not an asyncio StreamWriter (mitmproxy_rs streams), does mitmproxy's own method run. So a
+slow client still stops the reads from its upstream exactly as before
+(tests/proxy/test_backpressure.py and the slow-client test of the real proxy).
+
+It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it; the
+addons a user loads into a plain mitmdump leave mitmproxy as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mitmproxy.proxy.server import ConnectionHandler
+
+_MITMPROXY_DRAIN: Callable[[ConnectionHandler], Awaitable[None]] = ConnectionHandler.drain_writers
+
+
+def may_wait(writer: Any) -> bool:
+    """Whether `writer.drain()` could do anything but return at once: wait, yield or raise.
+
+    Reads asyncio's own state of the writer (private names, as of Python 3.12-3.14); a writer
+    that lacks any of them is treated as one that may wait.
+    """
+    if type(writer) is not asyncio.StreamWriter:
+        return True
+    try:
+        reader = writer._reader  # type: ignore[attr-defined]
+        protocol = writer._protocol  # type: ignore[attr-defined]
+        if reader is not None and reader.exception() is not None:
+            return True
+        return bool(writer.transport.is_closing() or protocol._connection_lost or protocol._paused)
+    except AttributeError:
+        return True
+
+
+async def drain_writers(self: ConnectionHandler) -> None:
+    """mitmproxy's `drain_writers`, run only when one of the writers could need it."""
+    lock = getattr(self, "_drain_lock", None)  # mitmproxy's, private: absent = the slow path
+    if lock is not None and not lock.locked():
+        for io in self.transports.values():
+            writer = io.writer
+            if writer is not None and may_wait(writer):
+                break
+        else:
+            return
+    await _MITMPROXY_DRAIN(self)
+
+
+def install() -> None:
+    """Put the shortcut in front of mitmproxy's method (idempotent)."""
+    ConnectionHandler.drain_writers = drain_writers  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """mitmproxy's own method again (tests)."""
+    ConnectionHandler.drain_writers = _MITMPROXY_DRAIN  # type: ignore[method-assign,assignment]

@@ -1,0 +1,118 @@
+"""Tests for hopmeter.proxy.backpressure: mitmproxy's per-read drain step is skipped only when no
+writer could wait, and a client that reads nothing still holds the reads back, on both loops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from mitmproxy.proxy.server import ConnectionHandler
+
+from hopmeter.proxy import backpressure
+from hopmeter.proxy.backpressure import drain_writers, may_wait
+from tests.harness.live_client import Live, live_client, run, unread
+
+LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def mitmproxy_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """Each call of mitmproxy's own drain_writers made through the shortcut."""
+    calls: list[Any] = []
+    original = backpressure._MITMPROXY_DRAIN
+
+    async def counted(handler: Any) -> None:
+        calls.append(handler)
+        await original(handler)
+
+    monkeypatch.setattr(backpressure, "_MITMPROXY_DRAIN", counted)
+    yield calls
+
+
+async def _fill(live: Live) -> None:
+    """Write to the client until its transport pauses writing (the peer reads nothing)."""
+    chunk = b"x" * 65536
+    for _ in range(4096):
+        if may_wait(live.writer):
+            return
+        live.writer.write(chunk)
+        await asyncio.sleep(0)
+    raise AssertionError("the transport never paused")
+
+
+@LOOPS
+def test_a_writer_with_room_is_skipped_and_a_paused_one_is_drained(
+    loop: str, mitmproxy_calls: list[Any]
+) -> None:
+    """With room in the client's buffers the step returns without mitmproxy's method; once the
+    peer stops reading and the transport pauses, mitmproxy's method runs and waits until the
+    peer has read, as without the shortcut."""
+
+    async def go() -> None:
+        async with live_client(4096) as live:
+            assert not may_wait(live.writer)
+            await drain_writers(live.handler)
+            assert mitmproxy_calls == []
+            await _fill(live)
+            step = asyncio.ensure_future(drain_writers(live.handler))
+            done, _ = await asyncio.wait({step}, timeout=0.2)
+            assert not done, "the step went on while the client read nothing"
+            assert mitmproxy_calls == [live.handler]
+            loop_ = asyncio.get_running_loop()
+            deadline = loop_.time() + WAIT_S
+            while not step.done():
+                assert loop_.time() < deadline, "the step never resumed"
+                unread(live.peer)
+                await asyncio.sleep(0.01)
+            await step
+            assert not may_wait(live.writer)
+
+    run(go, loop)
+
+
+@LOOPS
+def test_a_closing_writer_takes_mitmproxys_path(loop: str, mitmproxy_calls: list[Any]) -> None:
+    """A transport that is closing makes drain yield (and report the loss): mitmproxy's method
+    runs, and it does not raise out of the step."""
+
+    async def go() -> None:
+        async with live_client() as live:
+            live.writer.transport.close()
+            assert may_wait(live.writer)
+            await drain_writers(live.handler)
+            assert mitmproxy_calls == [live.handler]
+
+    run(go, loop)
+
+
+def test_a_held_lock_or_a_foreign_writer_takes_mitmproxys_path(
+    mitmproxy_calls: list[Any],
+) -> None:
+    """While another drain holds mitmproxy's lock the step queues behind it as before; a writer
+    that is not an asyncio StreamWriter (mitmproxy_rs streams) is never judged here."""
+
+    async def go() -> None:
+        async with live_client() as live:
+            await live.handler._drain_lock.acquire()
+            step = asyncio.ensure_future(drain_writers(live.handler))
+            await asyncio.sleep(0.05)
+            assert not step.done() and mitmproxy_calls == [live.handler]
+            live.handler._drain_lock.release()
+            await step
+        assert may_wait(object())
+
+    run(go)
+
+
+def test_install_puts_the_shortcut_in_front_and_uninstall_takes_it_away() -> None:
+    """Only `hopmeter run` installs it (run_proxy); installing twice is the same as once."""
+    try:
+        backpressure.install()
+        backpressure.install()
+        assert ConnectionHandler.drain_writers is drain_writers
+    finally:
+        backpressure.uninstall()
+    assert ConnectionHandler.drain_writers is backpressure._MITMPROXY_DRAIN
