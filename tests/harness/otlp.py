@@ -301,11 +301,3 @@ class TraceRouter:
         self.server.server_close()
         for channel in self.channels:
             channel.close()
-
-
-def rss_mib(pid: int) -> float:
-    """A process's resident memory, MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")

@@ -101,6 +101,19 @@ class Proc:
         return self.popen.returncode
 
 
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident memory (or its peak, VmHWM) in KiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory, MiB."""
+    return rss_kib(pid) / 1024
+
+
 @contextlib.contextmanager
 def hopmeter(
     tmp: Path,

@@ -19,9 +19,8 @@ from tests.harness.otlp import (
     join_serve,
     post,
     request_of,
-    rss_mib,
 )
-from tests.harness.procs import wait_for
+from tests.harness.procs import rss_mib, wait_for
 
 pytestmark = pytest.mark.integration
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -23,7 +23,15 @@ import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto import events as ws
 
-from tests.harness.procs import Proc, free_port, hopmeter, measuring, read_records, wait_for
+from tests.harness.procs import (
+    Proc,
+    free_port,
+    hopmeter,
+    measuring,
+    read_records,
+    rss_kib,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -112,14 +120,6 @@ SSE_HEAD = (
 def event(i: int, pad: int = 0) -> bytes:
     """An OpenAI chat chunk carrying word `i` (and `pad` filler characters)."""
     return f'data: {{"choices":[{{"delta":{{"content":" w{i}{"x" * pad}"}}}}]}}\n\n'.encode()
-
-
-def rss_kb(pid: int, field: str = "VmRSS") -> int:
-    """A process's resident memory (or its peak, VmHWM) in KiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
 
 
 def reset_peak(pid: int) -> None:
@@ -311,7 +311,7 @@ def test_slow_client_backpressure_and_bounded_memory(proxy: Proxy) -> None:
 
     path = "/v1/chat/completions/flood"
     proxy.routes[path] = flood
-    rss_before = rss_kb(proxy.pid)
+    rss_before = rss_kib(proxy.pid)
     reset_peak(proxy.pid)
     recv: list[tuple[float, int]] = []  # (wall time, bytes received so far)
     with socket.socket() as client:
@@ -333,7 +333,7 @@ def test_slow_client_backpressure_and_bounded_memory(proxy: Proxy) -> None:
             if ahead > 0:
                 time.sleep(ahead)  # reading at the client's pace is the point of this test
     rec = records_for(proxy.records, path)[0]
-    peak_growth_kb = rss_kb(proxy.pid, "VmHWM") - rss_before
+    peak_growth_kb = rss_kib(proxy.pid, "VmHWM") - rss_before
     t_start = rec["request"]["t_start"]
     proxy_reads: list[tuple[float, int]] = []
     total = 0
@@ -556,12 +556,12 @@ def test_download_and_image_pass_through_unflagged(proxy: Proxy) -> None:
 
     for path, (body, media) in bodies.items():
         proxy.routes[path] = serve(body, media)
-    rss_before = rss_kb(proxy.pid)
+    rss_before = rss_kib(proxy.pid)
     reset_peak(proxy.pid)
     for path, (body, _) in bodies.items():
         got = httpx.get(proxy.url + path, timeout=30).content
         assert hashlib.sha256(got).digest() == hashlib.sha256(body).digest(), path
-    peak_growth_kb = rss_kb(proxy.pid, "VmHWM") - rss_before
+    peak_growth_kb = rss_kib(proxy.pid, "VmHWM") - rss_before
     print(f"\ndownload 20 MiB + PNG: peak RSS growth {peak_growth_kb} KiB")
     for path, (body, media) in bodies.items():
         rec = records_for(proxy.records, path)[0]

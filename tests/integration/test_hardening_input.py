@@ -16,7 +16,7 @@ import pytest
 
 from hopmeter.core.decoding import MAX_DECODED_BYTES
 from hopmeter.core.sse import MAX_LINE_BYTES
-from tests.harness.procs import Proc, measuring, wait_for
+from tests.harness.procs import Proc, measuring, rss_kib, wait_for
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -28,14 +28,6 @@ DONE = b"data: [DONE]\n\n"
 def event(text: str) -> bytes:
     """An OpenAI chat chunk carrying `text`."""
     return b"data: " + orjson.dumps({"choices": [{"delta": {"content": text}}]}) + b"\n\n"
-
-
-def rss_kb(pid: int, field: str = "VmRSS") -> int:
-    """A process's resident memory (or its peak, VmHWM) in KiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
 
 
 class Upstream:
@@ -67,12 +59,12 @@ class Proxy:
         """Send `pieces` through the proxy: (bytes the client got, the record, peak RSS growth)."""
         self.upstream.bodies[path] = (headers, pieces)
         pid = self.proc.popen.pid
-        before = rss_kb(pid)
+        before = rss_kib(pid)
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts afresh from here
         with httpx.stream("POST", self.url + path, json={"stream": True}, timeout=60) as r:
             got = b"".join(r.iter_raw())  # raw: a gzip body stays as it was sent
         rec = self.record(path)
-        return got, rec, rss_kb(pid, "VmHWM") - before
+        return got, rec, rss_kib(pid, "VmHWM") - before
 
     def record(self, path: str) -> dict[str, Any]:
         """The record of the one request to `path`."""

@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness.otlp import rss_mib
-from tests.harness.procs import demo_path, read_records, wait_for
+from tests.harness.procs import demo_path, read_records, rss_mib, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from hopmeter.export.labels import DEFAULT_MODEL_FAMILIES
-from tests.harness.procs import free_port, hopmeter, wait_for
+from tests.harness.procs import free_port, hopmeter, rss_kib, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -213,14 +213,6 @@ async def soak(port: int, flows: int, seed: int) -> tuple[Tally, float]:
 # -- measuring the proxy -------------------------------------------------------------------------
 
 
-def rss_kb(pid: int) -> int:
-    """Resident memory of a process in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
 def open_fds(pid: int) -> int:
     """How many file descriptors a process holds."""
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -300,18 +292,18 @@ def test_soak_mixed_flows(tmp_path: Path) -> None:
 
             loop.run_until_complete(soak(port, WARMUP_FLOWS, SEED))
             wait_for(lambda: settled(WARMUP_FLOWS), 30, "the warm-up flows")
-            rss0, fds0 = rss_kb(pid), open_fds(pid)
+            rss0, fds0 = rss_kib(pid), open_fds(pid)
             half = FLOWS // 2
             first, s1 = loop.run_until_complete(soak(port, half, SEED + 1))
             text1 = wait_for(lambda: settled(WARMUP_FLOWS + half), 60, "the first half")
-            rss1 = rss_kb(pid)
+            rss1 = rss_kib(pid)
             second, s2 = loop.run_until_complete(soak(port, FLOWS - half, SEED + 2))
             total = WARMUP_FLOWS + FLOWS
             text2 = wait_for(lambda: settled(total), 60, "the second half")
             fds2 = wait_for(
                 lambda: (n := open_fds(pid)) <= fds0 + 4 and n, 30, "connections closed"
             )
-            rss2 = rss_kb(pid)
+            rss2 = rss_kib(pid)
             report.update(
                 flows=FLOWS,
                 seconds=round(s1 + s2, 2),
