@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from hopmeter.core.bpe import RankTable
 from hopmeter.core.tokens import MEMO_ENTRIES, MEMO_MAX_CHARS, estimate_tokens
 from hopmeter.errors import HopmeterError, TokenizerError
+from hopmeter.proxy import tokenizers
 from hopmeter.proxy.tokenizers import (
     SHIPPED,
     ShippedVocabulary,
     _load,
     _shipped_bytes,
+    cache_dir,
     check_tokenizer,
     encoding_for_model,
     make_counter,
@@ -28,15 +31,15 @@ DATA = Path(__file__).resolve().parents[2] / "addons" / "hopmeter" / "data"
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No test here may reach the network, and each starts with an empty tiktoken cache."""
+    """No test here may reach the network, and each starts with an empty table cache."""
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a token counting test tried to use the network")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    cache = tmp_path / "tiktoken-cache"
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    cache = tmp_path / "hopmeter-cache"
+    monkeypatch.setenv("HOPMETER_CACHE_DIR", str(cache))
     _load.cache_clear()  # loaded tokenizers are cached per process
     return cache
 
@@ -71,8 +74,10 @@ def test_o200k_counts_offline_from_shipped_vocabulary(offline: Path):
     assert counter.count("Hello, world!") == 4
     assert counter.count("") == 0
     assert counter.count("<|endoftext|>") > 1  # special-token text is counted as plain text
-    primed = offline / hashlib.sha1(SHIPPED["o200k_base"].url.encode()).hexdigest()
-    assert hashlib.sha256(primed.read_bytes()).hexdigest() == SHIPPED["o200k_base"].sha256
+    (table,) = offline.glob("o200k_base-*.bpe")  # built once, mapped by every later start
+    assert RankTable(table.read_bytes(), bytes.fromhex(SHIPPED["o200k_base"].sha256)).ranks == (
+        199_998
+    )
 
 
 def test_cl100k_counts_differ_from_o200k():
@@ -85,8 +90,8 @@ def test_cl100k_counts_differ_from_o200k():
     ("model", "encoding"), [("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")]
 )
 def test_counts_equal_tiktokens_own_encoding(model: str, encoding: str):
-    """hopmeter builds its own Encoding and drops the Python copy of the vocabulary: it counts
-    exactly what tiktoken's registry encoding counts."""
+    """hopmeter counts with its own rank table (hopmeter.core.bpe): exactly what tiktoken's
+    registry encoding counts."""
     import tiktoken
 
     texts = [
@@ -118,18 +123,65 @@ def test_shipped_files_match_pinned_hashes():
 
 
 def test_damaged_vocabulary_is_refused():
-    """A vocabulary whose bytes do not match the pinned hash is never handed to tiktoken."""
+    """A vocabulary whose bytes do not match the pinned hash is never counted with."""
     fake = ShippedVocabulary("cl100k_base.tiktoken.gz", "0" * 64, "https://example.invalid/x")
     with pytest.raises(TokenizerError, match="does not match"):
         _shipped_bytes(fake)
 
 
-def test_empty_cache_dir_setting_falls_back(monkeypatch: pytest.MonkeyPatch):
-    """TIKTOKEN_CACHE_DIR="" would make tiktoken download: the estimate is used, with the reason."""
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
-    counter = make_counter("gpt-4o-mini")
-    assert counter.source == "estimate"
-    assert counter.fallback_reason is not None and "TIKTOKEN_CACHE_DIR" in counter.fallback_reason
+def test_the_table_is_built_once_then_mapped(offline: Path, monkeypatch: pytest.MonkeyPatch):
+    """The first load writes the table to the cache; later loads map it without building."""
+    first = make_counter("gpt-4o").count("Streaming, finally!")
+    (table,) = offline.glob("o200k_base-*.bpe")
+    _load.cache_clear()
+
+    def no_build(*args: object) -> bytes:
+        raise AssertionError("the cached table was built again")
+
+    monkeypatch.setattr(tokenizers, "build_table", no_build)
+    assert make_counter("gpt-4o").count("Streaming, finally!") == first == 4
+    assert table.stat().st_size < 5 * 2**20  # o200k_base: ~4 MiB, shared by every process
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other vocabulary", "empty"])
+def test_a_damaged_cached_table_is_rebuilt(offline: Path, damage: str):
+    """A table file cut short, built from another vocabulary or empty is built again."""
+    expected = make_counter("gpt-4o").count("Привет, world: 12345!")
+    (table,) = offline.glob("o200k_base-*.bpe")
+    image = table.read_bytes()
+    if damage == "truncated":
+        table.write_bytes(image[:-100])
+    elif damage == "other vocabulary":
+        table.write_bytes(image[:8] + bytes(32) + image[40:])
+    else:
+        table.write_bytes(b"")
+    _load.cache_clear()
+    assert make_counter("gpt-4o").count("Привет, world: 12345!") == expected
+    assert table.read_bytes() == image
+
+
+def test_an_unwritable_cache_keeps_the_table_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A cache directory that cannot be created (a read-only file system) costs sharing, not
+    counting: the table is kept in memory and counts the same."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("HOPMETER_CACHE_DIR", str(blocker / "cache"))
+    counter = make_counter("gpt-4o")
+    assert (counter.source, counter.count("Hello, world!")) == ("tokenizer", 4)
+
+
+def test_cache_directory_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """$HOPMETER_CACHE_DIR, else $XDG_CACHE_HOME/hopmeter, else ~/.cache/hopmeter."""
+    monkeypatch.setenv("HOPMETER_CACHE_DIR", str(tmp_path / "a"))
+    assert cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("HOPMETER_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache_dir() == tmp_path / "x" / "hopmeter"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "hopmeter"
 
 
 def test_unshipped_encoding_falls_back_or_raises_when_strict():

@@ -38,7 +38,7 @@ from hopmeter.proxy.delivery import Delivery
 from hopmeter.proxy.pairing import LiveFlow, Pairing
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizer_load import TokenizerLoad
-from hopmeter.proxy.tokenizers import Counters, load_counter
+from hopmeter.proxy.tokenizers import Counters, load_counter, traffic_started
 
 if TYPE_CHECKING:
     from hopmeter.proxy.browser import BrowserMeter
@@ -52,6 +52,7 @@ class HopMeter:
     def __init__(self) -> None:
         self.listener_names: dict[str, str] = {}
         self.counter: Counters | None = None
+        self.traffic = False  # a flow has started (traffic_started was called)
         # loads the default vocabulary at the first flow; records wait for it (tokenizer_load)
         self.tokenizer_load: TokenizerLoad | None = None
         self.internal_errors = 0
@@ -287,6 +288,9 @@ class HopMeter:
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
             if self.tokenizer_load is not None:
                 self.tokenizer_load.start()  # once; at once after the first time
+            if not self.traffic:
+                self.traffic = True
+                traffic_started()
         except Exception as exc:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False:

@@ -1,11 +1,13 @@
 """Tokenizers for counting: vocabularies read from the package or a file, one counter per model.
 
 Tokenizers never come from the network. hopmeter ships OpenAI's `o200k_base` and `cl100k_base`
-vocabularies (hopmeter/data/*.tiktoken.gz, byte-identical to the files tiktoken pins by sha256) and
-hands them to tiktoken through tiktoken's own cache: the decompressed file is written once, checked
-against tiktoken's pinned hash, where tiktoken looks for it (`$TIKTOKEN_CACHE_DIR`, else
-`$DATA_GYM_CACHE_DIR`, else `<tmp>/data-gym-cache`), so tiktoken builds the encoding exactly as it
-would online and never downloads. Other encodings come from a file (`--tokenizer PATH`).
+vocabularies (hopmeter/data/*.tiktoken.gz, byte-identical to the files tiktoken pins by sha256)
+and counts with them through hopmeter.core.bpe: each vocabulary becomes a rank table (~4 MiB for
+o200k_base), built once and kept in the cache directory (`cache_dir()`), from where every later
+start maps it read-only: opening it costs nothing, and its pages are read in, and shared between
+processes, as counting touches them. Other encodings come from a file (`--tokenizer PATH`: a
+`.tiktoken` file gets a table the same way; a Hugging Face `tokenizer.json` goes through the
+optional `tokenizers` package).
 
 Model to encoding (`MODEL_ENCODINGS`): OpenAI's own models get their encoding (`exact`); every
 other model (Llama, Claude, Gemini, Mistral, Qwen, DeepSeek, ...) is counted with o200k_base as a
@@ -17,14 +19,13 @@ events. The counting itself (`TokenCounter`, the estimate) is in the core.
 
 from __future__ import annotations
 
-import base64
 import functools
 import gzip
 import hashlib
 import importlib
+import mmap
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from hopmeter.core.bpe import (
+    HEADER,
+    PRE_TOKENIZERS,
+    BpeCounter,
+    PreTokenizer,
+    RankTable,
+    TableError,
+    build_table,
+    parse_tiktoken,
+    pre_tokenizer_for,
+)
 from hopmeter.core.tokens import Counter, TokenCounter, estimate_counter
 from hopmeter.core.vocab import TokenSource
 from hopmeter.errors import TokenizerError
@@ -41,18 +53,18 @@ log = get_logger()
 
 DEFAULT_ENCODING: Final = "o200k_base"
 
-# What a thread does just before tiktoken builds an encoder, which holds the GIL for 0.2-1 s:
-# `BUILD_GATE.wait()` if that thread set one (hopmeter.proxy.tokenizer_load waits for a quiet loop).
+# What a thread does just before it loads a shipped vocabulary's table: `BUILD_GATE.wait()` if
+# that thread set one (hopmeter.proxy.tokenizer_load waits for a quiet loop).
 BUILD_GATE = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
 class ShippedVocabulary:
-    """A vocabulary in hopmeter/data and where tiktoken expects it."""
+    """A vocabulary in hopmeter/data."""
 
     file: str
     sha256: str  # of the decompressed .tiktoken file: the hash tiktoken_ext.openai_public pins
-    url: str  # tiktoken's source URL; its cache key is sha1(url)
+    url: str  # where OpenAI publishes it
 
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/"
@@ -132,26 +144,10 @@ def _load(spec: str) -> tuple[str, Callable[[str], int]]:
     if spec.endswith((".tiktoken", ".tiktoken.gz")) or os.sep in spec:
         return path.name, _load_tiktoken_file(path)
     name = ALIASES.get(spec, spec)
-    return spec, _encoding(name).encode_ordinary_len
+    return spec, _encoding(name)
 
 
-class _Counting:
-    """Adapts an encoder's `encode_ordinary` to a token count."""
-
-    __slots__ = ("_encode",)
-
-    def __init__(self, encode: Callable[[str], list[int]]) -> None:
-        self._encode = encode
-
-    def encode_ordinary_len(self, text: str) -> int:
-        return len(self._encode(text))
-
-
-def _encoding(name: str) -> _Counting:
-    try:
-        import tiktoken  # noqa: PLC0415 - a heavy import, needed only when counting
-    except ImportError as exc:
-        raise TokenizerError("tiktoken is not installed: pip install tiktoken") from exc
+def _encoding(name: str) -> Callable[[str], int]:
     vocab = SHIPPED.get(name)
     if vocab is None:
         known = ", ".join(sorted(SHIPPED))
@@ -159,44 +155,90 @@ def _encoding(name: str) -> _Counting:
             f"tokenizer {name!r} is not shipped with hopmeter (it has {known}); "
             "pass --tokenizer PATH to a .tiktoken or tokenizer.json file"
         )
-    _prime_tiktoken_cache(vocab)
-    from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # noqa: PLC0415
-
-    # tiktoken.get_encoding would do the same, into an Encoding its registry shares; this one is
-    # hopmeter's own, so it may drop the Python copy of the vocabulary below.
-    args = openai_public.ENCODING_CONSTRUCTORS[name]()
     gate = getattr(BUILD_GATE, "wait", None)
     if gate is not None:
         gate()
-    enc = tiktoken.Encoding(**args)
-    # The encoder (Rust) copied the ranks when it was built and counts without them; the Python
-    # dict of 200,000 byte strings (~28 MiB of the process's RSS) serves only to pickle the
-    # Encoding, which hopmeter never does.
-    args["mergeable_ranks"].clear()
-    return _Counting(enc.encode_ordinary)
+    sha = bytes.fromhex(vocab.sha256)
+    return _counting(_table(name, sha, lambda: _shipped_bytes(vocab)), PRE_TOKENIZERS[name])
 
 
-def _prime_tiktoken_cache(vocab: ShippedVocabulary) -> None:
-    """Put the shipped vocabulary where tiktoken looks before it downloads (see module doc)."""
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        cache_dir = os.environ["TIKTOKEN_CACHE_DIR"]
-    elif "DATA_GYM_CACHE_DIR" in os.environ:
-        cache_dir = os.environ["DATA_GYM_CACHE_DIR"]
-    else:
-        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    if not cache_dir:
-        raise TokenizerError("TIKTOKEN_CACHE_DIR is empty, which makes tiktoken download; unset it")
-    target = Path(cache_dir) / hashlib.sha1(vocab.url.encode()).hexdigest()  # noqa: S324
-    if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == vocab.sha256:
-        return
-    data = _shipped_bytes(vocab)
+# The table counters made in this process, and whether a flow has started: from then on each
+# one's full pattern is compiled in a thread as soon as it is made (hopmeter.core.bpe.Splitter).
+_BPE_COUNTERS: list[BpeCounter] = []
+_TRAFFIC = threading.Event()
+
+
+def _counting(table: RankTable, pre_tokenizer: PreTokenizer) -> BpeCounter:
+    counter = BpeCounter(table, pre_tokenizer)
+    _BPE_COUNTERS.append(counter)
+    if _TRAFFIC.is_set():
+        counter.split.prepare_soon()
+    return counter
+
+
+def traffic_started() -> None:
+    """Get every counter ready for any text, in the background: a flow has started."""
+    _TRAFFIC.set()
+    for counter in _BPE_COUNTERS:
+        counter.split.prepare_soon()
+
+
+def cache_dir() -> Path:
+    """Where rank tables are kept: $HOPMETER_CACHE_DIR, else $XDG_CACHE_HOME/hopmeter, else
+    ~/.cache/hopmeter."""
+    if os.environ.get("HOPMETER_CACHE_DIR"):
+        return Path(os.environ["HOPMETER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hopmeter"
+
+
+def _table(stem: str, sha: bytes, source: Callable[[], bytes]) -> RankTable:
+    """The rank table of a vocabulary (`source` gives its .tiktoken bytes, `sha` their SHA-256):
+    mapped from the cache when it holds it, else built (~0.3 s for o200k_base) and written there;
+    kept in memory when the cache cannot be written (a read-only file system)."""
+    path = cache_dir() / f"{stem}-{sha.hex()[:16]}.bpe"
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        partial.write_bytes(data)
-        partial.replace(target)
-    except OSError as exc:
-        raise TokenizerError(f"cannot write tiktoken's cache {cache_dir}: {exc.strerror}") from exc
+        return _map(path, sha)
+    except FileNotFoundError:
+        pass
+    except (OSError, TableError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        log.info("hopmeter: rebuilding a token table", path=str(path), reason=reason)
+    try:
+        image = build_table(parse_tiktoken(source()), sha)
+    except TableError as exc:
+        raise TokenizerError(f"{stem} is not a .tiktoken file (base64 token, rank): {exc}") from exc
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        partial.write_bytes(image)
+        partial.replace(path)
+        return _map(path, sha)
+    except (OSError, TableError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        log.warning(
+            "hopmeter: token table kept in memory, not shared",
+            path=str(path),
+            reason=reason,
+            fix="set HOPMETER_CACHE_DIR to a writable directory",
+        )
+        return RankTable(image, sha)
+
+
+def _map(path: Path, sha: bytes) -> RankTable:
+    """The table file at `path`, mapped read-only. Raises OSError or TableError."""
+    with path.open("rb") as file:
+        header = file.read(HEADER.size)
+        if len(header) < HEADER.size:
+            raise TableError("shorter than its header")
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mmap, "MADV_RANDOM"):  # no read-ahead: a lookup reads one page, not 2 MiB
+        mapped.madvise(mmap.MADV_RANDOM)
+    try:
+        return RankTable(mapped, sha, header=header)
+    except TableError:
+        mapped.close()
+        raise
 
 
 def _shipped_bytes(vocab: ShippedVocabulary) -> bytes:
@@ -217,36 +259,19 @@ def _load_tiktoken_file(path: Path) -> Callable[[str], int]:
     except OSError as exc:
         raise TokenizerError(f"cannot read tokenizer file {path}: {exc.strerror}") from exc
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    digest = hashlib.sha256(raw).hexdigest()
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise TokenizerError(f"{path} is a damaged gzip file") from exc
+    sha = hashlib.sha256(raw).digest()
     for name, vocab in SHIPPED.items():
-        if vocab.sha256 == digest:
-            return _encoding(name).encode_ordinary_len
+        if vocab.sha256 == sha.hex():
+            return _encoding(name)
     try:
-        ranks = {
-            base64.b64decode(tok): int(rank)
-            for tok, rank in (line.split() for line in raw.splitlines() if line)
-        }
-    except ValueError as exc:
+        table = _table(path.name.split(".")[0] or "vocabulary", sha, lambda: raw)
+    except TokenizerError as exc:
         raise TokenizerError(f"{path} is not a .tiktoken file (base64 token, rank)") from exc
-    import tiktoken  # noqa: PLC0415
-    from tiktoken_ext import openai_public  # noqa: PLC0415
-
-    # The file says nothing of its pre-tokenizer: take the pattern of the OpenAI encoding of its
-    # size (GPT-2's up to 60k tokens, cl100k's up to 150k, o200k's beyond).
-    if len(ranks) <= 60_000:
-        pattern = openai_public.r50k_pat_str
-    else:
-        near = "cl100k_base" if len(ranks) <= 150_000 else "o200k_base"
-        _prime_tiktoken_cache(SHIPPED[near])
-        # the constructor's arguments, not tiktoken.get_encoding: that would keep a second
-        # vocabulary (~75 MiB) in the registry for the sake of one string
-        pattern = openai_public.ENCODING_CONSTRUCTORS[near]()["pat_str"]
-    enc = tiktoken.Encoding(
-        name=path.name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
-    )
-    ranks.clear()  # the encoder holds its own copy (see _encoding)
-    return _Counting(enc.encode_ordinary).encode_ordinary_len
+    return _counting(table, pre_tokenizer_for(table.ranks))
 
 
 def _load_hf_json(path: Path) -> Callable[[str], int]:

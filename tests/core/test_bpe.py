@@ -1,0 +1,230 @@
+"""Tests for hopmeter.core.bpe: rank tables and BPE counts, held to tiktoken's on the same text."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import random
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+import regex
+import tiktoken
+
+from hopmeter.core import bpe
+from hopmeter.core.bpe import (
+    PRE_TOKENIZERS,
+    BpeCounter,
+    RankTable,
+    TableError,
+    build_table,
+    parse_tiktoken,
+    pre_tokenizer_for,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "addons" / "hopmeter" / "data"
+CORPUS = ROOT / "tests" / "corpus"
+SHIPPED = ("o200k_base", "cl100k_base")
+
+
+@cache
+def shipped_table(name: str) -> RankTable:
+    raw = gzip.decompress((DATA / f"{name}.tiktoken.gz").read_bytes())
+    sha = hashlib.sha256(raw).digest()
+    return RankTable(build_table(parse_tiktoken(raw), sha), sha)
+
+
+@cache
+def corpus_texts() -> list[str]:
+    """The text of every event in the recorded provider streams, and each file whole."""
+    texts = []
+    for path in sorted(CORPUS.rglob("*")):
+        if not path.is_file() or path.suffix not in {".sse", ".ndjson", ".jsonl"}:
+            continue
+        body = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(body)
+        for line in body.splitlines():
+            payload = line.removeprefix("data:").strip()
+            if payload.startswith("{"):
+                try:
+                    texts.extend(_strings(json.loads(payload)))
+                except ValueError:
+                    texts.append(line)
+    return texts
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+# What the corpus lacks: scripts, emoji sequences, combining marks, exotic spaces and digits,
+# case-folding traps of the `'s` suffixes (long s, Kelvin sign), control characters.
+_ALPHABET = (
+    [chr(c) for c in range(0x250)] * 2
+    + [chr(c) for c in range(0x370, 0x530)]
+    + [chr(c) for c in range(0x3040, 0x3100)]
+    + [chr(c) for c in range(0x4E00, 0x4E60)]
+    + [chr(c) for c in range(0xAC00, 0xAC30)]
+    + list("\u0301\u0308\u200d\ufe0f\u00a0\u3000\u2028\u2029\u0085\u00b2\u00bd\u2160\u017f\u212a")
+    + list("\u0660\u0967\U0001f600\U0001f44d\U0001f3fd\U0001f468\U0001f469\u05d0\u0627\ufeff")
+)
+
+
+def fuzz_texts(seed: int, n: int) -> list[str]:
+    rnd = random.Random(seed)
+    return ["".join(rnd.choices(_ALPHABET, k=rnd.randint(1, 40))) for _ in range(n)]
+
+
+LONG_PIECES = [
+    "中文字符" * 400,  # one piece of 4,800 bytes: CJK has no spaces
+    "ab" * 600,
+    "a" * 1000,
+    " " * 900 + "x",
+    "\n" * 300,
+    "0123456789" * 50,
+    "".join(random.Random(3).choices("abcdefghij", k=2000)),
+    base64.b64encode(random.Random(4).randbytes(3000)).decode(),
+    "https://example.com/" + "a1b2c3d4" * 80,
+]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_counts_equal_tiktoken_on_the_corpus(name: str) -> None:
+    """Every event text of 17 providers' recorded streams, and each stream whole."""
+    reference = tiktoken.get_encoding(name)
+    count = BpeCounter(shipped_table(name), PRE_TOKENIZERS[name])
+    texts = corpus_texts()
+    assert len(texts) > 2000
+    wrong = [t for t in texts if count(t) != len(reference.encode_ordinary(t))]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_counts_equal_tiktoken_on_random_unicode(name: str) -> None:
+    """Mixed scripts, marks, emoji, exotic spaces and digits, control characters."""
+    reference = tiktoken.get_encoding(name)
+    count = BpeCounter(shipped_table(name), PRE_TOKENIZERS[name])
+    wrong = [t for t in fuzz_texts(1, 6000) if count(t) != len(reference.encode_ordinary(t))]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_long_pieces_merge_like_tiktoken(name: str) -> None:
+    """Pieces past HEAP_MERGE_BYTES go through the heap; both ways agree with tiktoken."""
+    reference = tiktoken.get_encoding(name)
+    table = shipped_table(name)
+    count = BpeCounter(table, PRE_TOKENIZERS[name])
+    for text in LONG_PIECES:
+        assert count(text) == len(reference.encode_ordinary(text)), text[:20]
+    for text in LONG_PIECES + fuzz_texts(5, 300):
+        data = text.encode()[: bpe.HEAP_MERGE_BYTES * 3]
+        assert table.merged_parts(data[: bpe.HEAP_MERGE_BYTES]) == table._merged_parts_heap(
+            data[: bpe.HEAP_MERGE_BYTES]
+        )
+        assert table.merged_parts(data) == _merged_by_rescanning(table, data)
+
+
+def _merged_by_rescanning(table: RankTable, piece: bytes) -> int:
+    """The textbook loop, for comparison: merge the lowest-ranked pair, leftmost, until none."""
+    parts = [piece[i : i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        ranks = [table.rank(parts[i] + parts[i + 1]) for i in range(len(parts) - 1)]
+        known = [(r, i) for i, r in enumerate(ranks) if r is not None]
+        if not known:
+            break
+        _, i = min(known)
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    return len(parts)
+
+
+@pytest.mark.parametrize("name", sorted(PRE_TOKENIZERS))
+def test_ascii_pattern_splits_like_the_full_one(name: str) -> None:
+    """Pure-ASCII text is split with the standard library's `re`: the same pieces as `regex`
+    with the encoding's own pattern, on every ASCII character including controls."""
+    pre = PRE_TOKENIZERS[name]
+    full = regex.compile(pre.pattern).findall
+    ascii_only = re.compile(pre.ascii_pattern).findall
+    rnd = random.Random(7)
+    chars = [chr(c) for c in range(128)] + list(" \n\tabcABC'sS019.,") * 8
+    texts = ["".join(rnd.choices(chars, k=rnd.randint(1, 30))) for _ in range(20_000)]
+    texts += ["it's", "IT'S", "I'M", "x  \n", "  ", "a\r\n\r\nb", "12345", "//\n", "\x1c \x1f"]
+    texts += [line for t in corpus_texts() for line in t.splitlines(keepends=True) if t.isascii()]
+    assert [t for t in texts if full(t) != ascii_only(t)] == []
+
+
+def test_custom_file_with_gaps_and_its_pre_tokenizer() -> None:
+    """A small .tiktoken file: a rank the file skips matches nothing; GPT-2's pre-tokenizer."""
+    tokens = [bytes([b]) for b in range(256)] + [b"ab", b"abab", b" ab"]
+    lines = [f"{base64.b64encode(t).decode()} {r}" for r, t in enumerate(tokens) if r != 200]
+    parsed = parse_tiktoken("\n".join(lines).encode() + b"\n")
+    assert parsed[200] == b"" and parsed[257] == b"abab"
+    table = RankTable(build_table(parsed, bytes(32)))
+    assert (table.ranks, table.rank(b"abab"), table.rank(b"\xc8"), table.rank(b"zz")) == (
+        259,
+        257,
+        None,
+        None,
+    )
+    count = BpeCounter(table, pre_tokenizer_for(table.ranks))
+    assert (count("abab"), count("abab ab"), count("xyz"), count("")) == (1, 2, 3, 0)
+    assert pre_tokenizer_for(100_256).name == "cl100k_base"
+    assert pre_tokenizer_for(199_998).name == "o200k_base"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"", "no tokens"),
+        (b"YWI= x\n", "line 1"),
+        (b"YWI=\n", "line 1"),
+        (b"!!! 0\n", "line 1"),
+        (b"YWI= -1\n", "negative"),
+        (b"YWI= 4000000000\n", "mostly missing"),
+    ],
+)
+def test_malformed_vocabulary_files(raw: bytes, reason: str) -> None:
+    with pytest.raises(TableError, match=reason):
+        parse_tiktoken(raw)
+
+
+def test_damaged_images_are_refused() -> None:
+    """A table is used only whole, of this format, and built from the expected vocabulary."""
+    sha = hashlib.sha256(b"v").digest()
+    image = build_table([b"a", b"b", b"ab"], sha)
+    assert RankTable(image, sha).rank(b"ab") == 2
+    with pytest.raises(TableError, match="header"):
+        RankTable(image[:10])
+    with pytest.raises(TableError, match="not a hopmeter rank table"):
+        RankTable(b"X" + image[1:])
+    with pytest.raises(TableError, match="truncated"):
+        RankTable(image[:-1])
+    with pytest.raises(TableError, match="truncated"):
+        RankTable(image + b"\0")
+    with pytest.raises(TableError, match="another vocabulary"):
+        RankTable(image, hashlib.sha256(b"w").digest())
+
+
+def test_the_piece_memo_is_bounded_and_exact() -> None:
+    """Pieces' counts are remembered up to PIECE_MEMO_ENTRIES; long pieces never."""
+    table = shipped_table("o200k_base")
+    count = BpeCounter(table, PRE_TOKENIZERS["o200k_base"])
+    reference = tiktoken.get_encoding("o200k_base")
+    words = [f" w{i}x" for i in range(bpe.PIECE_MEMO_ENTRIES + 500)]
+    for word in words:
+        assert count(word) == len(reference.encode_ordinary(word))
+        assert len(count._memo) <= bpe.PIECE_MEMO_ENTRIES
+    count("y" * (bpe.PIECE_MEMO_MAX_CHARS + 1))
+    assert "y" * (bpe.PIECE_MEMO_MAX_CHARS + 1) not in count._memo
+    again = [count(w) for w in words]
+    assert again == [len(reference.encode_ordinary(w)) for w in words]
