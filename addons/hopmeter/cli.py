@@ -2,11 +2,14 @@
 
 Each command family owns its flags and its run in its own package (`add_parser(sub)` and
 `run(args)`); this module only assembles them and turns expected failures into one line.
+`hopmeter run` imports only its own family: the others' modules (report, probe, the demo
+upstream) are ~1 MiB of a long-running proxy's memory that it never uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -14,15 +17,16 @@ from pathlib import Path
 
 from hopmeter import __version__, env
 from hopmeter.errors import HopmeterError
-from hopmeter.probe import command as probe
-from hopmeter.proxy import command as proxy
-from hopmeter.report import command as report
-from hopmeter.report import join
-from hopmeter.upstream import command as upstream
-from hopmeter.upstream import demo
 
-# In the order `--help` lists them.
-COMMANDS = (proxy, upstream, join, report, probe, demo)
+# The modules of the commands, in the order `--help` lists them; "run" is the first's.
+COMMANDS = (
+    "hopmeter.proxy.command",
+    "hopmeter.upstream.command",
+    "hopmeter.report.join",
+    "hopmeter.report.command",
+    "hopmeter.probe.command",
+    "hopmeter.upstream.demo",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,16 +36,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"hopmeter: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; for `command` "run", with only that command."""
     p = _Parser(prog="hopmeter", description="A transparent measuring proxy for LLM token streams.")
     p.add_argument("--version", action="version", version=f"hopmeter {__version__}")
     p.add_argument(
         "--addon-path", action="store_true", help="print the script path for `mitmdump -s` and exit"
     )
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for module in COMMANDS[:1] if command == "run" else COMMANDS:
+        importlib.import_module(module).add_parser(sub)
     return p
 
 
@@ -52,8 +56,8 @@ def addon_path() -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hopmeter` command."""
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args = env.parse_args(parser, argv, os.environ)  # flags, then HOPMETER_* for those left out
     if args.addon_path:
         print(addon_path())

@@ -241,7 +241,6 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     # mitmproxy takes most of a second to import: only the command that runs it pays for it
     from hopmeter.proxy.runner import quiet_mitmproxy_logs, run_proxy  # noqa: PLC0415
-    from hopmeter.upstream.server import UpstreamServer  # noqa: PLC0415
 
     # validate everything before starting anything
     cfg = proxy_config(args, args.upstream or "http://127.0.0.1:9")
@@ -250,6 +249,9 @@ async def _run(args: argparse.Namespace) -> int:
     tune_listeners(reuse_port=args.worker_index is not None)
     notice = None
     if args.upstream is None and not args.listener:
+        # only here: a proxy in front of a real upstream never holds the demo's modules
+        from hopmeter.upstream.server import UpstreamServer  # noqa: PLC0415
+
         demo = UpstreamServer()
         port = await demo.start("127.0.0.1", 0)
         cfg = proxy_config(args, f"http://127.0.0.1:{port}")

@@ -35,9 +35,9 @@ from hopmeter.core.vocab import Severity
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
-from hopmeter.report import timeline
 
 log = get_logger()
+
 
 META_KEY = "hopmeter"  # flow.metadata[META_KEY]: the flow's record, once it has ended
 # A mark per worst severity; the names are keys of mitmproxy.utils.emoji.emoji (what flow.mark
@@ -89,6 +89,8 @@ class HopmeterContentview(Contentview):
         path = f.request.path.split("?", 1)[0] if isinstance(f, http.HTTPFlow) else "/"
         rec = record_of(f)
         live = self.meter.stall_threshold_s if self.meter is not None and rec is None else None
+        from hopmeter.report import timeline  # noqa: PLC0415 - see _show
+
         return timeline.render(
             data,
             rec,
@@ -184,6 +186,10 @@ class HopView(FlowObserver):
     def _show(self, f: http.HTTPFlow, record: Mapping[str, Any]) -> None:
         before = record_of(f)
         f.metadata[META_KEY] = json_safe(record)
+        # imported here, for a view or a UI: `hopmeter run` has neither, and the report's
+        # modules would be ~0.5 MiB of its memory for nothing
+        from hopmeter.report import timeline  # noqa: PLC0415
+
         if ctx.options.hopmeter_mark and timeline.measured(record):
             mine = before is not None and timeline.measured(before)
             if not f.marked or (mine and f.marked in (*MARKS.values(), UNMEASURED_MARK)):
