@@ -20,6 +20,7 @@ from hopmeter.core.bpe import (
     PRE_TOKENIZERS,
     BpeCounter,
     RankTable,
+    Splitter,
     TableError,
     build_table,
     parse_tiktoken,
@@ -228,3 +229,12 @@ def test_the_piece_memo_is_bounded_and_exact() -> None:
     assert "y" * (bpe.PIECE_MEMO_MAX_CHARS + 1) not in count._memo
     again = [count(w) for w in words]
     assert again == [len(reference.encode_ordinary(w)) for w in words]
+
+
+def test_the_full_pattern_is_compiled_only_for_non_ascii_text() -> None:
+    """ASCII text never needs `regex`: the full pattern waits for the first other text."""
+    split = Splitter(PRE_TOKENIZERS["o200k_base"])
+    assert split("Hello, world!\n") == ["Hello", ",", " world", "!\n"]
+    assert not split.prepared
+    assert split("Grüße, 世界") == ["Grüße", ",", " 世界"]
+    assert split.prepared

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,8 +111,26 @@ def test_freeze_at_start_moves_what_exists_out_of_the_collectors_reach() -> None
     """Once running, what was allocated before is frozen, so full collections skip it."""
     gc.unfreeze()
     assert gc.get_freeze_count() == 0
-    FreezeAtStart().running()
+    FreezeAtStart(HopMeter()).running()
     assert gc.get_freeze_count() > 0
+
+
+@pytest.mark.usefixtures("unfrozen")
+def test_what_the_first_flow_compiled_is_frozen_once_no_flow_is_in_flight() -> None:
+    """The tokenizers' patterns, compiled in a thread at the first flow, are frozen too, but
+    only once no flow is in flight (so a flow's own objects stay collectable)."""
+    meter = HopMeter()
+    freeze = FreezeAtStart(meter)
+    assert meter.after_patterns == freeze.freeze_when_quiet  # what traffic_started will call
+    gc.unfreeze()
+    meter.live["f"] = None  # type: ignore[assignment]  # a flow in flight
+    thread = threading.Thread(target=freeze.freeze_when_quiet)
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive() and gc.get_freeze_count() == 0  # waits for the flow to end
+    meter.live.clear()
+    thread.join(10)
+    assert not thread.is_alive() and gc.get_freeze_count() > 0
 
 
 def test_mitmproxys_legacy_log_events_are_dropped_and_other_handlers_kept() -> None:

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import importlib.util
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,19 @@ def test_an_unwritable_cache_keeps_the_table_in_memory(
     monkeypatch.setenv("HOPMETER_CACHE_DIR", str(blocker / "cache"))
     counter = make_counter("gpt-4o")
     assert (counter.source, counter.count("Hello, world!")) == ("tokenizer", 4)
+
+
+def test_a_flow_start_compiles_the_full_pattern_in_the_background():
+    """Once traffic has started, every counter's non-ASCII pattern is compiled in a thread, so
+    the first non-ASCII text does not wait for it (hopmeter.core.bpe.Splitter)."""
+    counter = make_counter("gpt-4")
+    split = counter._count.split  # type: ignore[attr-defined]
+    tokenizers.traffic_started()  # the proxy calls it at its first flow; once is enough
+    deadline = time.monotonic() + 30
+    while not split.prepared and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert split.prepared
+    assert counter.count("Grüße, 世界") == 8  # cl100k_base splits them more than o200k
 
 
 def test_cache_directory_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

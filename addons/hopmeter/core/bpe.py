@@ -240,19 +240,18 @@ class Splitter:
 
     The full pattern is compiled only when first needed (`prepare`): importing `regex` and
     compiling o200k_base's pattern take ~80 ms and ~6 MiB, which a proxy that has seen no
-    traffic, or only ASCII text, need not pay. `prepare_soon` does it in a thread (the
-    compiler is Python: the interpreter switches to the loop every few ms) so that a text that
-    needs it later finds it ready; one that comes first waits for it.
+    traffic, or only ASCII text, need not pay. A caller may `prepare` ahead in a thread (the
+    compiler is mostly Python: the interpreter switches to other threads every few ms) so that
+    a text that needs it later finds it ready; one that comes first waits for it.
     """
 
-    __slots__ = ("_ascii", "_full", "_lock", "_started", "pattern")
+    __slots__ = ("_ascii", "_full", "_lock", "pattern")
 
     def __init__(self, pre_tokenizer: PreTokenizer) -> None:
         self.pattern = pre_tokenizer.pattern
         self._ascii = re.compile(pre_tokenizer.ascii_pattern).findall
         self._full: Callable[[str], list[str]] | None = None
         self._lock = threading.Lock()
-        self._started = False
 
     def __call__(self, text: str) -> list[str]:
         if text.isascii():
@@ -272,14 +271,6 @@ class Splitter:
 
                 self._full = regex.compile(self.pattern).findall
             return self._full
-
-    def prepare_soon(self) -> None:
-        """`prepare` in a daemon thread, once."""
-        with self._lock:
-            if self._started or self._full is not None:
-                return
-            self._started = True
-        threading.Thread(target=self.prepare, name="hopmeter-pattern", daemon=True).start()
 
 
 _SUFFIXES: Final = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"

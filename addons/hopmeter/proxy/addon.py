@@ -53,6 +53,9 @@ class HopMeter:
         self.listener_names: dict[str, str] = {}
         self.counter: Counters | None = None
         self.traffic = False  # a flow has started (traffic_started was called)
+        # what runs once the tokenizers' patterns are compiled, in that thread (hopmeter run:
+        # hopmeter.proxy.runner.FreezeAtStart freezes what the compiler left)
+        self.after_patterns: Callable[[], None] | None = None
         # loads the default vocabulary at the first flow; records wait for it (tokenizer_load)
         self.tokenizer_load: TokenizerLoad | None = None
         self.internal_errors = 0
@@ -290,7 +293,7 @@ class HopMeter:
                 self.tokenizer_load.start()  # once; at once after the first time
             if not self.traffic:
                 self.traffic = True
-                traffic_started()
+                traffic_started(self.after_patterns)
         except Exception as exc:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False:

@@ -54,8 +54,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--lazy-tokenizer",
         action="store_true",
-        help="load the vocabulary (~47 MiB) when the first flow starts, not at start-up: idle "
-        "RSS ~80 MiB; records of flows ending before it is ready are written once it is",
+        help="make the tokenizer when the first flow starts, not at start-up (no longer saves "
+        "memory: the default maps its table and idles as low); records of flows ending before "
+        "it is ready are written once it is",
     )
     p.add_argument(
         "--log-content",

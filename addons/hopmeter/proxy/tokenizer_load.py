@@ -1,18 +1,19 @@
-"""`--lazy-tokenizer`: the default vocabulary loaded when the first flow starts, off the loop.
+"""`--lazy-tokenizer`: the default tokenizer made when the first flow starts, off the loop.
 
-o200k_base is ~47 MiB of the process once loaded (tiktoken's encoder keeps three copies of
-200,000 tokens in Rust maps), over a third of an idle `hopmeter run`. With the option
-(`hopmeter_lazy_tokenizer`) it is loaded only when the first flow starts, in a worker thread:
-reading and decoding the file (~0.4 s of Python) lets the loop run between the interpreter's
-switches, but tiktoken builds its encoder holding the GIL for 0.2-1 s, so the thread waits for
-a moment when no flow is in flight before that step (`QUIET_WAIT_MAX_S`): a connection opened
-during it waits that long once, no stream is paused.
-Tokens are counted only when a record is built, so a flow that ends before the vocabulary is
+By default `hopmeter run` maps the default encoding's rank table (hopmeter.core.bpe) at
+start-up, which costs ~1 ms and no memory until counting touches its pages, or ~0.35 s the first
+time on a host, when the table is built into the cache. With the option
+(`hopmeter_lazy_tokenizer`) that happens only when the first flow starts, in a worker thread.
+It was the way to idle without tiktoken's ~47 MiB encoder, whose build held the GIL for
+0.2-1 s; the table made it unnecessary, and the option is kept for the deployments that set it.
+The thread still waits for a moment when no flow is in flight before it loads
+(`QUIET_WAIT_MAX_S`), as it did for that build.
+Tokens are counted only when a record is built, so a flow that ends before the tokenizer is
 ready has its record built later, unchanged: everything the record says was taken when the flow
 ended; only the counting and what follows it (pairing, outputs, metrics) wait, in the order the
 flows ended, one per loop turn. A `--tokenizer` named on the command line is loaded at start-up
-(it is checked there). Not the default: under steady traffic records (and the metrics made from
-them) can come up to `QUIET_WAIT_MAX_S` late, and a beacon may come before its record.
+(it is checked there). Under steady traffic records (and the metrics made from them) can come up
+to `QUIET_WAIT_MAX_S` late, and a beacon may come before its record.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from collections.abc import Callable
 from hopmeter.proxy import tokenizers
 from hopmeter.proxy.tokenizers import Counters
 
-# Longest the loading thread waits for no flow to be in flight before building the encoder
-# anyway: under steady traffic there may never be such a moment, and records wait meanwhile. A
-# build while streams are in flight pauses them (0.2-1 s: a stall in their records), so the wait
-# is long: only a proxy never idle for a minute pays that, once.
+# Longest the loading thread waits for no flow to be in flight before loading anyway: under
+# steady traffic there may never be such a moment, and records wait meanwhile. (Chosen for
+# tiktoken's build, which paused every stream in flight; a table's build does not.)
 QUIET_WAIT_MAX_S = 60.0
 QUIET_POLL_S = 0.01
 # Records waiting for the vocabulary, at most: each holds its flow and what was measured of it
