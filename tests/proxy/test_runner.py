@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
@@ -117,20 +118,39 @@ def test_freeze_at_start_moves_what_exists_out_of_the_collectors_reach() -> None
 
 @pytest.mark.usefixtures("unfrozen")
 def test_what_the_first_flow_compiled_is_frozen_once_no_flow_is_in_flight() -> None:
-    """The tokenizers' patterns, compiled in a thread at the first flow, are frozen too, but
-    only once no flow is in flight (so a flow's own objects stay collectable)."""
+    """The tokenizers' patterns, compiled in a thread at the first flow, are frozen too: only
+    once no flow is in flight (so a flow's own objects stay collectable), and on the loop's
+    thread (where the finalizers a collection runs may touch the loop's transports)."""
     meter = HopMeter()
     freeze = FreezeAtStart(meter)
     assert meter.after_patterns == freeze.freeze_when_quiet  # what traffic_started will call
-    gc.unfreeze()
-    meter.live["f"] = None  # type: ignore[assignment]  # a flow in flight
-    thread = threading.Thread(target=freeze.freeze_when_quiet)
-    thread.start()
-    thread.join(0.3)
-    assert thread.is_alive() and gc.get_freeze_count() == 0  # waits for the flow to end
-    meter.live.clear()
-    thread.join(10)
-    assert not thread.is_alive() and gc.get_freeze_count() > 0
+    frozen_on: list[str] = []
+    really_freeze = freeze._freeze
+
+    def freezing() -> None:
+        frozen_on.append(threading.current_thread().name)
+        really_freeze()
+
+    freeze._freeze = freezing  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        freeze.running()
+        gc.unfreeze()
+        meter.live["f"] = None  # type: ignore[assignment]  # a flow in flight
+        thread = threading.Thread(target=freeze.freeze_when_quiet, name="patterns")
+        thread.start()
+        await asyncio.sleep(0.3)
+        assert thread.is_alive() and gc.get_freeze_count() == 0  # waits for the flow to end
+        meter.live.clear()
+        for _ in range(1000):
+            if gc.get_freeze_count():
+                break
+            await asyncio.sleep(0.01)
+        thread.join(10)
+        assert gc.get_freeze_count() > 0
+
+    asyncio.run(scenario())
+    assert frozen_on == [threading.main_thread().name]
 
 
 def test_mitmproxys_legacy_log_events_are_dropped_and_other_handlers_kept() -> None:

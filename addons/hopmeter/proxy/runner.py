@@ -64,17 +64,31 @@ class FreezeAtStart:
 
     def __init__(self, meter: HopMeter) -> None:
         self.meter = meter
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.deadline = 0.0
         meter.after_patterns = self.freeze_when_quiet  # set before any flow can start
 
     def running(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop = asyncio.get_running_loop()
         gc.collect()
         gc.freeze()
 
     def freeze_when_quiet(self) -> None:
-        """Collect and freeze once no flow is in flight (or after QUIET_WAIT_MAX_S anyway)."""
-        deadline = time.monotonic() + QUIET_WAIT_MAX_S
-        while self.meter.live and time.monotonic() < deadline:
+        """From the thread that compiled the patterns: once no flow is in flight (or after
+        QUIET_WAIT_MAX_S anyway), collect and freeze on the loop's thread, where the finalizers
+        of what a collection frees (asyncio's transports, streams) may run."""
+        self.deadline = time.monotonic() + QUIET_WAIT_MAX_S
+        while self.meter.live and time.monotonic() < self.deadline:
             time.sleep(QUIET_POLL_S)
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to freeze for
+                self.loop.call_soon_threadsafe(self._freeze)
+
+    def _freeze(self) -> None:
+        if self.meter.live and time.monotonic() < self.deadline and self.loop is not None:
+            self.loop.call_later(QUIET_POLL_S, self._freeze)  # a flow started meanwhile
+            return
         gc.collect()
         gc.freeze()
 

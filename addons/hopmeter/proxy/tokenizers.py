@@ -19,6 +19,7 @@ events. The counting itself (`TokenCounter`, the estimate) is in the core.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -162,28 +163,33 @@ def _encoding(name: str) -> Callable[[str], int]:
     return _counting(_table(name, sha, lambda: _shipped_bytes(vocab)), PRE_TOKENIZERS[name])
 
 
-# The table counters made in this process, and whether a flow has started: from then on each
-# one's full pattern is compiled in a thread as soon as it is made (hopmeter.core.bpe.Splitter),
-# so that the first non-ASCII text finds it ready rather than waiting ~80 ms on the loop.
-_BPE_COUNTERS: list[BpeCounter] = []
+# The table counters made before the first flow; from then on each one's full pattern is
+# compiled in a thread as soon as it is made (hopmeter.core.bpe.Splitter), so that the first
+# non-ASCII text finds it ready rather than waiting ~80 ms on the loop.
+_WAITING: list[BpeCounter] = []
 _TRAFFIC = threading.Event()
+_TRAFFIC_LOCK = threading.Lock()
 
 
 def _counting(table: RankTable, pre_tokenizer: PreTokenizer) -> BpeCounter:
     counter = BpeCounter(table, pre_tokenizer)
-    _BPE_COUNTERS.append(counter)
-    if _TRAFFIC.is_set():
-        _in_thread([counter.split.prepare])
+    with _TRAFFIC_LOCK:
+        if not _TRAFFIC.is_set():
+            _WAITING.append(counter)
+            return counter
+    _in_thread([counter.split.prepare])
     return counter
 
 
 def traffic_started(then: Callable[[], None] | None = None) -> None:
     """A flow has started: compile every counter's full pattern in a thread, then call `then`
     there (`hopmeter run` freezes the heap the compiler left; hopmeter.proxy.runner)."""
-    if _TRAFFIC.is_set():
-        return
-    _TRAFFIC.set()
-    steps = [c.split.prepare for c in _BPE_COUNTERS if not c.split.prepared]
+    with _TRAFFIC_LOCK:
+        if _TRAFFIC.is_set():
+            return
+        _TRAFFIC.set()
+        steps = [c.split.prepare for c in _WAITING]
+        _WAITING.clear()
     _in_thread([*steps, *([then] if then is not None else [])])
 
 
@@ -224,13 +230,15 @@ def _table(stem: str, sha: bytes, source: Callable[[], bytes]) -> RankTable:
         image = build_table(parse_tiktoken(source()), sha)
     except TableError as exc:
         raise TokenizerError(f"{stem} is not a .tiktoken file (base64 token, rank): {exc}") from exc
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         partial.write_bytes(image)
-        partial.replace(path)
+        partial.replace(path)  # whole or not at all, for the other processes reading the cache
         return _map(path, sha)
     except (OSError, TableError) as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         log.warning(
             "hopmeter: token table kept in memory, not shared",
@@ -238,7 +246,10 @@ def _table(stem: str, sha: bytes, source: Callable[[], bytes]) -> RankTable:
             reason=reason,
             fix="set HOPMETER_CACHE_DIR to a writable directory",
         )
+    try:
         return RankTable(image, sha)
+    except TableError as exc:  # a big-endian machine: the format is little-endian
+        raise TokenizerError(f"cannot count with a token table here: {exc}") from exc
 
 
 def _map(path: Path, sha: bytes) -> RankTable:

@@ -23,6 +23,17 @@ STOP_TIMEOUT_S = 30.0
 POLL_S = 0.1
 
 
+def failed_worker(code: int, stopping: bool) -> bool:
+    """Whether a worker's exit status means it failed (and the others should stop): any but 0,
+    except, once a stop was asked for, death by the signal forwarded to it. A worker still
+    starting up (importing, before its loop installs its handlers) dies of SIGTERM or SIGINT
+    with nothing in flight; counting that as a failure would signal the others a second time,
+    and a second signal stops a worker without letting its streams finish."""
+    if code == 0:
+        return False
+    return not (stopping and code in (-signal.SIGTERM, -signal.SIGINT))
+
+
 def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> int:
     """Start `workers` copies of `hopmeter run ARGV`, forward signals, return the worst status.
 
@@ -56,7 +67,7 @@ def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_
     while any(p.poll() is None for p in procs):
         for i, p in enumerate(procs):
             code = p.poll()
-            if code not in (None, 0) and i not in failed:
+            if code is not None and i not in failed and failed_worker(code, bool(stopping)):
                 failed.add(i)
                 status = max(status, code)
                 forward(signal.SIGTERM, None)
