@@ -15,8 +15,6 @@ TESTS = ROOT / "tests"
 REACHED_BY_INTEGRATION: dict[str, tuple[str, ...]] = {
     # `hopmeter run`'s flags and errors, and `--workers N`
     "proxy/command.py": ("tests/test_cli.py", "tests/integration/test_workers.py"),
-    # N processes sharing a port, with signals forwarded
-    "proxy/workers.py": ("tests/integration/test_workers.py",),
     # the script plain mitmdump loads (`hopmeter --addon-path`)
     "proxy/mitmdump/script.py": ("tests/test_cli.py", "tests/integration/test_faults.py"),
     # `hopmeter report`: the text and HTML reports from real records
