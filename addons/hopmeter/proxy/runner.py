@@ -15,7 +15,7 @@ from mitmproxy import exceptions
 from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
-from hopmeter.proxy import backpressure
+from hopmeter.proxy import backpressure, framing
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
@@ -105,6 +105,7 @@ async def run_proxy(
     finish within the drain timeout; a second one stops at once.
     """
     backpressure.install()  # mitmproxy's per-read drain step only when a writer could need it
+    framing.install()  # mitmproxy's HTTP/1 framing decision kept per response, not per chunk
     opts = LeanOptions()  # reads of immutable option values without deep copies
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
     master = LeanMaster(opts)
