@@ -6,6 +6,7 @@ import base64
 import gzip
 import hashlib
 import importlib.util
+import os
 import socket
 import time
 from pathlib import Path
@@ -196,6 +197,21 @@ def test_cache_directory_follows_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_dir() == tmp_path / "home" / ".cache" / "hopmeter"
+
+
+def test_without_a_home_the_table_is_kept_in_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No cache directory and no home (a bare container user): counting works from memory, and
+    nothing is written relative to the working directory (no "~" folder)."""
+    for name in ("HOPMETER_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # as with no $HOME, no passwd
+    monkeypatch.chdir(tmp_path)
+    assert cache_dir() is None
+    counter = make_counter("gpt-4o")
+    assert (counter.source, counter.count("Hello, world!")) == ("tokenizer", 4)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unshipped_encoding_falls_back_or_raises_when_strict():

@@ -205,51 +205,67 @@ def _in_thread(steps: list[Callable[[], object]]) -> None:
         threading.Thread(target=run, name="hopmeter-pattern", daemon=True).start()
 
 
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
     """Where rank tables are kept: $HOPMETER_CACHE_DIR, else $XDG_CACHE_HOME/hopmeter, else
-    ~/.cache/hopmeter."""
+    ~/.cache/hopmeter; None when there is no home directory to put it in (tables in memory)."""
     if os.environ.get("HOPMETER_CACHE_DIR"):
         return Path(os.environ["HOPMETER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hopmeter"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "hopmeter"
+    home = os.path.expanduser("~")
+    if home.startswith("~"):  # no $HOME and no password entry: not a path relative to the cwd
+        return None
+    return Path(home) / ".cache" / "hopmeter"
 
 
 def _table(stem: str, sha: bytes, source: Callable[[], bytes]) -> RankTable:
     """The rank table of a vocabulary (`source` gives its .tiktoken bytes, `sha` their SHA-256):
     mapped from the cache when it holds it, else built (~0.3 s for o200k_base) and written there;
-    kept in memory when the cache cannot be written (a read-only file system)."""
-    path = cache_dir() / f"{stem}-{sha.hex()[:16]}.bpe"
-    try:
-        return _map(path, sha)
-    except FileNotFoundError:
-        pass
-    except (OSError, TableError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        log.info("hopmeter: rebuilding a token table", path=str(path), reason=reason)
+    kept in memory when there is no cache to write (no home, a read-only file system)."""
+    directory = cache_dir()
+    path = None if directory is None else directory / f"{stem}-{sha.hex()[:16]}.bpe"
+    if path is not None:
+        try:
+            return _map(path, sha)
+        except FileNotFoundError:
+            pass
+        except (OSError, TableError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+            log.info("hopmeter: rebuilding a token table", path=str(path), reason=reason)
     try:
         image = build_table(parse_tiktoken(source()), sha)
     except TableError as exc:
         raise TokenizerError(f"{stem} is not a .tiktoken file (base64 token, rank): {exc}") from exc
-    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_bytes(image)
-        partial.replace(path)  # whole or not at all, for the other processes reading the cache
-        return _map(path, sha)
-    except (OSError, TableError) as exc:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        log.warning(
-            "hopmeter: token table kept in memory, not shared",
-            path=str(path),
-            reason=reason,
-            fix="set HOPMETER_CACHE_DIR to a writable directory",
-        )
+    reason = "no home directory for the cache"
+    if path is not None:
+        try:
+            return _write_and_map(path, image, sha)
+        except (OSError, TableError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+    log.warning(
+        "hopmeter: token table kept in memory, not shared",
+        path=None if path is None else str(path),
+        reason=reason,
+        fix="set HOPMETER_CACHE_DIR to a writable directory",
+    )
     try:
         return RankTable(image, sha)
     except TableError as exc:  # a big-endian machine: the format is little-endian
         raise TokenizerError(f"cannot count with a token table here: {exc}") from exc
+
+
+def _write_and_map(path: Path, image: bytes, sha: bytes) -> RankTable:
+    """Write a table to the cache, whole or not at all (other processes read it), and map it."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(image)
+        partial.replace(path)
+        return _map(path, sha)
+    except (OSError, TableError):
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
 
 
 def _map(path: Path, sha: bytes) -> RankTable:
