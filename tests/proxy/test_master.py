@@ -12,6 +12,7 @@ import base64
 import functools
 import http.client
 import json
+import random
 import re
 import socket
 import ssl
@@ -74,9 +75,22 @@ class Echo(BaseHTTPRequestHandler):
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 free a moment ago. A UDP one comes from below the kernel's ephemeral
+    range: a port the kernel picked for this bind it may hand to another process's outgoing
+    datagram socket (a DNS lookup on the other test worker) before the listener binds it."""
+    if kind != socket.SOCK_DGRAM:
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(1024, low - 8192), low), 200):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free UDP port below the ephemeral range")
 
 
 @pytest.fixture(scope="module")
