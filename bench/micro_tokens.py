@@ -29,41 +29,31 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
+from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import TokenCounter
-from hopmeter.core.vocab import TokenSource
+from hopmeter.core.vocab import Api, TokenSource
 from hopmeter.proxy.tokenizers import make_counter
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-REPLY_KEYS = {"content", "text", "thinking", "partial_json", "response", "token"}
-
-
-def reply_texts(value: Any) -> list[str]:
-    """The strings a provider's event carries under its text keys."""
-    if isinstance(value, dict):
-        return [
-            s
-            for k, v in value.items()
-            for s in ([v] if k in REPLY_KEYS and isinstance(v, str) else reply_texts(v))
-        ]
-    if isinstance(value, list):
-        return [s for v in value for s in reply_texts(v)]
-    return []
 
 
 def sources() -> dict[str, str]:
+    """Prose and code, and the reply text the proxy keeps of each recorded stream."""
     docs = "".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
-    corpus = []
+    replies = []
     for path in sorted((ROOT / "tests" / "corpus").rglob("*")):
-        if path.suffix in {".sse", ".ndjson", ".jsonl"}:
-            for line in path.read_text(errors="replace").splitlines():
-                payload = line.removeprefix("data:").strip()
-                if payload.startswith("{"):
-                    try:
-                        corpus.extend(reply_texts(json.loads(payload)))
-                    except ValueError:
-                        continue
-    return {"docs": docs, "corpus": "".join(corpus)}
+        if path.suffix in {".sse", ".ndjson"}:
+            ndjson = path.suffix == ".ndjson"
+            meter = FlowMeter(  # the API sniffed from the payloads, as for an unknown upstream
+                api=Api.NDJSON if ndjson else Api.SSE,
+                content_type="application/x-ndjson" if ndjson else "text/event-stream",
+                content_encoding=None,
+            )
+            meter.feed(path.read_bytes(), 0.0)
+            meter.close(1.0)
+            replies.append(meter.text())
+    return {"docs": docs, "corpus": "".join(replies)}
 
 
 def events_by_tokens(text: str, encode: Any, decode: Any) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import json
 import random
 import re
 from functools import cache
@@ -26,10 +25,11 @@ from hopmeter.core.bpe import (
     parse_tiktoken,
     pre_tokenizer_for,
 )
+from hopmeter.core.meter import FlowMeter
+from hopmeter.core.vocab import Api
+from tests.harness.corpus import CASES, CORPUS, needs_corpus
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "addons" / "hopmeter" / "data"
-CORPUS = ROOT / "tests" / "corpus"
+DATA = Path(__file__).resolve().parents[2] / "addons" / "hopmeter" / "data"
 SHIPPED = ("o200k_base", "cl100k_base")
 
 
@@ -40,33 +40,29 @@ def shipped_table(name: str) -> RankTable:
     return RankTable(build_table(parse_tiktoken(raw), sha), sha)
 
 
+def meter_texts(name: str) -> list[str]:
+    """What the proxy counts of one recording: each event's kept text (FlowMeter.event_texts)."""
+    ndjson = name.endswith(".ndjson")
+    meter = FlowMeter(
+        api=Api(CASES[name].api),
+        content_type="application/x-ndjson" if ndjson else "text/event-stream",
+        content_encoding=None,
+    )
+    meter.feed((CORPUS / name).read_bytes(), 0.0)
+    meter.close(1.0)
+    return [text for text in meter.event_texts() if text]
+
+
 @cache
 def corpus_texts() -> list[str]:
-    """The text of every event in the recorded provider streams, and each file whole."""
+    """Every event text of the recorded provider streams, and each stream line by line and whole
+    (payload JSON: ids, names, escapes, long pieces)."""
     texts = []
-    for path in sorted(CORPUS.rglob("*")):
-        if not path.is_file() or path.suffix not in {".sse", ".ndjson", ".jsonl"}:
-            continue
-        body = path.read_text(encoding="utf-8", errors="replace")
-        texts.append(body)
-        for line in body.splitlines():
-            payload = line.removeprefix("data:").strip()
-            if payload.startswith("{"):
-                try:
-                    texts.extend(_strings(json.loads(payload)))
-                except ValueError:
-                    texts.append(line)
+    for name in sorted(CASES):
+        texts += meter_texts(name)
+        body = (CORPUS / name).read_text(encoding="utf-8", errors="replace")
+        texts += [body, *body.splitlines(keepends=True)]
     return texts
-
-
-def _strings(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
 
 
 # What the corpus lacks: scripts, emoji sequences, combining marks, exotic spaces and digits,
@@ -100,9 +96,11 @@ LONG_PIECES = [
 ]
 
 
+@needs_corpus
 @pytest.mark.parametrize("name", SHIPPED)
 def test_counts_equal_tiktoken_on_the_corpus(name: str) -> None:
-    """Every event text of 17 providers' recorded streams, and each stream whole."""
+    """Every event text of 17 providers' recorded streams, as the proxy keeps it, and each
+    stream line by line and whole."""
     reference = tiktoken.get_encoding(name)
     count = BpeCounter(shipped_table(name), PRE_TOKENIZERS[name])
     texts = corpus_texts()
@@ -160,7 +158,7 @@ def test_ascii_pattern_splits_like_the_full_one(name: str) -> None:
     chars = [chr(c) for c in range(128)] + list(" \n\tabcABC'sS019.,") * 8
     texts = ["".join(rnd.choices(chars, k=rnd.randint(1, 30))) for _ in range(20_000)]
     texts += ["it's", "IT'S", "I'M", "x  \n", "  ", "a\r\n\r\nb", "12345", "//\n", "\x1c \x1f"]
-    texts += [line for t in corpus_texts() for line in t.splitlines(keepends=True) if t.isascii()]
+    texts += [t for t in corpus_texts() if t.isascii()]
     assert [t for t in texts if full(t) != ascii_only(t)] == []
 
 

@@ -1,11 +1,12 @@
-"""Tests for hopmeter.proxy.framing: the same commands as mitmproxy's Http1Server.send."""
+"""Tests for hopmeter.proxy.framing: on mitmproxy's own Http1Server, the commands its send gives."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from mitmproxy.proxy import commands
+from mitmproxy import options
+from mitmproxy.proxy import commands, context
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import (
     ResponseData,
@@ -17,23 +18,19 @@ from mitmproxy.test import tflow, tutils
 from hopmeter.proxy import framing
 
 
-class Server:
-    """What Http1Server.send reads of itself for response events."""
-
-    def __init__(self, headers: dict[str, str]) -> None:
-        self.stream_id = 1
-        self.conn = tflow.tclient_conn()
-        self.request = tutils.treq()
-        self.response = tutils.tresp(headers=[(k.encode(), v.encode()) for k, v in headers.items()])
-
-    def mark_done(self, **kwargs: Any) -> Any:
-        yield from ()
+def server(headers: dict[str, str]) -> _http1.Http1Server:
+    """mitmproxy's own HTTP/1 server layer, in the middle of answering a request."""
+    layer = _http1.Http1Server(context.Context(tflow.tclient_conn(), options.Options()))
+    layer.stream_id = 1
+    layer.request = tutils.treq()
+    layer.response = tutils.tresp(headers=[(k.encode(), v.encode()) for k, v in headers.items()])
+    return layer
 
 
-def sent(method: Any, server: Server, event: Any) -> list[tuple[type, bytes | None]]:
+def sent(method: Any, layer: _http1.Http1Server, event: Any) -> list[tuple[type, bytes | None]]:
     return [
         (type(c), c.data if isinstance(c, commands.SendData) else None)
-        for c in method(server, event)
+        for c in method(layer, event)
     ]
 
 
@@ -52,7 +49,7 @@ CHUNKED = {"transfer-encoding": "chunked"}
     ids=["chunked", "chunked-last", "length", "neither"],
 )
 def test_data_is_framed_as_mitmproxy_frames_it(headers: dict[str, str]) -> None:
-    ours, theirs = Server(headers), Server(headers)
+    ours, theirs = server(headers), server(headers)
     for data in (b"data: a\n\n", b"", b"x" * 300, b"data: b\n\n"):
         event = ResponseData(1, data)
         assert sent(framing.send, ours, event) == sent(MITMPROXY, theirs, event)
@@ -61,30 +58,32 @@ def test_data_is_framed_as_mitmproxy_frames_it(headers: dict[str, str]) -> None:
 def test_a_change_to_the_headers_between_chunks_is_seen() -> None:
     """The decision is kept per header tuple: an addon that changes the headers mid-body (they
     were sent already, but mitmproxy reads them again) gets mitmproxy's answer."""
-    ours, theirs = Server(CHUNKED), Server(CHUNKED)
-    for server in (ours, theirs):
-        list(framing.send(server, ResponseData(1, b"one")))
-    for server in (ours, theirs):
-        del server.response.headers["transfer-encoding"]
+    ours, theirs = server(CHUNKED), server(CHUNKED)
+    for layer in (ours, theirs):
+        list(framing.send(layer, ResponseData(1, b"one")))
+    for layer in (ours, theirs):
+        assert layer.response is not None
+        del layer.response.headers["transfer-encoding"]
     event = ResponseData(1, b"two")
     assert (
         sent(framing.send, ours, event)
         == sent(MITMPROXY, theirs, event)
         == [(commands.SendData, b"two")]
     )
-    for server in (ours, theirs):
-        server.response.headers["transfer-encoding"] = "chunked"
+    for layer in (ours, theirs):
+        assert layer.response is not None
+        layer.response.headers["transfer-encoding"] = "chunked"
     assert sent(framing.send, ours, event) == [(commands.SendData, b"3\r\ntwo\r\n")]
 
 
 def test_other_events_go_to_mitmproxys_method() -> None:
-    ours, theirs = Server(CHUNKED), Server(CHUNKED)
+    ours, theirs = server(CHUNKED), server(CHUNKED)
     for event in (
-        ResponseHeaders(1, ours.response, end_stream=False),
+        ResponseHeaders(1, tutils.tresp(), end_stream=False),
         ResponseEndOfMessage(1),
     ):
         assert sent(framing.send, ours, event) == sent(MITMPROXY, theirs, event)
-    ours.response = None  # type: ignore[assignment]
+    ours.response = None
     with pytest.raises(AssertionError):  # mitmproxy's own check, as before
         list(framing.send(ours, ResponseData(1, b"x")))
 

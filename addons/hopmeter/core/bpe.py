@@ -24,9 +24,9 @@ The table's layout (little-endian; `HEADER` then three arrays):
 
 Pure-ASCII text, most of a reply, is split with the standard library's `re`; other text with
 `regex` (the `\\p{...}` classes need it), compiled when first needed (`Splitter`). Counting a short
-text costs ~3 us where tiktoken's takes ~1.5; hopmeter.core.tokens and `BpeCounter` remember
-the counts of recurring texts and pieces, so an event costs ~0.5 us more on varied text and
-nothing on a reply's common words.
+text costs ~1.3 us where tiktoken's took ~1.0; hopmeter.core.tokens and `BpeCounter` remember
+the counts of recurring texts and pieces, so an event costs ~0.1-0.3 us more on varied text and
+nothing on a reply's common words (bench/micro_tokens.py).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import base64
 import heapq
 import re
 import struct
+import sys
 import threading
 import zlib
 from array import array
@@ -79,7 +80,8 @@ def parse_tiktoken(raw: bytes) -> list[bytes]:
 
 
 def build_table(tokens: Iterable[bytes], source_sha256: bytes) -> bytes:
-    """The table image of `tokens` (by rank; b"" for a missing rank)."""
+    """The table image of `tokens` (by rank; b"" for a missing rank), in this machine's byte
+    order, which `RankTable` reads only on a little-endian one."""
     offsets = array("I", [0])
     blob = bytearray()
     for token in tokens:
@@ -98,16 +100,13 @@ def build_table(tokens: Iterable[bytes], source_sha256: bytes) -> bytes:
             i = (i + 1) & mask
         slots[i] = rank + 1
     header = HEADER.pack(MAGIC, source_sha256, ranks, bits, len(blob))
-    if array("I", [1]).tobytes() != b"\x01\x00\x00\x00":  # the format is little-endian
-        slots.byteswap()
-        offsets.byteswap()
     return header + slots.tobytes() + offsets.tobytes() + bytes(blob)
 
 
 class RankTable:
     """Token bytes -> rank, read from a table image: bytes, or a file the caller mapped."""
 
-    __slots__ = ("_buffer", "_mask", "_offsets", "_slots", "rank", "ranks", "source_sha256")
+    __slots__ = ("rank", "ranks")
 
     def __init__(
         self,
@@ -130,17 +129,17 @@ class RankTable:
         offsets_end = slots_end + 4 * (ranks + 1)
         if bits > 31 or len(image) != offsets_end + blob_len:
             raise TableError("truncated or padded")
-        if array("I", [1]).tobytes() != b"\x01\x00\x00\x00":
+        if sys.byteorder != "little":
             raise TableError("this machine is big-endian; the table is little-endian")
         view = memoryview(image)
-        self._buffer = image
-        self._slots = view[HEADER.size : slots_end].cast("I")
-        self._offsets = view[slots_end:offsets_end].cast("I")
-        self._mask = (1 << bits) - 1
         self.ranks: int = ranks
-        self.source_sha256: bytes = sha
+        # the lookup holds the image (a mapping stays open as long as the table lives)
         self.rank: Callable[[bytes], int | None] = _lookup(
-            self._slots, self._offsets, image, offsets_end, self._mask
+            view[HEADER.size : slots_end].cast("I"),
+            view[slots_end:offsets_end].cast("I"),
+            image,
+            offsets_end,
+            (1 << bits) - 1,
         )
 
     def merged_parts(self, piece: bytes) -> int:

@@ -52,7 +52,6 @@ class HopMeter:
     def __init__(self) -> None:
         self.listener_names: dict[str, str] = {}
         self.counter: Counters | None = None
-        self.traffic = False  # a flow has started (traffic_started was called)
         # what runs once the tokenizers' patterns are compiled, in that thread (hopmeter run:
         # hopmeter.proxy.runner.FreezeAtStart freezes what the compiler left)
         self.after_patterns: Callable[[], None] | None = None
@@ -291,9 +290,7 @@ class HopMeter:
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
             if self.tokenizer_load is not None:
                 self.tokenizer_load.start()  # once; at once after the first time
-            if not self.traffic:
-                self.traffic = True
-                traffic_started(self.after_patterns)
+            traffic_started(self.after_patterns)  # the first flow's call acts; then a flag read
         except Exception as exc:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False:

@@ -24,7 +24,7 @@ from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.master import LeanMaster, LeanOptions
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
-from hopmeter.proxy.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S
+from hopmeter.proxy.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S, wait_for_quiet
 from hopmeter.proxy.ui import HopView
 
 # mitmproxy closes a client connection after this long without any event (`tcp_timeout`, 600 s
@@ -79,8 +79,7 @@ class FreezeAtStart:
         QUIET_WAIT_MAX_S anyway), collect and freeze on the loop's thread, where the finalizers
         of what a collection frees (asyncio's transports, streams) may run."""
         self.deadline = time.monotonic() + QUIET_WAIT_MAX_S
-        while self.meter.live and time.monotonic() < self.deadline:
-            time.sleep(QUIET_POLL_S)
+        wait_for_quiet(lambda: not self.meter.live)
         if self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to freeze for
                 self.loop.call_soon_threadsafe(self._freeze)

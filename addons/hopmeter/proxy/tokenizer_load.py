@@ -39,6 +39,13 @@ QUIET_POLL_S = 0.01
 MAX_PARKED = 256
 
 
+def wait_for_quiet(quiet: Callable[[], bool], max_s: float = QUIET_WAIT_MAX_S) -> None:
+    """Sleep in this (non-loop) thread until `quiet()` or for `max_s`, whichever comes first."""
+    deadline = time.monotonic() + max_s
+    while not quiet() and time.monotonic() < deadline:
+        time.sleep(QUIET_POLL_S)
+
+
 class TokenizerLoad:
     """Starts the load at the first flow; runs each record's completion once the load is done."""
 
@@ -119,9 +126,7 @@ class TokenizerLoad:
                     self._loop.call_soon_threadsafe(self._next)
 
     def _wait_quiet(self) -> None:
-        deadline = time.monotonic() + QUIET_WAIT_MAX_S
-        while not self._hurry and not self.quiet() and time.monotonic() < deadline:
-            time.sleep(QUIET_POLL_S)
+        wait_for_quiet(lambda: self._hurry or self.quiet())
 
     def _next(self) -> None:
         """Run the oldest waiting completion, and the next on the following loop turn."""

@@ -183,7 +183,10 @@ def _counting(table: RankTable, pre_tokenizer: PreTokenizer) -> BpeCounter:
 
 def traffic_started(then: Callable[[], None] | None = None) -> None:
     """A flow has started: compile every counter's full pattern in a thread, then call `then`
-    there (`hopmeter run` freezes the heap the compiler left; hopmeter.proxy.runner)."""
+    there (`hopmeter run` freezes the heap the compiler left; hopmeter.proxy.runner). Called for
+    every flow: after the first, one flag read."""
+    if _TRAFFIC.is_set():
+        return
     with _TRAFFIC_LOCK:
         if _TRAFFIC.is_set():
             return
