@@ -16,13 +16,13 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter as CountOf
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
@@ -76,6 +76,18 @@ FLOW_LABELS = ("hop", "api", "model", "route")
 MAX_CACHED_CHILDREN = 20_000
 # Trace ids are 32 hex digits (W3C); the OpenMetrics exemplar label set is capped at 128 chars.
 _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
+
+
+class ProcessCounters:
+    """Counters a part of the process keeps as plain numbers (nothing done per increment but
+    the increment), read when scraped: `read()` gives (name without `hopmeter_`, help, value)."""
+
+    def __init__(self, read: Callable[[], Iterable[tuple[str, str, float]]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, value in self.read():
+            yield CounterMetricFamily(f"hopmeter_{name}", doc, value=value)
 
 
 def new_registry() -> CollectorRegistry:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mitmproxy import http
 from mitmproxy.proxy import commands, layer
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import HttpEvent, ResponseData
@@ -33,16 +34,21 @@ def send(self: _http1.Http1Server, event: HttpEvent) -> layer.CommandGenerator[N
         yield from _MITMPROXY_SEND(self, event)
         return
     assert event.stream_id == self.stream_id
-    fields = response.headers.fields
-    seen: Any = self.__dict__.get("_hopmeter_framing")
-    if seen is not None and seen[0] is fields:
-        chunked = seen[1]
-    else:
-        chunked = "chunked" in response.headers.get("transfer-encoding", "").lower()
-        self.__dict__["_hopmeter_framing"] = (fields, chunked)
-    raw = b"%x\r\n%s\r\n" % (len(event.data), event.data) if chunked else event.data
+    raw = b"%x\r\n%s\r\n" % (len(event.data), event.data) if chunked(self, response) else event.data
     if raw:
         yield commands.SendData(self.conn, raw)
+
+
+def chunked(server: _http1.Http1Server, response: http.Response) -> bool:
+    """Whether `server` frames `response`'s body chunks as HTTP/1 chunks, as mitmproxy's `send`
+    decides it, remembered with the header tuple the answer came from."""
+    fields = response.headers.fields
+    seen: Any = server.__dict__.get("_hopmeter_framing")
+    if seen is not None and seen[0] is fields:
+        return bool(seen[1])
+    answer = "chunked" in response.headers.get("transfer-encoding", "").lower()
+    server.__dict__["_hopmeter_framing"] = (fields, answer)
+    return answer
 
 
 def install() -> None:

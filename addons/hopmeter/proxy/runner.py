@@ -15,7 +15,8 @@ from mitmproxy import exceptions
 from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
-from hopmeter.proxy import backpressure, framing
+from hopmeter.export.prometheus import ProcessCounters
+from hopmeter.proxy import backpressure, framing, relay
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
@@ -105,14 +106,16 @@ async def run_proxy(
     """
     backpressure.install()  # mitmproxy's per-read drain step only when a writer could need it
     framing.install()  # mitmproxy's HTTP/1 framing decision kept per response, not per chunk
+    relay.install()  # a streamed HTTP/1 body's reads moved past mitmproxy's layers
     opts = LeanOptions()  # reads of immutable option values without deep copies
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
     master = LeanMaster(opts)
     addons = default_addons()
-    meter, readiness = addons[0], addons[2]
+    meter, readiness, metrics = addons[0], addons[2], addons[4]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
+    assert isinstance(metrics, MetricsOutput)
     drain = Drain(meter, readiness)
-    master.addons.add(*addons, drain, FreezeAtStart(meter))
+    master.addons.add(*addons, drain, FreezeAtStart(meter), relay.Relay(meter.internal_error))
     try:
         opts.update(
             # mitmproxy listens on every interface by default; hopmeter on loopback unless told
@@ -150,6 +153,8 @@ async def run_proxy(
             opts.set(*cfg.extra)
     except exceptions.OptionsError as exc:
         raise UsageError(str(exc)) from None
+    if metrics.metrics is not None:
+        metrics.metrics.registry.register(ProcessCounters(relay.counts))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -1,0 +1,442 @@
+"""`hopmeter run`'s direct relay of a streamed HTTP/1 response body, past mitmproxy's layers.
+
+Every read mitmproxy takes from an upstream travels its whole layer stack: the connection
+handler's lock, the mode layer, the HTTP layer, the connection's HTTP/1 client (h11's chunked
+reader on a receive buffer), one `ResponseData` event per piece to the flow's `HttpStream`, which
+calls the response's stream callable and sends the piece back down through the HTTP layer to the
+client's HTTP/1 server (its chunk framing) and up again as a `SendData` command to the client's
+writer. For a streamed body that is nearly half of the proxy's CPU per event (perf, 20 streams:
+`Layer.handle_event`, `HttpLayer.event_to_child`, `server_event` and its lock, h11's reader),
+and none of it does anything but move the piece.
+
+`install()` puts a method in front of `ConnectionHandler.server_event`. For a read from an
+upstream connection that carries a relay (armed by `Relay` when a response starts streaming),
+the relay checks that mitmproxy is in the state where the read could only be moved, and if so
+does what the layers would do, in the same order, with the same bytes:
+
+- splits the read into the pieces h11's reader would give mitmproxy (`split_chunked`: the same
+  header pattern, the same CRLF check after each chunk; a content-length body; a body read to
+  the connection's end) and keeps the reader's state as h11 would;
+- calls the response's stream callable with each piece (hopmeter's tap; any callable, as
+  mitmproxy does) and frames what it returns as the client's HTTP/1 server would
+  (`framing.chunked`);
+- writes each to the client's writer unless it is closing, and marks the connection's activity
+  for mitmproxy's idle timeout.
+
+Whatever the relay does not take goes to mitmproxy's own method: a read while any layer on the
+path is paused (a hook in progress, the response's headers hook included), the last chunk and its
+trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
+error), the final read of a content-length body, TLS on either side, an HTTP/2 client or upstream,
+`store_streamed_bodies`, `proxy_debug`, or a relay that failed. A read can be split: the relay
+takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
+as h11 left it. tests/proxy/test_relay.py holds the pieces to h11's on random splits, and the
+bytes and records of real flows to those of the same flows with the relay off
+(`--set hopmeter_relay=false`).
+
+It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it; the addons a
+user loads into a plain mitmdump leave mitmproxy as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from h11._readers import ChunkedReader, ContentLengthReader, Http10Reader, chunk_header_re
+from mitmproxy import ctx, http
+from mitmproxy.addonmanager import Loader
+from mitmproxy.proxy import events
+from mitmproxy.proxy import layer as mlayer
+from mitmproxy.proxy.layers.http import HttpClient, HttpLayer, HttpStream
+from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Connection, Http1Server
+from mitmproxy.proxy.server import ConnectionHandler
+
+from hopmeter.proxy import framing
+
+OnError = Callable[[str, BaseException], None]
+
+_MITMPROXY_SERVER_EVENT = ConnectionHandler.server_event
+_KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
+_READ_BODY = Http1Connection.read_body
+_STREAM_BODY = HttpStream.state_stream_response_body
+_DataReceived = events.DataReceived
+_CRLF = b"\r\n"
+# h11 0.16 keeps the CRLF still to be read after a chunk as bytes and checks it; an h11 that keeps a
+# count (and skips unchecked) is not followed: its chunked bodies go through mitmproxy's layers.
+_H11_CHECKS_CRLF = isinstance(ChunkedReader()._bytes_to_discard, bytes)
+# body readers by what the relay does with a read (mitmproxy's `make_body_reader` picks one)
+_CHUNKED, _LENGTH, _TO_EOF = 1, 2, 3
+# Layers between the connection handler and the HTTP layer, a handful in every mode; the bound
+# stops a walk that would not end.
+_MAX_DEPTH = 16
+
+
+class Stats:
+    """What the relays of this process did (a /metrics counter; tests)."""
+
+    __slots__ = ("armed", "pieces")
+
+    def __init__(self) -> None:
+        self.armed = 0  # responses a relay was armed for
+        self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
+
+
+STATS = Stats()
+
+
+def counts() -> list[tuple[str, str, float]]:
+    """The relay's counts for /metrics (hopmeter.export.prometheus.ProcessCounters)."""
+    return [
+        (
+            "relayed_pieces",
+            "Response body pieces `hopmeter run` moved from upstream to client itself instead of "
+            "through mitmproxy's layers (the same bytes, stream callable and framing).",
+            STATS.pieces,
+        ),
+        ("relayed_responses", "Streamed HTTP/1 responses a relay was armed for.", STATS.armed),
+    ]
+
+
+def split_chunked(
+    data: bytes, in_chunk: int, discard: bytes
+) -> tuple[list[bytes], int, int, bytes]:
+    """The body pieces h11's ChunkedReader would give mitmproxy for `data`, read with an empty
+    receive buffer from the state (`in_chunk` bytes of a chunk still to come, `discard` the CRLF
+    still to be read after one).
+
+    Stops before what the reader would not turn into data: the last chunk (size 0, then
+    trailers), a chunk header not complete in `data`, a header h11's pattern rejects, a CRLF that
+    is not one. Returns (pieces, bytes of `data` used, in_chunk, discard) as h11 would leave them
+    after the bytes used; the rest of `data` is for h11.
+    """
+    pieces: list[bytes] = []
+    pos = 0
+    end = len(data)
+    while pos < end:
+        if discard:
+            n = min(len(discard), end - pos)
+            if data[pos : pos + n] != discard[:n]:
+                break
+            discard = discard[n:]
+            pos += n
+        elif in_chunk == 0:
+            eol = data.find(_CRLF, pos)
+            if eol < 0:
+                break
+            header = chunk_header_re.fullmatch(data, pos, eol + 2)
+            if header is None:
+                break
+            size = int(header["chunk_size"], 16)
+            if size == 0:
+                break
+            in_chunk = size
+            pos = eol + 2
+        else:
+            n = min(in_chunk, end - pos)
+            pieces.append(data[pos : pos + n])
+            pos += n
+            in_chunk -= n
+            if in_chunk == 0:
+                discard = _CRLF
+    return pieces, pos, in_chunk, discard
+
+
+class _Done:
+    """An awaitable that is already done: `server_event`'s answer for a read the relay took."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
+
+
+_DONE = _Done()
+
+
+def server_event(self: ConnectionHandler, event: events.Event) -> Any:
+    """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay."""
+    if type(event) is _DataReceived:
+        relay = event.connection.__dict__.get(_KEY)
+        if relay is not None:
+            used = relay.take(self, event.data)
+            if used:
+                if used == len(event.data):
+                    return _DONE
+                event = _DataReceived(event.connection, event.data[used:])
+    return _MITMPROXY_SERVER_EVENT(self, event)
+
+
+class BodyRelay:
+    """One streamed response's path through mitmproxy, held to move its body's reads."""
+
+    __slots__ = (
+        "client_conn",
+        "dead",
+        "flow",
+        "h1",
+        "handler",
+        "http_layer",
+        "kind",
+        "layers",
+        "on_error",
+        "reader",
+        "response",
+        "server",
+        "sid",
+        "store_option",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        *,
+        handler: ConnectionHandler,
+        flow: http.HTTPFlow,
+        http_layer: HttpLayer,
+        h1: Http1Client,
+        server: Http1Server,
+        stream: HttpStream,
+        layers: tuple[Any, ...],
+        store_option: Any,
+        on_error: OnError,
+    ) -> None:
+        self.handler = handler
+        self.flow = flow
+        # mitmproxy's objects, read by private names below (checked against mitmproxy's code):
+        self.response: Any = flow.response
+        self.client_conn = flow.client_conn
+        self.http_layer = http_layer
+        self.h1: Any = h1
+        self.sid: Any = h1.stream_id
+        self.server: Any = server
+        self.stream: Any = stream
+        self.layers = layers  # those whose pause would hold a read back: a hook in progress
+        self.store_option = store_option  # mitmproxy's store_streamed_bodies (read per read)
+        self.on_error = on_error
+        self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
+        self.kind = 0
+        self.dead = False
+
+    def take(self, handler: ConnectionHandler, data: bytes) -> int:
+        """Move what mitmproxy's layers would only move of `data`; how many bytes were taken."""
+        try:
+            writer = self._ready(handler)
+            if writer is None:
+                return 0
+            reader = self.reader
+            kind = self.kind
+            if kind == _CHUNKED:
+                pieces, used, in_chunk, discard = split_chunked(
+                    data, reader._bytes_in_chunk, reader._bytes_to_discard
+                )
+                if not used:
+                    return 0
+            elif kind == _LENGTH:
+                used = len(data)
+                if used >= reader._remaining:
+                    return 0  # the body's last bytes: mitmproxy ends the message
+                pieces = [data]
+            else:
+                used = len(data)
+                pieces = [data]
+        except Exception as exc:  # a bug here: mitmproxy's layers move this read, and the rest
+            self._fail(exc)
+            return 0
+        if kind == _CHUNKED:
+            reader._bytes_in_chunk = in_chunk
+            reader._bytes_to_discard = discard
+        elif kind == _LENGTH:
+            reader._remaining -= used
+        handler.timeout_watchdog.register_activity()
+        if pieces:
+            try:
+                self._deliver(pieces, writer)
+            except Exception:  # as in server_event: mitmproxy logs it and drops the rest
+                self.dead = True
+                handler.log("mitmproxy has crashed!", logging.ERROR, exc_info=True)
+        return used
+
+    def _ready(self, handler: ConnectionHandler) -> Any:
+        """The client's writer when mitmproxy's layers would only move a read, else None."""
+        if self.dead or handler is not self.handler or handler._server_event_lock.locked():
+            return None
+        h1 = self.h1
+        if self.reader is None and not self._bind_reader():
+            return None
+        if (
+            h1.state.__func__ is not _READ_BODY
+            or h1.body_reader is not self.reader
+            or h1.stream_id != self.sid
+            or h1.buf
+        ):
+            return None
+        for lay in self.layers:
+            if lay._paused is not None:
+                return None
+        stream = self.stream
+        response = self.response
+        if (
+            stream.server_state.__func__ is not _STREAM_BODY
+            or self.http_layer.streams.get(self.sid) is not stream
+            or self.flow.response is not response
+            or self.server.response is None
+            or self.server.stream_id != self.sid
+            or self.store_option.value is True
+        ):
+            return None
+        if self.kind == _CHUNKED and self.reader._reading_trailer:
+            return None
+        io = handler.transports.get(self.client_conn)
+        return None if io is None else io.writer
+
+    def _bind_reader(self) -> bool:
+        """Take the body reader mitmproxy made for this response (after the headers' hook began,
+        so not there yet when the relay was armed); a reader the relay does not follow ends it."""
+        if self.h1.state.__func__ is not _READ_BODY or self.h1.stream_id != self.sid:
+            return False  # not reading this body yet: ask again at the next read
+        reader = self.h1.body_reader
+        if type(reader) is ChunkedReader and _H11_CHECKS_CRLF:
+            self.kind = _CHUNKED
+        elif type(reader) is ContentLengthReader:
+            self.kind = _LENGTH
+        elif type(reader) is Http10Reader:
+            self.kind = _TO_EOF
+        else:
+            self.dead = True
+            return False
+        self.reader = reader
+        return True
+
+    def _deliver(self, pieces: list[bytes], writer: Any) -> None:
+        """What HttpStream, Http1Server and server_event do with each piece, in their order."""
+        stream = self.response.stream
+        chunked = framing.chunked(self.server, self.server.response)
+        for piece in pieces:
+            chunks: Iterable[bytes]
+            if callable(stream):
+                out = stream(piece)
+                chunks = [out] if isinstance(out, bytes) else out
+            else:
+                chunks = (piece,)
+            for chunk in chunks:
+                raw = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+                if raw and not writer.is_closing():
+                    writer.write(raw)
+        STATS.pieces += len(pieces)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.dead = True
+        self.on_error("relay", exc)
+
+
+def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str:
+    """A relay for `flow`'s response body, or why mitmproxy's layers move it instead."""
+    if flow.client_conn.tls or flow.server_conn.tls:
+        return "TLS on the client's or the upstream's connection"
+    if handler is None or not isinstance(getattr(handler, "transports", None), dict):
+        return "no live connection handler for this client"
+    options = handler.layer.context.options
+    if options.proxy_debug:
+        return "proxy_debug logs every event in every layer"
+    layers: list[Any] = []
+    obj = handler.layer
+    for _ in range(_MAX_DEPTH):
+        if isinstance(obj, HttpLayer):
+            break
+        if isinstance(obj, mlayer.NextLayer):
+            nxt = obj.layer
+            if nxt is None or getattr(obj._handle, "__self__", None) is not nxt:
+                return "a layer is still being decided"
+        else:
+            nxt = getattr(obj, "child_layer", None)
+            if not _delegates(obj, nxt):
+                return f"{type(obj).__name__} does more than pass events on"
+            layers.append(obj)
+        obj = nxt
+    else:
+        return "no HTTP layer under this client's connection"
+    http_layer = obj
+    client = http_layer.connections.get(flow.server_conn)
+    h1 = getattr(client, "child_layer", None)
+    if type(client) is not HttpClient or type(h1) is not Http1Client or not _delegates(client, h1):
+        return "the upstream connection is not plain HTTP/1"
+    server = http_layer.connections.get(flow.client_conn)
+    if type(server) is not Http1Server:
+        return "the client's connection is not HTTP/1"
+    sid = h1.stream_id
+    stream = http_layer.streams.get(sid) if sid is not None else None
+    if not isinstance(stream, HttpStream) or getattr(stream, "flow", None) is not flow:
+        return "this flow's HTTP stream was not found"
+    return BodyRelay(
+        handler=handler,
+        flow=flow,
+        http_layer=http_layer,
+        h1=h1,
+        server=server,
+        stream=stream,
+        layers=(*layers, http_layer, client, h1, stream, server),
+        store_option=options._options["store_streamed_bodies"],
+        on_error=on_error,
+    )
+
+
+def _delegates(obj: Any, child: Any) -> bool:
+    """Whether `obj` hands every event to `child` unchanged (mitmproxy's layers that are done
+    deciding replace their `_handle_event` with the child's `handle_event`)."""
+    handle = obj.__dict__.get("_handle_event")
+    return (
+        child is not None
+        and getattr(handle, "__self__", None) is child
+        and getattr(handle, "__name__", "") == "handle_event"
+    )
+
+
+class Relay:
+    """Arms a relay for each response that starts streaming (`hopmeter run` only)."""
+
+    def __init__(self, on_error: OnError) -> None:
+        self.on_error = on_error
+        self.connections: dict[Any, Any] | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_relay",
+            bool,
+            True,
+            "Move streamed HTTP/1 response bodies from upstream to client directly instead of "
+            "through mitmproxy's layers: the same bytes and measurements at a fraction of the "
+            "CPU. Off: every read goes through mitmproxy's layers.",
+        )
+
+    def running(self) -> None:
+        connections = getattr(ctx.master.addons.get("proxyserver"), "connections", None)
+        self.connections = connections if isinstance(connections, dict) else None
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if not ctx.options.hopmeter_relay or self.connections is None or flow.response is None:
+            return
+        try:
+            relay = arm(flow, self.connections.get(flow.client_conn.id), self.on_error)
+        except Exception as exc:  # never in the flow's way: mitmproxy's layers move it
+            self.on_error("relay", exc)
+            return
+        if isinstance(relay, BodyRelay):
+            flow.server_conn.__dict__[_KEY] = relay
+            STATS.armed += 1
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        flow.server_conn.__dict__.pop(_KEY, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        flow.server_conn.__dict__.pop(_KEY, None)
+
+
+def install() -> None:
+    """Put the relay's `server_event` in front of mitmproxy's (idempotent; `hopmeter run` only)."""
+    ConnectionHandler.server_event = server_event  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """mitmproxy's own method again (tests)."""
+    ConnectionHandler.server_event = _MITMPROXY_SERVER_EVENT  # type: ignore[method-assign]

@@ -1,0 +1,328 @@
+"""Tests for hopmeter.proxy.relay: the relay splits a read into h11's pieces, and a real flow
+through `hopmeter run` gives the client the same bytes and the same record with the relay on as
+through mitmproxy's layers (`--set hopmeter_relay=false`)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h11
+import httpx
+import pytest
+from h11._readers import ChunkedReader
+from h11._receivebuffer import ReceiveBuffer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mitmproxy.proxy.server import ConnectionHandler
+
+from hopmeter.proxy import relay
+from hopmeter.proxy.relay import split_chunked
+from tests.harness.procs import free_port, measuring, read_records
+from tests.harness.scripted import Exchange, ScriptedUpstream
+
+# -- the pieces of a read, against h11's reader --------------------------------------------------
+
+Event = tuple[str, bytes]
+
+
+def _h11_events(reader: ChunkedReader, buf: ReceiveBuffer) -> Iterator[Event]:
+    """What mitmproxy's `read_body` takes from h11 for what is in `buf`."""
+    while True:
+        try:
+            event = reader(buf)
+        except h11.ProtocolError as exc:
+            yield ("error", str(exc).encode())
+            return
+        if event is None:
+            return
+        if isinstance(event, h11.EndOfMessage):
+            yield ("end", b"")
+            return
+        if event.data:
+            yield ("data", bytes(event.data))
+
+
+def _through_h11(reads: list[bytes]) -> list[Event]:
+    reader, buf, got = ChunkedReader(), ReceiveBuffer(), []
+    for read in reads:
+        buf += read
+        got += _h11_events(reader, buf)
+        if got and got[-1][0] != "data":
+            break
+    return got
+
+
+def _through_relay(reads: list[bytes]) -> tuple[list[Event], int]:
+    """As the relay runs a read (its pieces, then h11 for the rest), and how much it took."""
+    reader, buf, got, taken = ChunkedReader(), ReceiveBuffer(), [], 0
+    for read in reads:
+        rest = read
+        if not buf and not reader._reading_trailer:
+            pieces, used, reader._bytes_in_chunk, reader._bytes_to_discard = split_chunked(
+                read, reader._bytes_in_chunk, reader._bytes_to_discard
+            )
+            got += [("data", p) for p in pieces]
+            taken += used
+            rest = read[used:]
+        if rest:
+            buf += rest
+            got += _h11_events(reader, buf)
+        if got and got[-1][0] != "data":
+            break
+    return got, taken
+
+
+@st.composite
+def chunked_bodies(draw: st.DrawFn) -> tuple[bytes, list[int]]:
+    """A chunked body (hex in either case, leading zeros, extensions, spaces before the CRLF, the
+    last chunk or not, sometimes a fault) and where the reads split it."""
+    body = b""
+    for data in draw(st.lists(st.binary(min_size=1, max_size=40), max_size=6)):
+        size = f"{len(data):x}"
+        size = draw(st.sampled_from([size, size.upper(), "0" + size]))
+        ext = draw(st.sampled_from([b"", b";a=1", b";x"]))
+        ows = draw(st.sampled_from([b"", b" ", b"\t"]))
+        body += size.encode() + ext + ows + b"\r\n" + data + b"\r\n"
+    if draw(st.booleans()):
+        body += b"0\r\n" + draw(st.sampled_from([b"", b"x-trailer: 1\r\n"])) + b"\r\n"
+    fault = draw(st.sampled_from([None, b"zz\r\n", b"5\r\nhelloXY", b"5\n", b"1\r\n\xff\r\r"]))
+    if fault is not None:
+        at = draw(st.integers(0, len(body)))
+        body = body[:at] + fault + body[at:]
+    cuts = sorted(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=8)))
+    return body, cuts
+
+
+@settings(max_examples=600, deadline=None)
+@given(chunked_bodies())
+def test_a_read_splits_into_h11s_pieces(case: tuple[bytes, list[int]]) -> None:
+    """However a chunked body is cut into reads, the relay's pieces followed by h11's reading of
+    what the relay left are exactly h11's own events, errors and end included."""
+    body, cuts = case
+    reads = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    reads = [r for r in reads if r]
+    got, _ = _through_relay(reads)
+    assert got == _through_h11(reads)
+
+
+def test_the_relay_takes_data_and_leaves_the_end_and_faults_to_h11() -> None:
+    """Whole chunks, a chunk cut inside its data and its CRLF are the relay's; the last chunk, an
+    incomplete header and a header h11 rejects are left for h11."""
+    assert split_chunked(b"5\r\nhello\r\n3\r\nabc\r\n", 0, b"") == ([b"hello", b"abc"], 18, 0, b"")
+    assert split_chunked(b"a\r\nhello", 0, b"") == ([b"hello"], 8, 5, b"")
+    assert split_chunked(b"world\r", 5, b"") == ([b"world"], 6, 0, b"\n")
+    assert split_chunked(b"\n0\r\n\r\n", 0, b"\n") == ([], 1, 0, b"")
+    assert split_chunked(b"5\r\nhello\r\n1", 0, b"") == ([b"hello"], 10, 0, b"")
+    assert split_chunked(b"5\r\nhelloXY", 0, b"") == ([b"hello"], 8, 0, b"\r\n")
+    assert split_chunked(b"zz\r\n", 0, b"") == ([], 0, 0, b"")
+    taken = _through_relay([b"5\r\nhello\r\n", b"3\r\nabc\r\n0\r\n\r\n"])
+    assert taken == ([("data", b"hello"), ("data", b"abc"), ("end", b"")], 18)
+
+
+# -- real flows through `hopmeter run`, relay on and off -------------------------------------------
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+CHUNKED = HEAD + b"transfer-encoding: chunked\r\n\r\n"
+PAUSE_S = 0.03  # between writes the reads must see apart: far above loopback delivery
+
+
+def _event(n: int) -> bytes:
+    return f'data: {{"choices": [{{"delta": {{"content": "tök {n} 🦙"}}}}]}}\n\n'.encode()
+
+
+def _chunk(data: bytes, size: str | None = None) -> bytes:
+    return (size or f"{len(data):x}").encode() + b"\r\n" + data + b"\r\n"
+
+
+def _script(name: str) -> list[bytes | None]:
+    """What the upstream writes for scenario `name`, write by write; None closes the connection."""
+    events = [_event(n) for n in range(8)]
+    every = b"".join(events)
+    if name == "one-chunk-per-event":
+        return [CHUNKED, *map(_chunk, events), b"0\r\n\r\n"]
+    if name == "chunks-cut-across-reads":
+        raw = b"".join(map(_chunk, events)) + b"0\r\n\r\n"
+        return [CHUNKED, *(raw[i : i + 37] for i in range(0, len(raw), 37))]
+    if name == "several-chunks-per-read":
+        return [
+            CHUNKED,
+            b"".join(map(_chunk, events[:5])),
+            b"".join(map(_chunk, events[5:])) + b"0\r\n\r\n",
+        ]
+    if name == "extensions-and-odd-hex":
+        return [
+            CHUNKED,
+            *(_chunk(e, f"00{len(e):X};seq={i} ") for i, e in enumerate(events)),
+            b"0\r\n\r\n",
+        ]
+    if name == "bad-chunk-footer":
+        return [CHUNKED, _chunk(events[0]), _chunk(events[1])[:-2] + b"XY", b""]
+    if name == "upstream-cut-mid-chunk":
+        return [CHUNKED, _chunk(events[0]), _chunk(events[1])[:20], None]
+    if name == "content-length":
+        return [HEAD + b"content-length: %d\r\n\r\n" % len(every), *events]
+    if name == "read-to-close":
+        return [HEAD + b"connection: close\r\n\r\n", *events, None]
+    raise AssertionError(name)
+
+
+SCENARIOS = [
+    "one-chunk-per-event",
+    "chunks-cut-across-reads",
+    "several-chunks-per-read",
+    "extensions-and-odd-hex",
+    "bad-chunk-footer",
+    "upstream-cut-mid-chunk",
+    "content-length",
+    "read-to-close",
+]
+
+
+async def _serve(ex: Exchange) -> None:
+    for write in _script(ex.path.strip("/").split("/")[-1]):
+        if write is None:
+            ex.writer.close()
+            return
+        ex.writer.write(write)
+        await ex.writer.drain()
+        await asyncio.sleep(PAUSE_S)
+
+
+def _raw_exchange(port: int, name: str) -> bytes:
+    """Everything the client reads for one request that asks the proxy to close afterwards."""
+    body = b'{"model": "m", "stream": true}'
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(
+            b"POST /v1/chat/completions/%s HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (name.encode(), len(body), body)
+        )
+        got = b""
+        while data := s.recv(65536):
+            got += data
+    return got
+
+
+def _stable(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record without what differs between two runs of the same flow: times, ids."""
+    return {
+        "request": {k: rec["request"][k] for k in ("method", "path", "bytes")},
+        "response": {k: v for k, v in rec["response"].items() if not k.startswith("t_")},
+        "chunk_bytes": [c[1] for c in rec["chunks"]],
+        "events": [e[1:] for e in rec["events"]],
+        "chunks_out": len(rec["chunks_out"]),
+        "figures": {
+            k: v
+            for k, v in rec["figures"].items()
+            if not k.endswith("_s") and not k.startswith("tokens_per_s")
+        },
+        "stream": rec["stream"],
+        "fingerprint": rec.get("fingerprint"),
+        "delivery": {k: rec["delivery"][k] for k in ("measured", "reason", "http_version")},
+        "rest": {k: rec[k] for k in ("ended", "api", "model")},
+        "findings": sorted(f["kind"] for f in rec["findings"]),
+    }
+
+
+def _relayed(metrics_port: int) -> tuple[float, float]:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("hopmeter_relayed_"):
+            name, value = line.split()
+            values[name] = float(value)
+    return values["hopmeter_relayed_responses_total"], values["hopmeter_relayed_pieces_total"]
+
+
+@pytest.mark.integration
+def test_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
+    """Each scenario, through `hopmeter run` with the relay and without: the client reads the
+    same bytes, the records agree but for times; the relay moved the bodies it could."""
+    runs: dict[bool, tuple[list[bytes], list[dict[str, Any]], tuple[float, float]]] = {}
+    with ScriptedUpstream(_serve) as up:
+        for on in (True, False):
+            metrics = free_port()
+            (tmp_path / str(on)).mkdir()
+            with measuring(
+                tmp_path / str(on),
+                f"http://127.0.0.1:{up.port}",
+                "--metrics",
+                f"127.0.0.1:{metrics}",
+                *(() if on else ("--set", "hopmeter_relay=false")),
+                ports=(metrics,),
+            ) as proxy:
+                got = [_raw_exchange(proxy.port, name) for name in SCENARIOS]
+                recs = read_records(proxy.records, len(SCENARIOS))
+                runs[on] = got, recs, _relayed(metrics)
+    (on_bytes, on_recs, on_counts), (off_bytes, off_recs, off_counts) = runs[True], runs[False]
+    by_path = {
+        True: {r["request"]["path"]: r for r in on_recs},
+        False: {r["request"]["path"]: r for r in off_recs},
+    }
+    for name, a, b in zip(SCENARIOS, on_bytes, off_bytes, strict=True):
+        assert a == b, name
+        path = f"/v1/chat/completions/{name}"
+        assert _stable(by_path[True][path]) == _stable(by_path[False][path]), name
+    assert by_path[True]["/v1/chat/completions/one-chunk-per-event"]["figures"]["events"] == 8
+    assert by_path[True]["/v1/chat/completions/upstream-cut-mid-chunk"]["ended"] != "complete"
+    assert off_counts == (0, 0)
+    responses, pieces = on_counts
+    assert responses == len(SCENARIOS)
+    # every event but those the headers' hook held back or the final read carried
+    assert pieces >= 30
+
+
+@pytest.mark.integration
+def test_a_kept_alive_connection_relays_each_response(tmp_path: Path) -> None:
+    """Three requests on one client connection (and one upstream connection): each response's
+    body is relayed and measured as its own flow."""
+
+    async def serve(ex: Exchange) -> None:
+        ex.writer.write(CHUNKED)
+        for n in range(6):
+            ex.writer.write(_chunk(_event(n)))
+            await ex.writer.drain()
+            await asyncio.sleep(0.01)
+        ex.writer.write(b"0\r\n\r\n")
+        await ex.writer.drain()
+
+    metrics = free_port()
+    with (
+        ScriptedUpstream(serve) as up,
+        measuring(
+            tmp_path,
+            f"http://127.0.0.1:{up.port}",
+            "--metrics",
+            f"127.0.0.1:{metrics}",
+            ports=(metrics,),
+        ) as proxy,
+        httpx.Client(timeout=15) as client,
+    ):
+        bodies = [
+            client.post(
+                f"{proxy.url}/v1/chat/completions", json={"model": "m", "stream": True}
+            ).content
+            for _ in range(3)
+        ]
+        recs = read_records(proxy.records, 3)
+        responses, pieces = _relayed(metrics)
+    assert bodies == [b"".join(_event(n) for n in range(6))] * 3
+    assert [r["figures"]["events"] for r in recs] == [6, 6, 6]
+    assert len({r["flow_id"] for r in recs}) == 3
+    assert responses == 3 and pieces >= 9
+
+
+def test_install_puts_the_relay_in_front_and_uninstall_takes_it_away() -> None:
+    """Only `hopmeter run` installs it; uninstall gives mitmproxy its own method back."""
+    original = relay._MITMPROXY_SERVER_EVENT
+    try:
+        relay.install()
+        relay.install()
+        assert ConnectionHandler.server_event is relay.server_event
+    finally:
+        relay.uninstall()
+    assert ConnectionHandler.server_event is original
