@@ -17,8 +17,9 @@ does what the layers would do, in the same order, with the same bytes:
 - splits the read into the pieces h11's reader would give mitmproxy (`split_chunked`: the same
   header pattern, the same CRLF check after each chunk; a content-length body; a body read to
   the connection's end) and keeps the reader's state as h11 would;
-- calls the response's stream callable with each piece (hopmeter's tap; any callable, as
-  mitmproxy does) and frames what it returns as the client's HTTP/1 server would
+- calls the response's stream callable with each piece (hopmeter's own tap, which never raises
+  and starts no task; a callable someone else put there leaves the body to mitmproxy) and frames
+  what it returns (a list under `--chaos`) as the client's HTTP/1 server would
   (`framing.chunked`);
 - writes each to the client's writer unless it is closing, and marks the connection's activity
   for mitmproxy's idle timeout.
@@ -53,6 +54,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Connection, Htt
 from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy import framing
+from hopmeter.proxy.tap import ResponseTap
 
 OnError = Callable[[str, BaseException], None]
 
@@ -280,6 +282,7 @@ class BodyRelay:
             stream.server_state.__func__ is not _STREAM_BODY
             or self.http_layer.streams.get(self.sid) is not stream
             or self.flow.response is not response
+            or type(self.response.stream) is not ResponseTap
             or self.server.response is None
             or self.server.stream_id != self.sid
             or self.store_option.value is True
@@ -310,15 +313,11 @@ class BodyRelay:
 
     def _deliver(self, pieces: list[bytes], writer: Any) -> None:
         """What HttpStream, Http1Server and server_event do with each piece, in their order."""
-        stream = self.response.stream
+        tap = self.response.stream
         chunked = framing.chunked(self.server, self.server.response)
         for piece in pieces:
-            chunks: Iterable[bytes]
-            if callable(stream):
-                out = stream(piece)
-                chunks = [out] if isinstance(out, bytes) else out
-            else:
-                chunks = (piece,)
+            out = tap(piece)
+            chunks: Iterable[bytes] = [out] if isinstance(out, bytes) else out
             for chunk in chunks:
                 raw = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
                 if raw and not writer.is_closing():
