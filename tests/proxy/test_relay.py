@@ -81,19 +81,24 @@ def chunked_bodies(draw: st.DrawFn) -> tuple[bytes, list[int]]:
     """A chunked body (hex in either case, leading zeros, extensions, spaces before the CRLF, the
     last chunk or not, sometimes a fault) and where the reads split it."""
     body = b""
+    bounds = []
     for data in draw(st.lists(st.binary(min_size=1, max_size=40), max_size=6)):
         size = f"{len(data):x}"
-        size = draw(st.sampled_from([size, size.upper(), "0" + size]))
-        ext = draw(st.sampled_from([b"", b";a=1", b";x"]))
-        ows = draw(st.sampled_from([b"", b" ", b"\t"]))
+        size = draw(st.sampled_from([size, size.upper(), "0" + size, "0" * 19 + size]))
+        ext = draw(st.sampled_from([b"", b"", b";a=1", b";x"]))
+        ows = draw(st.sampled_from([b"", b"", b" ", b"\t"]))
         body += size.encode() + ext + ows + b"\r\n" + data + b"\r\n"
+        bounds.append(len(body))
     if draw(st.booleans()):
         body += b"0\r\n" + draw(st.sampled_from([b"", b"x-trailer: 1\r\n"])) + b"\r\n"
     fault = draw(st.sampled_from([None, b"zz\r\n", b"5\r\nhelloXY", b"5\n", b"1\r\n\xff\r\r"]))
     if fault is not None:
         at = draw(st.integers(0, len(body)))
         body = body[:at] + fault + body[at:]
-    cuts = sorted(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=8)))
+    if bounds and draw(st.booleans()):  # read by read as the chunks were written, the usual
+        cuts = sorted(set(draw(st.lists(st.sampled_from(bounds), max_size=8))))
+    else:
+        cuts = sorted(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=8)))
     return body, cuts
 
 
@@ -119,6 +124,13 @@ def test_the_relay_takes_data_and_leaves_the_end_and_faults_to_h11() -> None:
     assert split_chunked(b"5\r\nhello\r\n1", 0, b"") == ([b"hello"], 10, 0, b"")
     assert split_chunked(b"5\r\nhelloXY", 0, b"") == ([b"hello"], 8, 0, b"\r\n")
     assert split_chunked(b"zz\r\n", 0, b"") == ([], 0, 0, b"")
+    # one whole chunk per read, the usual case, and its near misses
+    assert split_chunked(b"0A\r\n0123456789\r\n", 0, b"") == ([b"0123456789"], 16, 0, b"")
+    assert split_chunked(b"0x5\r\nhello\r\n", 0, b"") == ([], 0, 0, b"")
+    assert split_chunked(b"+5\r\nhello\r\n", 0, b"") == ([], 0, 0, b"")
+    assert split_chunked(b"5\r\nhelloXY", 0, b"") == ([b"hello"], 8, 0, b"\r\n")
+    assert split_chunked(b"0\r\n\r\n", 0, b"") == ([], 0, 0, b"")
+    assert split_chunked(b"0" * 21 + b"5\r\nhello\r\n", 0, b"") == ([], 0, 0, b"")
     taken = _through_relay([b"5\r\nhello\r\n", b"3\r\nabc\r\n0\r\n\r\n"])
     assert taken == ([("data", b"hello"), ("data", b"abc"), ("end", b"")], 18)
 

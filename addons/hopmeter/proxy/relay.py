@@ -64,6 +64,8 @@ _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
 _DataReceived = events.DataReceived
 _CRLF = b"\r\n"
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
 # h11 0.16 keeps the CRLF still to be read after a chunk as bytes and checks it; an h11 that keeps a
 # count (and skips unchecked) is not followed: its chunked bodies go through mitmproxy's layers.
 _H11_CHECKS_CRLF = isinstance(ChunkedReader()._bytes_to_discard, bytes)
@@ -112,6 +114,13 @@ def split_chunked(
     is not one. Returns (pieces, bytes of `data` used, in_chunk, discard) as h11 would leave them
     after the bytes used; the rest of `data` is for h11.
     """
+    if not in_chunk and not discard:  # the usual read: one whole chunk, a bare hex size
+        eol = data.find(_CRLF, 0, _MAX_SIZE_DIGITS + 2)
+        if eol > 0 and not data[:eol].translate(None, _HEX_DIGITS):
+            size = int(data[:eol], 16)
+            start = eol + 2
+            if size and start + size + 2 == len(data) and data.endswith(_CRLF):
+                return [data[start:-2]], len(data), 0, b""
     pieces: list[bytes] = []
     pos = 0
     end = len(data)
@@ -173,7 +182,6 @@ class BodyRelay:
     """One streamed response's path through mitmproxy, held to move its body's reads."""
 
     __slots__ = (
-        "client_conn",
         "dead",
         "flow",
         "h1",
@@ -188,6 +196,7 @@ class BodyRelay:
         "sid",
         "store_option",
         "stream",
+        "writer",
     )
 
     def __init__(
@@ -201,13 +210,13 @@ class BodyRelay:
         stream: HttpStream,
         layers: tuple[Any, ...],
         store_option: Any,
+        writer: Any,
         on_error: OnError,
     ) -> None:
         self.handler = handler
         self.flow = flow
         # mitmproxy's objects, read by private names below (checked against mitmproxy's code):
         self.response: Any = flow.response
-        self.client_conn = flow.client_conn
         self.http_layer = http_layer
         self.h1: Any = h1
         self.sid: Any = h1.stream_id
@@ -216,6 +225,9 @@ class BodyRelay:
         self.layers = layers  # those whose pause would hold a read back: a hook in progress
         self.store_option = store_option  # mitmproxy's store_streamed_bodies (read per read)
         self.on_error = on_error
+        # the client's writer: mitmproxy skips a write to a connection it has dropped from its
+        # transports, whose writer it closed first; the relay skips a write to a closing writer
+        self.writer = writer
         self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
         self.kind = 0
         self.dead = False
@@ -290,8 +302,7 @@ class BodyRelay:
             return None
         if self.kind == _CHUNKED and self.reader._reading_trailer:
             return None
-        io = handler.transports.get(self.client_conn)
-        return None if io is None else io.writer
+        return self.writer
 
     def _bind_reader(self) -> bool:
         """Take the body reader mitmproxy made for this response (after the headers' hook began,
@@ -363,6 +374,10 @@ def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str
     server = http_layer.connections.get(flow.client_conn)
     if type(server) is not Http1Server:
         return "the client's connection is not HTTP/1"
+    io = handler.transports.get(flow.client_conn)
+    writer = getattr(io, "writer", None)
+    if writer is None:
+        return "the client's connection has no writer"
     sid = h1.stream_id
     stream = http_layer.streams.get(sid) if sid is not None else None
     if not isinstance(stream, HttpStream) or getattr(stream, "flow", None) is not flow:
@@ -376,6 +391,7 @@ def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str
         stream=stream,
         layers=(*layers, http_layer, client, h1, stream, server),
         store_option=options._options["store_streamed_bodies"],
+        writer=writer,
         on_error=on_error,
     )
 
