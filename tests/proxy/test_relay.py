@@ -194,6 +194,14 @@ SCENARIOS = [
 ]
 
 
+# hopmeter run with the relay, without it, and with mitmproxy asked to keep streamed bodies
+RUNS = {
+    "relay": (),
+    "off": ("--set", "hopmeter_relay=false"),
+    "store": ("--set", "store_streamed_bodies=true"),
+}
+
+
 async def _serve(ex: Exchange) -> None:
     for write in _script(ex.path.strip("/").split("/")[-1]):
         if write is None:
@@ -252,36 +260,35 @@ def _relayed(metrics_port: int) -> tuple[float, float]:
 
 @pytest.mark.integration
 def test_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
-    """Each scenario, through `hopmeter run` with the relay and without: the client reads the
-    same bytes, the records agree but for times; the relay moved the bodies it could."""
-    runs: dict[bool, tuple[list[bytes], list[dict[str, Any]], tuple[float, float]]] = {}
+    """Each scenario, through `hopmeter run` with the relay, without it and with streamed bodies
+    kept: the client reads the same bytes, the records agree but for times; the relay moved the
+    bodies it could, and none that mitmproxy was to keep."""
+    runs: dict[str, tuple[list[bytes], dict[str, dict[str, Any]], tuple[float, float]]] = {}
     with ScriptedUpstream(_serve) as up:
-        for on in (True, False):
+        for run, args in RUNS.items():
             metrics = free_port()
-            (tmp_path / str(on)).mkdir()
+            (tmp_path / run).mkdir()
             with measuring(
-                tmp_path / str(on),
+                tmp_path / run,
                 f"http://127.0.0.1:{up.port}",
-                "--metrics",
-                f"127.0.0.1:{metrics}",
-                *(() if on else ("--set", "hopmeter_relay=false")),
+                *("--metrics", f"127.0.0.1:{metrics}", *args),
                 ports=(metrics,),
             ) as proxy:
                 got = [_raw_exchange(proxy.port, name) for name in SCENARIOS]
                 recs = read_records(proxy.records, len(SCENARIOS))
-                runs[on] = got, recs, _relayed(metrics)
-    (on_bytes, on_recs, on_counts), (off_bytes, off_recs, off_counts) = runs[True], runs[False]
-    by_path = {
-        True: {r["request"]["path"]: r for r in on_recs},
-        False: {r["request"]["path"]: r for r in off_recs},
-    }
-    for name, a, b in zip(SCENARIOS, on_bytes, off_bytes, strict=True):
-        assert a == b, name
-        path = f"/v1/chat/completions/{name}"
-        assert _stable(by_path[True][path]) == _stable(by_path[False][path]), name
-    assert by_path[True]["/v1/chat/completions/one-chunk-per-event"]["figures"]["events"] == 8
-    assert by_path[True]["/v1/chat/completions/upstream-cut-mid-chunk"]["ended"] != "complete"
-    assert off_counts == (0, 0)
+                runs[run] = got, {r["request"]["path"]: r for r in recs}, _relayed(metrics)
+    on_bytes, on_recs, on_counts = runs["relay"]
+    for run in ("off", "store"):
+        bytes_, recs, _ = runs[run]
+        for name, a, b in zip(SCENARIOS, on_bytes, bytes_, strict=True):
+            assert a == b, (run, name)
+            path = f"/v1/chat/completions/{name}"
+            assert _stable(on_recs[path]) == _stable(recs[path]), (run, name)
+    assert on_recs["/v1/chat/completions/one-chunk-per-event"]["figures"]["events"] == 8
+    assert on_recs["/v1/chat/completions/upstream-cut-mid-chunk"]["ended"] != "complete"
+    assert runs["off"][2] == (0, 0)
+    # armed for each response, and no piece moved: mitmproxy keeps the bodies it was asked to
+    assert runs["store"][2] == (len(SCENARIOS), 0)
     responses, pieces = on_counts
     assert responses == len(SCENARIOS)
     # every event but those the headers' hook held back or the final read carried
