@@ -38,9 +38,13 @@ def may_wait(writer: Any) -> bool:
     try:
         reader = writer._reader  # type: ignore[attr-defined]
         protocol = writer._protocol  # type: ignore[attr-defined]
-        if reader is not None and reader.exception() is not None:
+        if reader is not None and reader._exception is not None:  # reader.exception()
             return True
-        return bool(writer.transport.is_closing() or protocol._connection_lost or protocol._paused)
+        return bool(
+            writer._transport.is_closing()  # type: ignore[attr-defined]  # writer.transport
+            or protocol._connection_lost
+            or protocol._paused
+        )
     except AttributeError:
         return True
 
