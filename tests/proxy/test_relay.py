@@ -248,14 +248,15 @@ def _stable(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _relayed(metrics_port: int) -> tuple[float, float]:
+def _relayed(metrics_port: int) -> tuple[float, float, float]:
+    """The relay's counters: responses armed, pieces moved, reads taken as they arrived."""
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     values = {}
     for line in text.splitlines():
         if line.startswith("hopmeter_relayed_"):
             name, value = line.split()
-            values[name] = float(value)
-    return values["hopmeter_relayed_responses_total"], values["hopmeter_relayed_pieces_total"]
+            values[name.removeprefix("hopmeter_relayed_").removesuffix("_total")] = float(value)
+    return values["responses"], values["pieces"], values["direct_reads"]
 
 
 @pytest.mark.integration
@@ -263,7 +264,7 @@ def test_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
     """Each scenario, through `hopmeter run` with the relay, without it and with streamed bodies
     kept: the client reads the same bytes, the records agree but for times; the relay moved the
     bodies it could, and none that mitmproxy was to keep."""
-    runs: dict[str, tuple[list[bytes], dict[str, dict[str, Any]], tuple[float, float]]] = {}
+    runs: dict[str, tuple[list[bytes], dict[str, dict[str, Any]], tuple[float, ...]]] = {}
     with ScriptedUpstream(_serve) as up:
         for run, args in RUNS.items():
             metrics = free_port()
@@ -286,13 +287,15 @@ def test_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
             assert _stable(on_recs[path]) == _stable(recs[path]), (run, name)
     assert on_recs["/v1/chat/completions/one-chunk-per-event"]["figures"]["events"] == 8
     assert on_recs["/v1/chat/completions/upstream-cut-mid-chunk"]["ended"] != "complete"
-    assert runs["off"][2] == (0, 0)
+    assert runs["off"][2] == (0, 0, 0)
     # armed for each response, and no piece moved: mitmproxy keeps the bodies it was asked to
-    assert runs["store"][2] == (len(SCENARIOS), 0)
-    responses, pieces = on_counts
+    assert runs["store"][2] == (len(SCENARIOS), 0, 0)
+    responses, pieces, direct = on_counts
     assert responses == len(SCENARIOS)
-    # every event but those the headers' hook held back or the final read carried
+    # every event but those the headers' hook held back or the final read carried; most reads
+    # taken as they arrived (mitmproxy's read loop was waiting with nothing buffered)
     assert pieces >= 30
+    assert direct >= 20
 
 
 @pytest.mark.integration
@@ -328,7 +331,7 @@ def test_a_kept_alive_connection_relays_each_response(tmp_path: Path) -> None:
             for _ in range(3)
         ]
         recs = read_records(proxy.records, 3)
-        responses, pieces = _relayed(metrics)
+        responses, pieces, _ = _relayed(metrics)
     assert bodies == [b"".join(_event(n) for n in range(6))] * 3
     assert [r["figures"]["events"] for r in recs] == [6, 6, 6]
     assert len({r["flow_id"] for r in recs}) == 3

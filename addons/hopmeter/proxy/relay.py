@@ -40,6 +40,8 @@ user loads into a plain mitmdump leave mitmproxy as it is.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -54,6 +56,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Connection, Htt
 from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy import framing
+from hopmeter.proxy.backpressure import may_wait
 from hopmeter.proxy.tap import ResponseTap
 
 OnError = Callable[[str, BaseException], None]
@@ -79,11 +82,12 @@ _MAX_DEPTH = 16
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "pieces")
+    __slots__ = ("armed", "direct", "pieces")
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
+        self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
 
 
 STATS = Stats()
@@ -99,6 +103,11 @@ def counts() -> list[tuple[str, str, float]]:
             STATS.pieces,
         ),
         ("relayed_responses", "Streamed HTTP/1 responses a relay was armed for.", STATS.armed),
+        (
+            "relayed_direct_reads",
+            "Upstream reads a relay took as they arrived, without mitmproxy's read loop.",
+            STATS.direct,
+        ),
     ]
 
 
@@ -176,6 +185,94 @@ def server_event(self: ConnectionHandler, event: events.Event) -> Any:
                     return _DONE
                 event = _DataReceived(event.connection, event.data[used:])
     return _MITMPROXY_SERVER_EVENT(self, event)
+
+
+class ReadShortcut(asyncio.Protocol):
+    """An upstream connection's protocol while `hopmeter run` relays on it: a read that comes
+    while mitmproxy's read loop for the connection waits for data (its stream reader empty, no
+    client writer that could make it wait) goes to the connection's relay at once, without the
+    stream reader, the read loop's wake-up and its drain step; anything else, and what the relay
+    leaves, goes to mitmproxy's protocol as it would have."""
+
+    def __init__(
+        self, inner: Any, conn: Any, handler: ConnectionHandler, reader: Any, transport: Any
+    ) -> None:
+        self.inner = inner
+        self.conn = conn
+        self.handler = handler
+        self.reader = reader
+        self.transport = transport
+        self.draining: asyncio.Future[None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        relay = self.conn.__dict__.get(_KEY)
+        if relay is not None and self.draining is None:
+            try:
+                reader = self.reader
+                idle = reader._waiter is not None and not reader._buffer and not reader._eof
+                if idle and not _may_wait(self.handler):
+                    used = relay.take(self.handler, data)
+                    if used == len(data):
+                        STATS.direct += 1
+                        if _may_wait(self.handler):
+                            self._drain()
+                        return
+                    data = data[used:]
+            except Exception as exc:  # never raised into the transport, which would close it
+                relay._fail(exc)
+        self.inner.data_received(data)
+
+    def _drain(self) -> None:
+        """What mitmproxy's read loop does after a read that filled a client's buffers: no
+        further read is handled until mitmproxy's drain step has waited for them. Reading pauses
+        meanwhile (the kernel's receive buffer holds what comes), and resumes after the step."""
+        self.transport.pause_reading()
+        self.draining = asyncio.ensure_future(self._drained())
+
+    async def _drained(self) -> None:
+        try:
+            with contextlib.suppress(Exception):  # the connection went: the read loop sees it
+                await self.handler.drain_writers()
+        finally:
+            self.draining = None
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()  # type: ignore[no-any-return]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+def _may_wait(handler: ConnectionHandler) -> bool:
+    """Whether mitmproxy's drain step after a read could wait (hopmeter.proxy.backpressure)."""
+    lock = getattr(handler, "_drain_lock", None)
+    if lock is None or lock.locked():
+        return True
+    for io in handler.transports.values():
+        writer = io.writer
+        if writer is not None and may_wait(writer):
+            return True
+    return False
+
+
+def _shortcut(handler: ConnectionHandler, conn: Any) -> None:
+    """Put a ReadShortcut in front of the upstream connection's protocol (once)."""
+    io = handler.transports.get(conn)
+    writer = getattr(io, "writer", None)
+    if io is None or type(writer) is not asyncio.StreamWriter:
+        return
+    transport = writer.transport
+    protocol = transport.get_protocol()
+    if type(protocol) is asyncio.StreamReaderProtocol:
+        transport.set_protocol(ReadShortcut(protocol, conn, handler, io.reader, transport))
 
 
 class BodyRelay:
@@ -439,6 +536,7 @@ class Relay:
         if isinstance(relay, BodyRelay):
             flow.server_conn.__dict__[_KEY] = relay
             STATS.armed += 1
+            _shortcut(relay.handler, flow.server_conn)
 
     def response(self, flow: http.HTTPFlow) -> None:
         flow.server_conn.__dict__.pop(_KEY, None)
