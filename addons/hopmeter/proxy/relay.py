@@ -74,6 +74,11 @@ _MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
 _H11_CHECKS_CRLF = isinstance(ChunkedReader()._bytes_to_discard, bytes)
 # body readers by what the relay does with a read (mitmproxy's `make_body_reader` picks one)
 _CHUNKED, _LENGTH, _TO_EOF = 1, 2, 3
+# The biggest read the relay takes as it arrives: mitmproxy's own read size. A bigger one (the
+# loop's buffer filled: more is waiting) goes through mitmproxy's stream reader, which stops
+# reading once it holds twice that, so a fast upstream cannot keep the loop reading one
+# connection read after read while every other stream and the measuring wait.
+_DIRECT_MAX_BYTES = 65535
 # Layers between the connection handler and the HTTP layer, a handful in every mode; the bound
 # stops a walk that would not end.
 _MAX_DEPTH = 16
@@ -189,10 +194,11 @@ def server_event(self: ConnectionHandler, event: events.Event) -> Any:
 
 class ReadShortcut(asyncio.Protocol):
     """An upstream connection's protocol while `hopmeter run` relays on it: a read that comes
-    while mitmproxy's read loop for the connection waits for data (its stream reader empty, no
-    client writer that could make it wait) goes to the connection's relay at once, without the
-    stream reader, the read loop's wake-up and its drain step; anything else, and what the relay
-    leaves, goes to mitmproxy's protocol as it would have."""
+    while mitmproxy's read loop for the connection waits for data (its stream reader empty) goes
+    to the connection's relay at once, without the stream reader and the read loop's wake-up;
+    the loop's drain step after it is done here (`_drain`) only when a writer could make it wait,
+    as `hopmeter.proxy.backpressure` does. Anything else, and what the relay leaves, goes to
+    mitmproxy's protocol as it would have."""
 
     def __init__(
         self, inner: Any, conn: Any, handler: ConnectionHandler, reader: Any, transport: Any
@@ -206,11 +212,12 @@ class ReadShortcut(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         relay = self.conn.__dict__.get(_KEY)
-        if relay is not None and self.draining is None:
+        if relay is not None and self.draining is None and len(data) < _DIRECT_MAX_BYTES:
             try:
                 reader = self.reader
-                idle = reader._waiter is not None and not reader._buffer and not reader._eof
-                if idle and not _may_wait(self.handler):
+                # mitmproxy's read loop waits for this read: it handled the last one, then its
+                # drain step found nothing to wait for (or waited); it would handle this one now
+                if reader._waiter is not None and not reader._buffer and not reader._eof:
                     used = relay.take(self.handler, data)
                     if used == len(data):
                         STATS.direct += 1
