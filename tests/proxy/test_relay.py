@@ -17,10 +17,12 @@ from h11._readers import ChunkedReader
 from h11._receivebuffer import ReceiveBuffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mitmproxy.proxy.server import ConnectionHandler
+from mitmproxy.connection import Server
+from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
 
-from hopmeter.proxy import relay
+from hopmeter.proxy import backpressure, relay
 from hopmeter.proxy.relay import split_chunked
+from tests.harness.live_client import live_client, run, unread
 from tests.harness.procs import free_port, measuring, read_records
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
@@ -348,3 +350,69 @@ def test_install_puts_the_relay_in_front_and_uninstall_takes_it_away() -> None:
     finally:
         relay.uninstall()
     assert ConnectionHandler.server_event is original
+
+
+# -- reads taken as they arrive, on mitmproxy's own connection handler ----------------------------
+
+
+class _Mover:
+    """Stands in for a flow's BodyRelay (tested above on real flows): moves every read it is
+    given to the live client's writer, as the relay's delivery does."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.taken: list[bytes] = []
+
+    def take(self, handler: Any, data: bytes) -> int:
+        self.taken.append(data)
+        self.writer.write(data)
+        return len(data)
+
+    def _fail(self, exc: BaseException) -> None:
+        raise AssertionError(exc)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_direct_read_that_fills_the_client_pauses_reading_until_drained(loop: str) -> None:
+    """A read that comes while mitmproxy's read loop waits goes to the relay, not to the stream
+    reader; once one fills the client's buffers (the client reads nothing), reading from the
+    upstream pauses until mitmproxy's drain step has waited, as its read loop would have; a read
+    as big as the loop's read size goes to the stream reader."""
+
+    async def go() -> None:
+        async with live_client(4096) as live:
+            with socket.create_server(("127.0.0.1", 0)) as server:
+                reader, writer = await asyncio.open_connection(*server.getsockname()[:2])
+                upstream, _ = server.accept()
+            with upstream:
+                conn = Server(address=("127.0.0.1", 1))
+                live.handler.transports[conn] = ConnectionIO(reader=reader, writer=writer)
+                mover = _Mover(live.writer)
+                conn.__dict__[relay._KEY] = mover
+                relay._shortcut(live.handler, conn)
+                assert type(writer.transport.get_protocol()) is relay.ReadShortcut
+                read = asyncio.ensure_future(reader.read(65535))  # the read loop, waiting
+                await asyncio.sleep(0)
+                loop_ = asyncio.get_running_loop()
+                deadline = loop_.time() + 10
+                piece = b"x" * 16384
+                while writer.transport.is_reading():
+                    assert loop_.time() < deadline, "reading never paused"
+                    upstream.sendall(piece)
+                    await asyncio.sleep(0.005)
+                assert not read.done() and mover.taken
+                assert backpressure.may_wait(live.writer)
+                # the client reads: the drain step ends, reading resumes
+                while not writer.transport.is_reading():
+                    assert loop_.time() < deadline, "reading never resumed"
+                    unread(live.peer)
+                    await asyncio.sleep(0.005)
+                unread(live.peer)
+                # reads as big as the loop's read size come when more is waiting: the stream
+                # reader's, whatever the first segment was
+                upstream.sendall(b"y" * 300000)
+                got = await asyncio.wait_for(read, 10)
+                assert set(got) == {ord("y")}
+                writer.close()
+
+    run(go, loop)

@@ -208,16 +208,23 @@ class ReadShortcut(asyncio.Protocol):
         self.handler = handler
         self.reader = reader
         self.transport = transport
-        self.draining: asyncio.Future[None] | None = None
+        self.draining = False
+        self.drain_task: asyncio.Future[None] | None = None  # a reference while it runs
 
     def data_received(self, data: bytes) -> None:
         relay = self.conn.__dict__.get(_KEY)
-        if relay is not None and self.draining is None and len(data) < _DIRECT_MAX_BYTES:
+        if relay is not None and not self.draining and len(data) < _DIRECT_MAX_BYTES:
             try:
                 reader = self.reader
+                waiter = reader._waiter
                 # mitmproxy's read loop waits for this read: it handled the last one, then its
                 # drain step found nothing to wait for (or waited); it would handle this one now
-                if reader._waiter is not None and not reader._buffer and not reader._eof:
+                if (
+                    waiter is not None
+                    and not waiter.done()
+                    and not reader._buffer
+                    and not reader._eof
+                ):
                     used = relay.take(self.handler, data)
                     if used == len(data):
                         STATS.direct += 1
@@ -234,14 +241,16 @@ class ReadShortcut(asyncio.Protocol):
         further read is handled until mitmproxy's drain step has waited for them. Reading pauses
         meanwhile (the kernel's receive buffer holds what comes), and resumes after the step."""
         self.transport.pause_reading()
-        self.draining = asyncio.ensure_future(self._drained())
+        self.draining = True  # before the task: an eager task may finish before it is returned
+        self.drain_task = asyncio.ensure_future(self._drained())
 
     async def _drained(self) -> None:
         try:
             with contextlib.suppress(Exception):  # the connection went: the read loop sees it
                 await self.handler.drain_writers()
         finally:
-            self.draining = None
+            self.draining = False
+            self.drain_task = None
             if not self.transport.is_closing():
                 self.transport.resume_reading()
 
