@@ -49,17 +49,23 @@ def may_wait(writer: Any) -> bool:
         return True
 
 
+def needs_drain(handler: ConnectionHandler) -> bool:
+    """Whether mitmproxy's drain step for `handler` could do anything but return at once: one of
+    its writers may wait, another drain holds the lock, or the lock is not where it was read."""
+    lock = getattr(handler, "_drain_lock", None)  # mitmproxy's, private: absent = the slow path
+    if lock is None or lock.locked():
+        return True
+    for io in handler.transports.values():
+        writer = io.writer
+        if writer is not None and may_wait(writer):
+            return True
+    return False
+
+
 async def drain_writers(self: ConnectionHandler) -> None:
     """mitmproxy's `drain_writers`, run only when one of the writers could need it."""
-    lock = getattr(self, "_drain_lock", None)  # mitmproxy's, private: absent = the slow path
-    if lock is not None and not lock.locked():
-        for io in self.transports.values():
-            writer = io.writer
-            if writer is not None and may_wait(writer):
-                break
-        else:
-            return
-    await _MITMPROXY_DRAIN(self)
+    if needs_drain(self):
+        await _MITMPROXY_DRAIN(self)
 
 
 def install() -> None:

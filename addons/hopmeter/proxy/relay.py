@@ -24,6 +24,13 @@ does what the layers would do, in the same order, with the same bytes:
 - writes each to the client's writer unless it is closing, and marks the connection's activity
   for mitmproxy's idle timeout.
 
+A read that arrives while mitmproxy's read loop for the upstream connection waits with nothing
+buffered is taken even earlier, in the connection's protocol callback (`ReadShortcut`, in front
+of mitmproxy's `StreamReaderProtocol`): no stream reader, no wake-up of the loop's task, and the
+loop's drain step only when a writer could make it wait (then reading pauses until it has
+waited, as the loop would). A read as big as mitmproxy's read size (more is waiting) goes to the
+stream reader, which stops reading at twice that, so a fast upstream cannot hold the loop.
+
 Whatever the relay does not take goes to mitmproxy's own method: a read while any layer on the
 path is paused (a hook in progress, the response's headers hook included), the last chunk and its
 trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
@@ -56,7 +63,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Connection, Htt
 from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy import framing
-from hopmeter.proxy.backpressure import may_wait
+from hopmeter.proxy.backpressure import needs_drain
 from hopmeter.proxy.tap import ResponseTap
 
 OnError = Callable[[str, BaseException], None]
@@ -228,7 +235,7 @@ class ReadShortcut(asyncio.Protocol):
                     used = relay.take(self.handler, data)
                     if used == len(data):
                         STATS.direct += 1
-                        if _may_wait(self.handler):
+                        if needs_drain(self.handler):
                             self._drain()
                         return
                     data = data[used:]
@@ -265,18 +272,6 @@ class ReadShortcut(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
-
-
-def _may_wait(handler: ConnectionHandler) -> bool:
-    """Whether mitmproxy's drain step after a read could wait (hopmeter.proxy.backpressure)."""
-    lock = getattr(handler, "_drain_lock", None)
-    if lock is None or lock.locked():
-        return True
-    for io in handler.transports.values():
-        writer = io.writer
-        if writer is not None and may_wait(writer):
-            return True
-    return False
 
 
 def _shortcut(handler: ConnectionHandler, conn: Any) -> None:
