@@ -541,13 +541,12 @@ class Relay:
             return
         try:
             relay = arm(flow, self.connections.get(flow.client_conn.id), self.on_error)
+            if isinstance(relay, BodyRelay):
+                _shortcut(relay.handler, flow.server_conn)
+                flow.server_conn.__dict__[_KEY] = relay
+                STATS.armed += 1
         except Exception as exc:  # never in the flow's way: mitmproxy's layers move it
             self.on_error("relay", exc)
-            return
-        if isinstance(relay, BodyRelay):
-            flow.server_conn.__dict__[_KEY] = relay
-            STATS.armed += 1
-            _shortcut(relay.handler, flow.server_conn)
 
     def response(self, flow: http.HTTPFlow) -> None:
         flow.server_conn.__dict__.pop(_KEY, None)
