@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -374,9 +373,8 @@ class BodyRelay:
         if pieces:
             try:
                 self._deliver(pieces, writer)
-            except Exception:  # as in server_event: mitmproxy logs it and drops the rest
-                self.dead = True
-                handler.log("mitmproxy has crashed!", logging.ERROR, exc_info=True)
+            except Exception as exc:  # as a failing layer in server_event: the rest is dropped
+                self._fail(exc)  # counted and logged as hopmeter's; later reads go to mitmproxy
         return used
 
     def _ready(self, handler: ConnectionHandler) -> Any:
