@@ -77,14 +77,40 @@ def mitmproxy_major() -> int:
     return int(version.VERSION.split(".", 1)[0])
 
 
+def connection_handlers() -> dict[Any, Any] | None:
+    """mitmproxy's live connection handler per client id (`Proxyserver.connections`), or None
+    when the running mitmproxy keeps no such table."""
+    connections = getattr(ctx.master.addons.get("proxyserver"), "connections", None)
+    return connections if isinstance(connections, dict) else None
+
+
+def layers_to_http(handler: Any) -> list[Any]:
+    """A connection handler's layers from its root down to its HTTP layer, that one last:
+    handler.layer → (NextLayer.layer | .child_layer)* → HttpLayer; empty when there is none (a
+    TCP or DNS connection, a layer not decided yet)."""
+    from mitmproxy.proxy import layer as mlayer  # noqa: PLC0415 - not for every connection
+    from mitmproxy.proxy.layers.http import HttpLayer  # noqa: PLC0415
+
+    chain: list[Any] = []
+    obj = getattr(handler, "layer", None)
+    for _ in range(16):  # a handful of layers deep in every mode; the bound stops a cycle
+        if obj is None:
+            return []
+        chain.append(obj)
+        if isinstance(obj, HttpLayer):
+            return chain
+        obj = obj.layer if isinstance(obj, mlayer.NextLayer) else getattr(obj, "child_layer", None)
+    return []
+
+
 def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.StreamWriter, Sock] | str:
     """(handler, writer, socket) of a live flow's client connection, or why not."""
     if not sys.platform.startswith("linux"):
         return f"the kernel's send queue is read with Linux ioctls, not on {sys.platform}"
     if mitmproxy_major() not in TESTED_MAJORS:
         return f"mitmproxy {version.VERSION}: its client transports were not read yet"
-    connections = getattr(ctx.master.addons.get("proxyserver"), "connections", None)
-    if not isinstance(connections, dict):
+    connections = connection_handlers()
+    if connections is None:
         return "mitmproxy's proxyserver keeps no connections table"
     handler = connections.get(flow.client_conn.id)
     transports = getattr(handler, "transports", None)
@@ -112,21 +138,16 @@ def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.StreamWriter, Sock] | str:
 def locate_h2(handler: Any, flow: http.HTTPFlow) -> tuple[Any, int] | str:
     """(mitmproxy's HTTP/2 connection to the client, the flow's stream id), or why not.
 
-    handler.layer → (NextLayer.layer | .child_layer)* → HttpLayer; its `connections[client]` is
-    the Http2Server whose `h2_conn` (a BufferedH2Connection) keeps each stream's unsent bytes in
-    `stream_buffers`; the stream id is the key of `HttpLayer.streams` whose flow is this one.
+    The HTTP layer's (`layers_to_http`) `connections[client]` is the Http2Server whose
+    `h2_conn` (a BufferedH2Connection) keeps each stream's unsent bytes in `stream_buffers`; the
+    stream id is the key of `HttpLayer.streams` whose flow is this one.
     """
-    from mitmproxy.proxy import layer as mlayer  # noqa: PLC0415 - only for HTTP/2 clients
-    from mitmproxy.proxy.layers.http import HttpLayer  # noqa: PLC0415
-    from mitmproxy.proxy.layers.http._http2 import Http2Server  # noqa: PLC0415
+    from mitmproxy.proxy.layers.http._http2 import Http2Server  # noqa: PLC0415 - HTTP/2 only
 
-    obj = getattr(handler, "layer", None)
-    for _ in range(16):  # a handful of layers deep in every mode; the bound stops a cycle
-        if obj is None or isinstance(obj, HttpLayer):
-            break
-        obj = obj.layer if isinstance(obj, mlayer.NextLayer) else getattr(obj, "child_layer", None)
-    if not isinstance(obj, HttpLayer):
+    chain = layers_to_http(handler)
+    if not chain:
         return "no HTTP layer under this client's connection"
+    obj = chain[-1]
     server = obj.connections.get(flow.client_conn)
     h2conn = getattr(server, "h2_conn", None) if isinstance(server, Http2Server) else None
     if not isinstance(getattr(h2conn, "stream_buffers", None), dict) or not callable(

@@ -25,6 +25,7 @@ from mitmproxy.addonmanager import Loader
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
+from hopmeter.proxy.client_conn import connection_handlers
 from hopmeter.proxy.config import parse_seconds
 from hopmeter.proxy.failures import http1_client
 from hopmeter.proxy.readiness import Readiness
@@ -124,11 +125,11 @@ class Drain:
 
     def _close_idle(self) -> None:
         """Close every client connection that has no flow in flight (kept alive, idle)."""
-        proxyserver = ctx.master.addons.get("proxyserver")
-        if proxyserver is None:
+        handlers = connection_handlers()
+        if handlers is None:
             return
         busy = self.meter.busy_clients() | self.websockets
-        for handler in list(proxyserver.connections.values()):
+        for handler in list(handlers.values()):
             client = handler.client
             if client.id not in busy and client in handler.transports:
                 handler.close_connection(client)

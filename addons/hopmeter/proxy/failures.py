@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from mitmproxy import ctx, http
+from mitmproxy import http
 from mitmproxy.net.http import http1
 
 from hopmeter.core.vocab import Ended
 from hopmeter.log import get_logger
+from hopmeter.proxy.client_conn import connection_handlers
 
 log = get_logger()
 
@@ -83,8 +84,8 @@ def answer_and_close(flow: http.HTTPFlow, status: int | None, cause: str, messag
     hook) and cancel the upstream connection or the connect in progress. An HTTP/2 client's
     connection is only closed: its streams cannot be answered one by one from here.
     """
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
+    handlers = connection_handlers()
+    handler = handlers.get(flow.client_conn.id) if handlers is not None else None
     if handler is None:
         return False
     client = flow.client_conn

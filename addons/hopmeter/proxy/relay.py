@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -63,6 +64,7 @@ from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy import framing
 from hopmeter.proxy.backpressure import needs_drain
+from hopmeter.proxy.client_conn import connection_handlers, layers_to_http
 from hopmeter.proxy.tap import ResponseTap
 
 OnError = Callable[[str, BaseException], None]
@@ -85,9 +87,6 @@ _CHUNKED, _LENGTH, _TO_EOF = 1, 2, 3
 # reading once it holds twice that, so a fast upstream cannot keep the loop reading one
 # connection read after read while every other stream and the measuring wait.
 _DIRECT_MAX_BYTES = 65535
-# Layers between the connection handler and the HTTP layer, a handful in every mode; the bound
-# stops a walk that would not end.
-_MAX_DEPTH = 16
 
 
 class Stats:
@@ -455,24 +454,19 @@ def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str
     options = handler.layer.context.options
     if options.proxy_debug:
         return "proxy_debug logs every event in every layer"
-    layers: list[Any] = []
-    obj = handler.layer
-    for _ in range(_MAX_DEPTH):
-        if isinstance(obj, HttpLayer):
-            break
-        if isinstance(obj, mlayer.NextLayer):
-            nxt = obj.layer
-            if nxt is None or getattr(obj._handle, "__self__", None) is not nxt:
-                return "a layer is still being decided"
-        else:
-            nxt = getattr(obj, "child_layer", None)
-            if not _delegates(obj, nxt):
-                return f"{type(obj).__name__} does more than pass events on"
-            layers.append(obj)
-        obj = nxt
-    else:
+    chain = layers_to_http(handler)
+    if not chain:
         return "no HTTP layer under this client's connection"
-    http_layer = obj
+    layers: list[Any] = []  # those above the HTTP layer that a paused state could hold
+    for obj, nxt in itertools.pairwise(chain):
+        if isinstance(obj, mlayer.NextLayer):
+            if getattr(obj._handle, "__self__", None) is not nxt:
+                return "a layer is still being decided"
+        elif _delegates(obj, nxt):
+            layers.append(obj)
+        else:
+            return f"{type(obj).__name__} does more than pass events on"
+    http_layer = chain[-1]
     client = http_layer.connections.get(flow.server_conn)
     h1 = getattr(client, "child_layer", None)
     if type(client) is not HttpClient or type(h1) is not Http1Client or not _delegates(client, h1):
@@ -531,8 +525,7 @@ class Relay:
         )
 
     def running(self) -> None:
-        connections = getattr(ctx.master.addons.get("proxyserver"), "connections", None)
-        self.connections = connections if isinstance(connections, dict) else None
+        self.connections = connection_handlers()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if not ctx.options.hopmeter_relay or self.connections is None or flow.response is None:
