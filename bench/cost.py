@@ -8,8 +8,10 @@
 Ratios are hopmeter over bare mitmproxy (`mitmdump -q -s bench/bare_addon.py`) in the same run,
 the topologies taking turns (bench/run.py's matrix, `--repeat`): CPU per event (the median-CPU
 round), added delay p99 (the median of the rounds' p99), the saturation rate (events/s before
-p99 passes 10 ms, 100 paced streams), and idle RSS: the process tree's VmRSS once it listens and
-has settled, before any flow (the median of `--rounds` fresh starts). Writes
+p99 passes 10 ms, 100 paced streams), idle RSS: the process tree's VmRSS once it listens and
+has settled, before any flow (the median of `--rounds` fresh starts), and RSS per open stream at
+each load point (bench/README.md, "RSS per open stream"; the median round's): hopmeter's part is
+its figure less bare mitmproxy's, which is what mitmproxy itself holds for a connection. Writes
 bench/results/<time>-cost.json and prints the table; bench/README.md is not rewritten.
 """
 
@@ -38,6 +40,8 @@ SETTLE_STEP_S = 0.5
 SETTLED = 0.01  # two readings a step apart within 1%: settled
 # the issue's targets: hopmeter / bare mitmdump
 TARGETS = {"cpu": 1.0, "p99": 1.1, "saturation": 1.0, "idle_rss_mib": 80.0}
+# and what hopmeter may add to bare mitmproxy's RSS per open stream, KiB
+PER_STREAM_KIB = 24.0
 
 
 def idle_rss_kib(cls: type[Topology], up: procs.Upstream, logdir: Path) -> int:
@@ -74,9 +78,22 @@ def ratios(out: dict[str, Any], name: str) -> list[dict[str, Any]]:
                 "p99_ratio": round(p99 / bare_p99, 3) if p99 and bare_p99 else None,
                 # whether timers woke the proxy more often than bare (bench/procs.py `wakeups`)
                 "wakeups": [r.get("wakeups_per_event"), bare.get("wakeups_per_event")],
+                "rss_per_stream_kib": [r.get("rss_per_stream_kib"), bare.get("rss_per_stream_kib")],
             }
         )
     return table
+
+
+def per_stream(kib: float | None, bare_kib: float | None) -> str:
+    """RSS per open stream against bare's, and whether hopmeter's part is within its target."""
+    if kib is None or bare_kib is None:
+        return "RSS/stream not measured"
+    part = round(kib - bare_kib, 1)
+    ok = part <= PER_STREAM_KIB
+    return (
+        f"RSS/stream {kib} vs {bare_kib} KiB = {part:+} ({'met' if ok else 'NOT met'}, "
+        f"≤ +{PER_STREAM_KIB} over bare)"
+    )
 
 
 def summary(out: dict[str, Any]) -> list[str]:
@@ -95,7 +112,8 @@ def summary(out: dict[str, Any]) -> list[str]:
                 f"{r['cpu_us'][1]} µs = {r['cpu_ratio']}× ({'met' if cpu_ok else 'NOT met'}, "
                 f"≤ {TARGETS['cpu']}); p99 {r['p99_ms'][0]} vs {r['p99_ms'][1]} ms = "
                 f"{r['p99_ratio']}× ({'met' if p99_ok else 'NOT met'}, ≤ {TARGETS['p99']}); "
-                f"wake-ups/event {r['wakeups'][0]} vs {r['wakeups'][1]}"
+                f"wake-ups/event {r['wakeups'][0]} vs {r['wakeups'][1]}; "
+                + per_stream(*r["rss_per_stream_kib"])
                 + (
                     # a proxy behind reads several events per read: its CPU per event drops
                     "; bare is past its saturation at this rate"

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hopmeter.core.ledger import (
     END,
     GONE,
+    HELD,
     MAX_FOLLOWED,
     NO_WRITE,
     OUT,
@@ -187,3 +192,61 @@ class TestFlowChunks:
         flow.add(c)
         flow.settle("still queued")
         assert not flow.live and flow.why == "still queued" and flow.flags[0] == 0
+
+
+def _column(chunks: list[list[Any]], slot: int) -> list[float | None]:
+    return [c[slot] for c in chunks]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["at write", "later", "never", "unwritten"]),
+            st.booleans(),  # seen waiting
+            st.sampled_from(["sent", "gone", "moving"]),
+            st.booleans(),  # held (HTTP/2)
+        ),
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 40), max_size=6),
+)
+def test_packed_columns_read_back_what_every_chunk_carried(
+    shapes: list[tuple[str, bool, str, bool]], packs: list[int]
+) -> None:
+    """Packed, each chunk reads back its write, out and waited times and flags exactly as it
+    carried them (nan for none), whether the out and waited columns were kept from the start
+    or only from the first chunk that needed them; a flow whose every chunk left at its write and
+    was never seen waiting keeps neither."""
+    flow, chunks = FlowChunks(), []
+    for i, (out, waited, end, held) in enumerate(shapes):
+        c = new_chunk(100, float(i))
+        if out != "unwritten":
+            c[T_WRITE] = i + 0.5
+        c[OUT] = {"at write": c[T_WRITE], "later": i + 0.75, "never": None, "unwritten": None}[out]
+        c[WAITED] = i + 0.625 if waited else None
+        c[SENT] = i + 0.875 if end == "sent" else None
+        c[GONE] = "closed" if end == "gone" else None
+        c[HELD] = held
+        flow.add(c)
+        chunks.append(c)
+    for k in packs:  # pack whatever is done at the head now and then, as the proxy does
+        flow.pack()
+        if k < len(chunks):
+            chunks[k][GONE] = chunks[k][GONE] or "late"
+    flow.settle("still queued")
+    nan = math.nan
+
+    def expect(slot: int) -> bytes:
+        return array("d", [nan if v is None else v for v in _column(chunks, slot)]).tobytes()
+
+    assert flow.t_write.tobytes() == expect(T_WRITE)
+    assert flow.waited.tobytes() == expect(WAITED)
+    assert flow.out.tobytes() == expect(OUT)
+    assert list(flow.flags) == [
+        (1 if c[HELD] else 0) | (2 if c[SENT] is not None else 0) | (4 if c[OUT] is not None else 0)
+        for c in chunks
+    ]
+    assert len(flow) == len(chunks) and not flow.live
+    plain = all(c[OUT] in (None, c[T_WRITE]) and c[WAITED] is None for c in chunks)
+    assert (flow._out is None and flow._waited is None) == plain

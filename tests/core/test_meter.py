@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from dataclasses import asdict
@@ -352,3 +353,47 @@ def test_malformed_events_counted_before_the_api_was_sniffed_are_kept() -> None:
     meter.feed(chunk("Hi") + b"data: {not json}\n\n", 0.0)
     assert meter.api == "openai.chat"
     assert meter.malformed_events == 2
+
+
+@needs_corpus
+def test_chunk_times_are_the_times_fed_in_either_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk times a record lists are the times each chunk was fed, whether they are read
+    from the event column (every chunk so far completed exactly one event) or from their own
+    (kept from the first chunk that completed none or several): every recording of the corpus
+    (SSE and NDJSON) cut every way, gzipped, past the chunk bound, and cut by a decoding error."""
+    monkeypatch.setattr(meter_module, "MAX_CHUNKS", 40)
+    bodies = [
+        (p, p.read_bytes()) for p in sorted(CORPUS.rglob("*")) if p.suffix in (".sse", ".ndjson")
+    ]
+    own = shared = 0
+    for path, body in bodies:
+        media = "text/event-stream" if path.suffix == ".sse" else "application/x-ndjson"
+        for seed, chunks in enumerate(chunkings(body, 5)):
+            for encoding in (None, "gzip"):
+                fed = chunks if encoding is None else split_at(gzip.compress(body), [5, 40, 41])
+                meter = FlowMeter(api="sse", content_type=media, content_encoding=encoding)
+                times = [i / 1000 + 0.25 for i in range(len(fed))]
+                for t, data in zip(times, fed, strict=True):
+                    meter.feed(data, t)
+                meter.close(1.0)
+                assert list(meter.chunk_t) == times[:40], (path.name, seed, encoding)
+                assert list(meter.chunk_bytes) == [len(d) for d in fed[:40]]
+                own += meter._chunk_t is not None
+                shared += meter._chunk_t is None
+    assert own > 100 and shared > 10, (own, shared)
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding="gzip")
+    meter.feed(b"not gzip at all", 0.5)
+    meter.feed(b"more", 0.75)
+    assert meter.facts.decode_error and list(meter.chunk_t) == [0.5, 0.75]
+
+
+def test_a_stream_of_one_event_per_chunk_keeps_one_time_column() -> None:
+    """The usual stream (each read one whole event) keeps its times once, for events and chunks."""
+    body, _ = _long_reply(300)
+    ends = [i + 2 for i in range(len(body)) if body.startswith(b"\n\n", i)]
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    for i, data in enumerate(split_at(body, ends)):
+        meter.feed(data, i / 50)
+    meter.close(7.0)
+    assert meter._chunk_t is None
+    assert list(meter.chunk_t) == [i / 50 for i in range(300)] == list(meter.events.t_s)

@@ -21,13 +21,16 @@ bounds and can come out short by a sampling interval, never long.
 
 HTTP/2 adds a stage before the socket: mitmproxy keeps a stream's bytes in its own per-stream
 buffer while the client's flow-control window is closed (`hold` / `release`).
+
+Memory: a ledger and a flow's FlowChunks live as long as a connection or a stream, so their queues
+are plain lists taken from the head by slicing (an empty deque holds a 64-slot block, ~760 bytes),
+and the per-chunk columns that almost never differ from another are kept only once they do.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections import deque
 from typing import Any
 
 # A tracked chunk is a plain list: it is built on the proxy's hot path, once per chunk, where a
@@ -74,9 +77,10 @@ class Ledger:
         self.written = 0  # bytes handed to the transport since counting began
         self.last = -math.inf  # when the last sample was taken (none yet)
         self.armed: list[Any] | None = None  # the chunk the next write carries
-        self.user: deque[list[Any]] = deque()  # written, maybe still in the user-space buffer
-        self.kernel: deque[list[Any]] = deque()  # out of the process, not yet seen sent
-        self.held: dict[int, deque[list[Any]]] = {}  # HTTP/2 stream id -> chunks in its buffer
+        # first in, first out; taken from the head a run at a time (`del q[:k]`)
+        self.user: list[list[Any]] = []  # written, maybe still in the user-space buffer
+        self.kernel: list[list[Any]] = []  # out of the process, not yet seen sent
+        self.held: dict[int, list[list[Any]]] = {}  # HTTP/2 stream id -> chunks in its buffer
 
     def followed(self) -> int:
         """Chunks followed now."""
@@ -125,11 +129,12 @@ class Ledger:
             return True
         # the buffer is empty after this write, so every byte before it has left too
         user, kernel = self.user, self.kernel
-        while user:
-            b = user.popleft()
-            b[OUT] = now
-            b[WAITED] = max(b[T_WRITE], self.last)
-            kernel.append(b)
+        if user:
+            for b in user:
+                b[OUT] = now
+                b[WAITED] = max(b[T_WRITE], self.last)
+            kernel += user
+            user.clear()
         c[OUT] = now
         kernel.append(c)
         return True
@@ -145,20 +150,27 @@ class Ledger:
         out_bytes = self.written - user_bytes
         sent_bytes = out_bytes - unsent_bytes
         user, kernel = self.user, self.kernel
-        moved = False
-        while user and user[0][END] <= out_bytes:
-            c = user.popleft()
+        k = 0
+        for c in user:
+            if c[END] > out_bytes:
+                break
             c[OUT] = now
             c[WAITED] = max(c[T_WRITE], prev)
-            kernel.append(c)
-            moved = True
-        while kernel and kernel[0][END] <= sent_bytes:
-            c = kernel.popleft()
+            k += 1
+        if k:
+            kernel += user[:k]
+            del user[:k]
+        j = 0
+        for c in kernel:
+            if c[END] > sent_bytes:
+                break
             c[SENT] = now
             if c[OUT] <= prev:  # in the kernel at the last sample, and not sent then
                 c[WAITED] = prev
-            moved = True
-        return moved
+            j += 1
+        if j:
+            del kernel[:j]
+        return bool(k or j)
 
     def hold(self, c: list[Any], sid: int, stream_end: int) -> None:
         """HTTP/2: chunk `c` waits in stream `sid`'s buffer for the client's window."""
@@ -167,7 +179,7 @@ class Ledger:
         c[WAITED] = c[T_IN]
         q = self.held.get(sid)
         if q is None:
-            q = self.held[sid] = deque()
+            q = self.held[sid] = []
         if len(q) >= MAX_FOLLOWED:
             c[GONE] = TOO_MANY
             return
@@ -178,16 +190,21 @@ class Ledger:
         returned at `now`. Its chunks up to there are written: their frames are in this write or
         an earlier one, so `written` now is an upper bound of their end. True if any moved."""
         q = self.held.get(sid)
-        moved = False
-        while q and q[0][H2_END] <= emitted:
-            c = q.popleft()
+        if q is None:
+            return False
+        k = 0
+        for c in q:
+            if c[H2_END] > emitted:
+                break
             c[END] = self.written
             c[T_WRITE] = c[WAITED] = now
-            self.user.append(c)  # out of the process is left to a sample to see
-            moved = True
-        if q is not None and not q:
+            k += 1
+        if k:
+            self.user += q[:k]  # out of the process is left to a sample to see
+            del q[:k]
+        if not q:
             del self.held[sid]
-        return moved
+        return k > 0
 
     def drop_stream(self, sid: int, why: str, now: float) -> None:
         """HTTP/2: stream `sid`'s buffer was dropped unsent (reset): its held chunks are gone."""
@@ -223,22 +240,41 @@ class FlowChunks:
     """One flow's followed chunks: those still moving as lists, the rest packed in arrays.
 
     A moving chunk costs ~200 bytes as a list; once it has been seen sent (or given up on) its
-    three times and flags are packed into ~25 bytes, so a long stream holds lists only for what is
-    still on its way to the client.
+    times and flags are packed, so a long stream holds lists only for what is still on its way to
+    the client. Packed, a chunk costs 9 bytes when it left the process at its write and was never
+    seen waiting (a client that keeps up: nearly every chunk), 25 at most: the `out` and `waited`
+    columns are kept only from the first chunk that needs them, and read back whole.
     """
 
-    __slots__ = ("flags", "live", "out", "t_write", "waited", "why")
+    __slots__ = ("_out", "_waited", "flags", "live", "t_write", "why")
 
     def __init__(self) -> None:
-        self.live: deque[list[Any]] = deque()
+        self.live: list[list[Any]] = []  # in order; packed from the head
         self.t_write = array("d")  # nan: never written
-        self.out = array("d")  # nan: never seen out of the process
-        self.waited = array("d")  # nan: never seen waiting
+        self._out: array[float] | None = None  # None: every chunk out at its write, or never out
+        self._waited: array[float] | None = None  # None: no chunk seen waiting
         self.flags = bytearray()
         self.why: str | None = None  # the first reason a chunk was not followed to the end
 
     def __len__(self) -> int:
         return len(self.flags) + len(self.live)
+
+    @property
+    def out(self) -> array[float]:
+        """When each packed chunk's last byte left the process (nan: never seen out)."""
+        if self._out is not None:
+            return self._out
+        nan = math.nan
+        return array(
+            "d", (t if f & FLAG_OUT else nan for t, f in zip(self.t_write, self.flags, strict=True))
+        )
+
+    @property
+    def waited(self) -> array[float]:
+        """The last moment each packed chunk was seen waiting (nan: never seen waiting)."""
+        if self._waited is not None:
+            return self._waited
+        return array("d", [math.nan]) * len(self.flags)
 
     def add(self, c: list[Any]) -> None:
         """Follow chunk `c` (the proxy's FlowOut appends it as the stream callable makes it)."""
@@ -247,19 +283,34 @@ class FlowChunks:
     def pack(self) -> None:
         """Move the chunks at the head that are done (sent or given up on) into the arrays."""
         live = self.live
-        nan = math.nan
-        while live and (live[0][SENT] is not None or live[0][GONE] is not None):
-            c = live.popleft()
-            self._put(c, nan)
+        k = 0
+        for c in live:
+            if c[SENT] is None and c[GONE] is None:
+                break
+            self._put(c)
+            k += 1
+        if k:
+            del live[:k]
 
-    def _put(self, c: list[Any], nan: float) -> None:
+    def _put(self, c: list[Any]) -> None:
         if c[GONE] is not None and self.why is None:
             self.why = c[GONE]
-        self.t_write.append(nan if c[T_WRITE] is None else c[T_WRITE])
-        self.out.append(nan if c[OUT] is None else c[OUT])
-        self.waited.append(nan if c[WAITED] is None else c[WAITED])
+        nan = math.nan
+        t_write, out, waited = c[T_WRITE], c[OUT], c[WAITED]
+        if self._out is not None:
+            self._out.append(nan if out is None else out)
+        elif out is not None and out != t_write:  # the first chunk that left after its write
+            self._out = self.out
+            self._out.append(out)
+        if waited is not None:
+            if self._waited is None:  # the first chunk seen waiting
+                self._waited = self.waited
+            self._waited.append(waited)
+        elif self._waited is not None:
+            self._waited.append(nan)
+        self.t_write.append(nan if t_write is None else t_write)
         flags = (FLAG_HELD if c[HELD] else 0) | (FLAG_SENT if c[SENT] is not None else 0)
-        self.flags.append(flags | (FLAG_OUT if c[OUT] is not None else 0))
+        self.flags.append(flags | (FLAG_OUT if out is not None else 0))
 
     def done(self) -> bool:
         """Whether every chunk was seen sent or given up on."""
@@ -269,8 +320,8 @@ class FlowChunks:
     def settle(self, why: str) -> None:
         """Pack everything, chunks still on their way included (they count as not seen sent)."""
         self.pack()
-        while self.live:
-            c = self.live.popleft()
+        for c in self.live:
             if c[SENT] is None and c[GONE] is None and self.why is None:
                 self.why = why
-            self._put(c, math.nan)
+            self._put(c)
+        self.live.clear()

@@ -76,6 +76,46 @@ class StreamFacts:
 class FlowMeter:
     """Measures one response: chunks in, events out, figures at the end."""
 
+    # one is held per open stream: slots take ~300 bytes where an instance dict of these took
+    # ~1.6 KiB; `__dict__` stays for an attribute not listed (made only when one is set)
+    __slots__ = (
+        "__dict__",
+        "_chunk_t",
+        "_decoder",
+        "_document",
+        "_document_overflow",
+        "_framer",
+        "_head",
+        "_keep_text",
+        "_malformed_before",
+        "_parser",
+        "_plain",
+        "_plain_event",
+        "_plain_misses",
+        "_plain_read",
+        "_sniffs_left",
+        "_text",
+        "_text_blocks",
+        "_text_lens",
+        "_text_recent",
+        "_utf8",
+        "_visible_chars",
+        "api",
+        "bytes_decoded",
+        "bytes_wire",
+        "chunk_bytes",
+        "chunks_seen",
+        "content_encoding",
+        "content_type",
+        "events",
+        "events_seen",
+        "facts",
+        "first_byte_s",
+        "last_byte_s",
+        "text_chars",
+        "text_overflow_chars",
+    )
+
     def __init__(
         self,
         *,
@@ -88,8 +128,11 @@ class FlowMeter:
         self.api = api
         self.content_type = content_type
         self.content_encoding = content_encoding or None
-        self.chunk_t = array("d")
+        # each recorded chunk's size, and its time: while the i-th chunk's time is the i-th
+        # event's (every chunk so far completed one event: the usual stream), the times are not
+        # kept twice (`chunk_t`); from the first chunk where that fails they have their own column
         self.chunk_bytes = array("i")
+        self._chunk_t: array[float] | None = None
         self.chunks_seen = 0
         self.bytes_wire = 0
         self.bytes_decoded = 0
@@ -146,6 +189,13 @@ class FlowMeter:
             self._plain_read, self._plain_event = plain_anthropic_delta, b"content_block_delta"
 
     @property
+    def chunk_t(self) -> array[float]:
+        """When each recorded chunk arrived (seconds since the request started)."""
+        if self._chunk_t is not None:
+            return self._chunk_t
+        return self.events.t_s[: len(self.chunk_bytes)]
+
+    @property
     def framer(self) -> Framer | None:
         """The SSE or NDJSON decoder in use, if the body is an event stream."""
         return self._framer
@@ -174,20 +224,27 @@ class FlowMeter:
         if self.first_byte_s is None:
             self.first_byte_s = now_s
         self.last_byte_s = now_s
-        if len(self.chunk_t) < MAX_CHUNKS:
-            self.chunk_t.append(now_s)
+        k, times = len(self.chunk_bytes), self._chunk_t
+        shared = k < MAX_CHUNKS and times is None
+        if k < MAX_CHUNKS:
             self.chunk_bytes.append(n)
-        if self.facts.decode_error is not None:
-            return
-        if self._decoder is None:
-            self._take(data, now_s)
-            return
-        try:
-            # one bounded step at a time: a compression bomb never sits decoded in memory
-            for piece in self._decoder.steps(data):
-                self._take(piece, now_s)
-        except DecodingError as exc:
-            self.facts.decode_error = str(exc)
+            if times is not None:
+                times.append(now_s)
+        if self.facts.decode_error is None:
+            if self._decoder is None:
+                self._take(data, now_s)
+            else:
+                try:
+                    # one bounded step at a time: a compression bomb never sits decoded in memory
+                    for piece in self._decoder.steps(data):
+                        self._take(piece, now_s)
+                except DecodingError as exc:
+                    self.facts.decode_error = str(exc)
+        if shared:
+            t_s = self.events.t_s
+            if len(t_s) <= k or t_s[k] != now_s:  # this chunk's time is not the k-th event's
+                self._chunk_t = times = t_s[:k]  # the chunks before it each had theirs
+                times.append(now_s)
 
     def close(self, now_s: float) -> None:
         """End of body: flush the decoders; an unterminated last event is not dispatched."""
