@@ -356,12 +356,19 @@ def test_malformed_events_counted_before_the_api_was_sniffed_are_kept() -> None:
 
 
 @needs_corpus
-def test_chunk_times_are_the_times_fed_in_either_column(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("repeats", [False, True], ids=["distinct times", "repeated times"])
+def test_chunk_times_are_the_times_fed_in_either_column(
+    monkeypatch: pytest.MonkeyPatch, repeats: bool
+) -> None:
     """The chunk times a record lists are the times each chunk was fed, whether they are read
     from the event column (every chunk so far completed exactly one event) or from their own
     (kept from the first chunk that completed none or several): every recording of the corpus
-    (SSE and NDJSON) cut every way, gzipped, past the chunk bound, and cut by a decoding error."""
+    (SSE and NDJSON) cut every way, gzipped, past the chunk bound, with chunks that share a
+    time (a read of two events then one of none, at one instant) and events capped below the
+    chunk bound."""
     monkeypatch.setattr(meter_module, "MAX_CHUNKS", 40)
+    if repeats:
+        monkeypatch.setattr(meter_module, "MAX_EVENTS", 25)
     bodies = [
         (p, p.read_bytes()) for p in sorted(CORPUS.rglob("*")) if p.suffix in (".sse", ".ndjson")
     ]
@@ -372,7 +379,7 @@ def test_chunk_times_are_the_times_fed_in_either_column(monkeypatch: pytest.Monk
             for encoding in (None, "gzip"):
                 fed = chunks if encoding is None else split_at(gzip.compress(body), [5, 40, 41])
                 meter = FlowMeter(api="sse", content_type=media, content_encoding=encoding)
-                times = [i / 1000 + 0.25 for i in range(len(fed))]
+                times = [(i // 2 if repeats else i) / 1000 + 0.25 for i in range(len(fed))]
                 for t, data in zip(times, fed, strict=True):
                     meter.feed(data, t)
                 meter.close(1.0)
@@ -381,10 +388,29 @@ def test_chunk_times_are_the_times_fed_in_either_column(monkeypatch: pytest.Monk
                 own += meter._chunk_t is not None
                 shared += meter._chunk_t is None
     assert own > 100 and shared > 10, (own, shared)
+
+
+def test_chunk_times_hold_through_a_decoding_error_and_a_failed_read() -> None:
+    """A chunk is listed at the time it was fed when its body cannot be decoded, and when
+    reading it fails: the times stay aligned with the sizes."""
     meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding="gzip")
     meter.feed(b"not gzip at all", 0.5)
     meter.feed(b"more", 0.75)
     assert meter.facts.decode_error and list(meter.chunk_t) == [0.5, 0.75]
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    meter.feed(chunk("a"), 0.1)
+
+    def broken(decoded: bytes, now_s: float) -> None:
+        raise RuntimeError("a reader's bug")
+
+    meter._take = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        meter.feed(chunk("b"), 0.2)
+    del meter._take
+    meter.feed(chunk("c"), 0.3)
+    meter.feed(chunk("d"), 0.4)
+    assert list(meter.chunk_t) == [0.1, 0.2, 0.3, 0.4]
+    assert len(meter.chunk_bytes) == 4
 
 
 def test_a_stream_of_one_event_per_chunk_keeps_one_time_column() -> None:

@@ -27,7 +27,7 @@ from hopmeter.errors import DecodingError
 
 # Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
 # events; the rest are counted in `chunks_dropped` / `events_dropped`. 4,096 events is a 4,000-token
-# reply at one token per event; the arrays cost 8-16 bytes per entry.
+# reply at one token per event; the arrays cost 4-12 bytes per chunk and 16 per event.
 MAX_CHUNKS = 4096
 MAX_EVENTS = 8192
 # Visible text kept for tokenizing at the end of the flow. Past this, tokens are estimated from the
@@ -230,21 +230,23 @@ class FlowMeter:
             self.chunk_bytes.append(n)
             if times is not None:
                 times.append(now_s)
-        if self.facts.decode_error is None:
-            if self._decoder is None:
-                self._take(data, now_s)
-            else:
-                try:
-                    # one bounded step at a time: a compression bomb never sits decoded in memory
-                    for piece in self._decoder.steps(data):
-                        self._take(piece, now_s)
-                except DecodingError as exc:
-                    self.facts.decode_error = str(exc)
-        if shared:
-            t_s = self.events.t_s
-            if len(t_s) <= k or t_s[k] != now_s:  # this chunk's time is not the k-th event's
-                self._chunk_t = times = t_s[:k]  # the chunks before it each had theirs
-                times.append(now_s)
+        try:
+            if self.facts.decode_error is None:
+                if self._decoder is None:
+                    self._take(data, now_s)
+                else:
+                    try:
+                        # one bounded step at a time: a compression bomb never sits decoded
+                        for piece in self._decoder.steps(data):
+                            self._take(piece, now_s)
+                    except DecodingError as exc:
+                        self.facts.decode_error = str(exc)
+        finally:  # the chunk is listed whatever reading it did
+            if shared:
+                t_s = self.events.t_s
+                if len(t_s) <= k or t_s[k] != now_s:  # this chunk's time is not the k-th event's
+                    self._chunk_t = times = t_s[:k]  # the chunks before it each had theirs
+                    times.append(now_s)
 
     def close(self, now_s: float) -> None:
         """End of body: flush the decoders; an unterminated last event is not dispatched."""

@@ -40,7 +40,9 @@ MEASURE_DELAY_S = 0.001
 # A flow's chunks that reached the client are packed from lists into arrays (core.ledger.
 # FlowChunks) once this many are on their way: the measuring step does it, not the callable. A
 # followed chunk is ~230 bytes as a list and 9-25 packed: 4 keeps ~1 KiB of lists per open stream
-# (16 kept ~4 KiB, 64 ~15 KiB; the packing costs the same per chunk either way).
+# of a client that keeps up (16 kept ~4 KiB, 64 ~15 KiB; the packing costs the same per chunk
+# either way). Packing stops at the first chunk not yet seen sent, so a client that falls behind
+# holds lists for what it has not taken (up to the 4,096 chunks a record lists).
 PACK_AFTER_CHUNKS = 4
 
 # Called with where a measuring step failed and the exception; must never raise.
