@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario, apply, parse_pairs
-from tests.harness.procs import demo_path, read_records
+from tests.harness.procs import demo_path, free_port, hopmeter, read_records
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
 SECRET = "sk-hopmeter-test-0123456789abcdef"
@@ -126,3 +132,51 @@ def test_coalesced_events_give_the_token_clock(path: dict[str, Any]) -> None:
     assert 0.5 * 0.05 < fig["itl_p50_s"] < 2 * 0.05
     assert fig["max_gap_s"] > 3 * 0.05  # the raw gap between events is k times the clock
     assert not [f for f in rec["findings"] if f["kind"] in ("burst_gaps", "whole_body_hold")]
+
+
+def test_an_sdk_that_hangs_up_at_the_terminal_event_records_a_complete_reply(
+    tmp_path: Path,
+) -> None:
+    """openai's SDK closes the response at `data: [DONE]`. When the body's end (the last chunk)
+    comes after that, the client has hung up before the body ended, with the whole reply: the
+    record says `complete`, not `client_gone`, and detects nothing cut."""
+    ending = threading.Event()  # the upstream is about to send the body's end
+
+    async def reply(ex: Exchange) -> None:
+        await ex.head({"content-type": "text/event-stream"})
+        for word in ("Hello", " there", "!"):
+            doc = {"model": "m", "choices": [{"index": 0, "delta": {"content": word}}]}
+            await ex.chunk(b"data: " + orjson.dumps(doc) + b"\n\n")
+        await ex.chunk(b"data: [DONE]\n\n")
+        await asyncio.sleep(1.5)
+        ending.set()
+        with contextlib.suppress(ConnectionError):  # the proxy may have dropped it by now
+            await ex.end()
+
+    port, records = free_port(), tmp_path / "records.jsonl"
+    with (
+        ScriptedUpstream(reply) as up,
+        hopmeter(
+            tmp_path,
+            "run",
+            f"http://127.0.0.1:{up.port}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--records",
+            str(records),
+            "--metrics",
+            "off",
+            ports=(port,),
+        ),
+    ):
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=0
+        )
+        stream = client.chat.completions.create(model="m", messages=[], stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        hung_up_first = not ending.is_set()
+        rec = read_records(records, 1)[0]
+    assert text == "Hello there!" and hung_up_first
+    assert rec["response"]["ended"] == "complete" and rec["ended"] == "complete"
+    assert rec["stream"]["terminal_seen"] is True
+    assert not [f for f in rec["findings"] if f["kind"] == "truncated"]
