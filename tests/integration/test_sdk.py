@@ -17,7 +17,7 @@ import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario, apply, parse_pairs
-from tests.harness.procs import demo_path, free_port, hopmeter, read_records
+from tests.harness.procs import demo_path, free_port, hopmeter, read_records, wait_for
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -140,7 +140,8 @@ def test_an_sdk_that_hangs_up_at_the_terminal_event_records_a_complete_reply(
     """openai's SDK closes the response at `data: [DONE]`. When the body's end (the last chunk)
     comes after that, the client has hung up before the body ended, with the whole reply: the
     record says `complete`, not `client_gone`, and detects nothing cut."""
-    ending = threading.Event()  # the upstream is about to send the body's end
+    closed = threading.Event()  # the SDK's loop has returned: it closed the response
+    waited: list[bool] = []
 
     async def reply(ex: Exchange) -> None:
         await ex.head({"content-type": "text/event-stream"})
@@ -148,8 +149,9 @@ def test_an_sdk_that_hangs_up_at_the_terminal_event_records_a_complete_reply(
             doc = {"model": "m", "choices": [{"index": 0, "delta": {"content": word}}]}
             await ex.chunk(b"data: " + orjson.dumps(doc) + b"\n\n")
         await ex.chunk(b"data: [DONE]\n\n")
-        await asyncio.sleep(1.5)
-        ending.set()
+        # the body's end only after the client has hung up (and the proxy has had time to see it)
+        waited.append(await asyncio.to_thread(closed.wait, 30))
+        await asyncio.sleep(0.5)
         with contextlib.suppress(ConnectionError):  # the proxy may have dropped it by now
             await ex.end()
 
@@ -174,9 +176,10 @@ def test_an_sdk_that_hangs_up_at_the_terminal_event_records_a_complete_reply(
         )
         stream = client.chat.completions.create(model="m", messages=[], stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        hung_up_first = not ending.is_set()
+        closed.set()
         rec = read_records(records, 1)[0]
-    assert text == "Hello there!" and hung_up_first
+        assert wait_for(lambda: waited, what="the upstream to send the body's end") == [True]
+    assert text == "Hello there!"
     assert rec["response"]["ended"] == "complete" and rec["ended"] == "complete"
     assert rec["stream"]["terminal_seen"] is True
     assert not [f for f in rec["findings"] if f["kind"] == "truncated"]
