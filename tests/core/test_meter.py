@@ -423,3 +423,31 @@ def test_a_stream_of_one_event_per_chunk_keeps_one_time_column() -> None:
     meter.close(7.0)
     assert meter._chunk_t is None
     assert list(meter.chunk_t) == [i / 50 for i in range(300)] == list(meter.events.t_s)
+
+
+def test_token_counts_events_say_read_back_and_a_stream_that_never_says_keeps_none() -> None:
+    """An event that says how many tokens it carries (logprobs entries here) reads back its count,
+    one that says nothing -1, whether the first event says or only a later one; a stream whose
+    events never say keeps no column for it."""
+
+    def said(n: int) -> bytes:
+        entries = [{"token": "t", "logprob": -0.1}] * n
+        choice = {"index": 0, "delta": {"content": "w"}, "logprobs": {"content": entries}}
+        return b"data: " + json.dumps({"model": "m", "choices": [choice]}).encode() + b"\n\n"
+
+    for events, expected in (
+        ([chunk("a"), chunk("b"), said(2), chunk("c"), said(3)], [-1, -1, 2, -1, 3]),
+        ([said(1), chunk("a")], [1, -1]),
+    ):
+        meter = FlowMeter(
+            api="openai.chat", content_type="text/event-stream", content_encoding=None
+        )
+        for i, data in enumerate(events):
+            meter.feed(data, i / 100)
+        meter.close(1.0)
+        assert list(meter.events.stream_tokens) == expected
+    body, texts = _long_reply(50)
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    meter.feed(body, 0.0)
+    assert meter.events.tokens_said is None
+    assert list(meter.events.stream_tokens) == [-1] * len(texts)

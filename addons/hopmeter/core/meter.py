@@ -27,7 +27,7 @@ from hopmeter.errors import DecodingError
 
 # Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
 # events; the rest are counted in `chunks_dropped` / `events_dropped`. 4,096 events is a 4,000-token
-# reply at one token per event; the arrays cost 4-12 bytes per chunk and 16 per event.
+# reply at one token per event; the arrays cost 4-12 bytes per chunk and 12-16 per event.
 MAX_CHUNKS = 4096
 MAX_EVENTS = 8192
 # Visible text kept for tokenizing at the end of the flow. Past this, tokens are estimated from the
@@ -44,13 +44,37 @@ MAX_DOCUMENT_BYTES = 1024 * 1024
 PLAIN_MISSES_MAX = 8
 
 
-@dataclass(slots=True)
 class EventMarks:
-    """Per-event columns, kept as compact arrays (8 + 4 + 4 bytes per event)."""
+    """Per-event columns, kept as compact arrays: a time and a content offset (8 + 4 bytes per
+    event), and the tokens each event says it carries (4 more) from the first event that says
+    (most streams never do: a chat or Anthropic stream without logprobs or token ids)."""
 
-    t_s: array[float] = field(default_factory=lambda: array("d"))
-    stream_tokens: array[int] = field(default_factory=lambda: array("i"))  # -1: stream says nothing
-    content_offset: array[int] = field(default_factory=lambda: array("i"))
+    __slots__ = ("content_offset", "t_s", "tokens_said")
+
+    def __init__(self) -> None:
+        self.t_s = array("d")
+        self.content_offset = array("i")
+        # None until an event says how many tokens it carries; then one entry per event, -1 for
+        # those that say nothing (filled back for the events before)
+        self.tokens_said: array[int] | None = None
+
+    @property
+    def stream_tokens(self) -> array[int]:
+        """The tokens each event says it carries (-1: it says nothing)."""
+        if self.tokens_said is not None:
+            return self.tokens_said
+        return array("i", [-1]) * len(self.t_s)
+
+    def said(self, tokens: int | None, token_ids: tuple[int, ...] | None) -> None:
+        """What the event just added says it carries: `tokens`, else one per token id, else
+        nothing."""
+        n = len(token_ids) if tokens is None and token_ids is not None else tokens
+        column = self.tokens_said
+        if column is not None:
+            column.append(-1 if n is None else n)
+        elif n is not None:  # the first event that says
+            self.tokens_said = column = array("i", [-1]) * (len(self.t_s) - 1)
+            column.append(n)
 
 
 @dataclass(slots=True)
@@ -451,10 +475,7 @@ class FlowMeter:
         if len(recent) >= TEXT_BLOCK_EVENTS:
             self._fold_text()
         marks.t_s.append(t)
-        ids = stream_tokens
-        if ids is None and token_ids is not None:
-            ids = len(token_ids)
-        marks.stream_tokens.append(-1 if ids is None else ids)
+        marks.said(stream_tokens, token_ids)
         marks.content_offset.append(self._visible_chars)
 
 
