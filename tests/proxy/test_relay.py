@@ -23,7 +23,7 @@ from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
 from hopmeter.proxy import backpressure, relay
 from hopmeter.proxy.relay import split_chunked
 from tests.harness.live_client import live_client, run, unread
-from tests.harness.procs import free_port, measuring, read_records
+from tests.harness.procs import free_port, hopmeter, measuring, read_records
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
 # -- the pieces of a read, against h11's reader --------------------------------------------------
@@ -261,6 +261,17 @@ def _relayed(metrics_port: int) -> tuple[float, float, float]:
     return values["responses"], values["pieces"], values["direct_reads"]
 
 
+def _declined(metrics_port: int) -> dict[str, float]:
+    """Streamed responses the relay left to mitmproxy's layers, by reason."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("hopmeter_relay_declined_total{"):
+            labels, value = line.split()
+            out[labels.split('reason="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
 @pytest.mark.integration
 def test_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
     """Each scenario, through `hopmeter run` with the relay, without it and with streamed bodies
@@ -280,6 +291,8 @@ def test_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
                 got = [_raw_exchange(proxy.port, name) for name in SCENARIOS]
                 recs = read_records(proxy.records, len(SCENARIOS))
                 runs[run] = got, {r["request"]["path"]: r for r in recs}, _relayed(metrics)
+                # every response armed (or the relay off): none left to mitmproxy for a reason
+                assert set(_declined(metrics).values()) == {0}, run
     on_bytes, on_recs, on_counts = runs["relay"]
     for run in ("off", "store"):
         bytes_, recs, _ = runs[run]
@@ -416,3 +429,36 @@ def test_a_direct_read_that_fills_the_client_pauses_reading_until_drained(loop: 
                 writer.close()
 
     run(go, loop)
+
+
+@pytest.mark.integration
+def test_a_tls_upstream_is_left_to_mitmproxys_layers_and_counted(tmp_path: Path) -> None:
+    """A streamed response from an HTTPS upstream goes through mitmproxy's layers (the relay
+    moves plaintext HTTP/1 only), measured as ever; /metrics counts it under reason="tls"."""
+    up, metrics = free_port(), free_port()
+    certs = tmp_path / "upstream-tls"
+    with (
+        hopmeter(
+            tmp_path,
+            *("upstream", "--listen", f"127.0.0.1:{up}", "--tls-dir", str(certs)),
+            name="upstream",
+            ports=(up,),
+        ),
+        measuring(
+            tmp_path,
+            f"https://127.0.0.1:{up}",
+            *("--metrics", f"127.0.0.1:{metrics}"),
+            *("--set", f"ssl_verify_upstream_trusted_ca={certs / 'cert.pem'}"),
+            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
+            ports=(metrics,),
+        ) as proxy,
+    ):
+        r = httpx.post(
+            f"{proxy.url}/v1/chat/completions", json={"model": "m", "stream": True}, timeout=30
+        )
+        rec = read_records(proxy.records, 1)[0]
+        declined, relayed = _declined(metrics), _relayed(metrics)
+    assert r.status_code == 200 and rec["figures"]["events"] > 10
+    assert rec["response"]["ended"] == "complete"
+    assert declined == {reason: 1 if reason == "tls" else 0 for reason in relay.DECLINED}
+    assert relayed == (0, 0, 0)

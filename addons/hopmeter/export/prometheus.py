@@ -80,14 +80,25 @@ _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 class ProcessCounters:
     """Counters a part of the process keeps as plain numbers (nothing done per increment but
-    the increment), read when scraped: `read()` gives (name without `hopmeter_`, help, value)."""
+    the increment), read when scraped: `read()` gives (name without `hopmeter_`, help, value),
+    the value a number, or a counter by one label as (label name, {label value: number})."""
 
-    def __init__(self, read: Callable[[], Iterable[tuple[str, str, float]]]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], Iterable[tuple[str, str, float | tuple[str, Mapping[str, float]]]]],
+    ) -> None:
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
         for name, doc, value in self.read():
-            yield CounterMetricFamily(f"hopmeter_{name}", doc, value=value)
+            if not isinstance(value, tuple):
+                yield CounterMetricFamily(f"hopmeter_{name}", doc, value=value)
+                continue
+            label, counts = value
+            family = CounterMetricFamily(f"hopmeter_{name}", doc, labels=[label])
+            for key, count in counts.items():
+                family.add_metric([key], count)
+            yield family
 
 
 def new_registry() -> CollectorRegistry:

@@ -89,13 +89,23 @@ _CHUNKED, _LENGTH, _TO_EOF = 1, 2, 3
 _DIRECT_MAX_BYTES = 65535
 
 
+# Why a streamed response is left to mitmproxy's layers: /metrics' `reason` label (bounded).
+TLS = "tls"  # TLS on the client's or the upstream's connection
+NOT_HTTP1 = "not_http1"  # the upstream's or the client's connection is HTTP/2 (or not plain HTTP/1)
+PROXY_DEBUG = "proxy_debug"  # proxy_debug logs every event in every layer
+LAYERS = "layers"  # a layer on the path is still being decided or does more than pass events on
+UNLOCATED = "unlocated"  # the connection's handler, HTTP layer, writer or stream was not found
+DECLINED = (TLS, NOT_HTTP1, PROXY_DEBUG, LAYERS, UNLOCATED)
+
+
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "direct", "pieces")
+    __slots__ = ("armed", "declined", "direct", "pieces")
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
+        self.declined = dict.fromkeys(DECLINED, 0)  # responses left to mitmproxy, by reason
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
 
@@ -103,7 +113,7 @@ class Stats:
 STATS = Stats()
 
 
-def counts() -> list[tuple[str, str, float]]:
+def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
     """The relay's counts for /metrics (hopmeter.export.prometheus.ProcessCounters)."""
     return [
         (
@@ -117,6 +127,12 @@ def counts() -> list[tuple[str, str, float]]:
             "relayed_direct_reads",
             "Upstream reads a relay took as they arrived, without mitmproxy's read loop.",
             STATS.direct,
+        ),
+        (
+            "relay_declined",
+            "Streamed responses left to mitmproxy's layers, by reason: tls, not_http1 (HTTP/2), "
+            "proxy_debug, layers (a layer that does more than pass events on), unlocated.",
+            ("reason", dict(STATS.declined)),
         ),
     ]
 
@@ -446,42 +462,43 @@ class BodyRelay:
 
 
 def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str:
-    """A relay for `flow`'s response body, or why mitmproxy's layers move it instead."""
+    """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
+    DECLINED)."""
     if flow.client_conn.tls or flow.server_conn.tls:
-        return "TLS on the client's or the upstream's connection"
+        return TLS
     if handler is None or not isinstance(getattr(handler, "transports", None), dict):
-        return "no live connection handler for this client"
+        return UNLOCATED  # no live connection handler for this client
     options = handler.layer.context.options
     if options.proxy_debug:
-        return "proxy_debug logs every event in every layer"
+        return PROXY_DEBUG
     chain = layers_to_http(handler)
     if not chain:
-        return "no HTTP layer under this client's connection"
+        return UNLOCATED  # no HTTP layer under this client's connection
     layers: list[Any] = []  # those above the HTTP layer that a paused state could hold
     for obj, nxt in itertools.pairwise(chain):
         if isinstance(obj, mlayer.NextLayer):
             if getattr(obj._handle, "__self__", None) is not nxt:
-                return "a layer is still being decided"
+                return LAYERS  # still being decided
         elif _delegates(obj, nxt):
             layers.append(obj)
         else:
-            return f"{type(obj).__name__} does more than pass events on"
+            return LAYERS  # does more than pass events on
     http_layer = chain[-1]
     client = http_layer.connections.get(flow.server_conn)
     h1 = getattr(client, "child_layer", None)
     if type(client) is not HttpClient or type(h1) is not Http1Client or not _delegates(client, h1):
-        return "the upstream connection is not plain HTTP/1"
+        return NOT_HTTP1  # the upstream's connection
     server = http_layer.connections.get(flow.client_conn)
     if type(server) is not Http1Server:
-        return "the client's connection is not HTTP/1"
+        return NOT_HTTP1  # the client's connection
     io = handler.transports.get(flow.client_conn)
     writer = getattr(io, "writer", None)
     if writer is None:
-        return "the client's connection has no writer"
+        return UNLOCATED  # the client's connection has no writer
     sid = h1.stream_id
     stream = http_layer.streams.get(sid) if sid is not None else None
     if not isinstance(stream, HttpStream) or getattr(stream, "flow", None) is not flow:
-        return "this flow's HTTP stream was not found"
+        return UNLOCATED  # this flow's HTTP stream
     return BodyRelay(
         handler=handler,
         flow=flow,
@@ -536,6 +553,8 @@ class Relay:
                 _shortcut(relay.handler, flow.server_conn)
                 flow.server_conn.__dict__[_KEY] = relay
                 STATS.armed += 1
+            else:
+                STATS.declined[relay] += 1
         except Exception as exc:  # never in the flow's way: mitmproxy's layers move it
             self.on_error("relay", exc)
 
