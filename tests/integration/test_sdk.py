@@ -17,7 +17,7 @@ import pytest
 
 from hopmeter.upstream.formats import reply_tokens
 from hopmeter.upstream.scenario import Scenario, apply, parse_pairs
-from tests.harness.procs import demo_path, free_port, hopmeter, read_records, wait_for
+from tests.harness.procs import demo_path, measuring, read_records, wait_for
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -155,29 +155,15 @@ def test_an_sdk_that_hangs_up_at_the_terminal_event_records_a_complete_reply(
         with contextlib.suppress(ConnectionError):  # the proxy may have dropped it by now
             await ex.end()
 
-    port, records = free_port(), tmp_path / "records.jsonl"
     with (
         ScriptedUpstream(reply) as up,
-        hopmeter(
-            tmp_path,
-            "run",
-            f"http://127.0.0.1:{up.port}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--records",
-            str(records),
-            "--metrics",
-            "off",
-            ports=(port,),
-        ),
+        measuring(tmp_path, f"http://127.0.0.1:{up.port}") as proxy,
     ):
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=0
-        )
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=SECRET, max_retries=0)
         stream = client.chat.completions.create(model="m", messages=[], stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         closed.set()
-        rec = read_records(records, 1)[0]
+        rec = read_records(proxy.records, 1)[0]
         assert wait_for(lambda: waited, what="the upstream to send the body's end") == [True]
     assert text == "Hello there!"
     assert rec["response"]["ended"] == "complete" and rec["ended"] == "complete"

@@ -344,26 +344,7 @@ class HopMeter:
             self._finish(flow, state.failure.cause)  # the guard named why the upstream failed it
             return
         msg = flow.error.msg if flow.error else ""
-        ended = classify_error(msg)
-        if ended == Ended.CLIENT_GONE and self._terminal_passed(state):
-            # SDKs close the response at the stream's terminal event ([DONE], message_stop); the
-            # body's last bytes (a chunked body's end) may come after: the reply was whole
-            ended = Ended.COMPLETE
-        self._finish(flow, ended)
-
-    def _terminal_passed(self, state: FlowState | None) -> bool:
-        """Whether the stream's terminal event had been read and handed on to the client when
-        the client's hangup was seen (the stream callable passes each read on in its step)."""
-        tap = state.tap if state is not None else None
-        if tap is None or tap.meter is None:
-            return False
-        try:
-            self.queue.measure()  # what was read before the hangup, measured now
-            meter = tap.meter  # None if measuring it failed
-            return meter is not None and meter.facts.terminal_seen
-        except Exception as exc:
-            self.internal_error("finish", exc)
-            return False
+        self._finish(flow, classify_error(msg))
 
     def client_disconnected(self, client: connection.Client) -> None:
         try:
@@ -511,6 +492,11 @@ class HopMeter:
             except Exception as exc:
                 tap.fail(exc)  # type: ignore[union-attr]
                 meter = None
+        if ended == Ended.CLIENT_GONE and meter is not None and meter.facts.terminal_seen:
+            # SDKs close the response at the stream's terminal event ([DONE], message_stop), which
+            # the stream callable handed on to the client as it read it; the body's own end (a
+            # chunked body's last chunk) may come after: the reply was whole
+            ended = Ended.COMPLETE
         request = RequestInfo(
             method=req.method,
             scheme=req.scheme,
