@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import regex
-import tiktoken
 
 from hopmeter.core import bpe
 from hopmeter.core.bpe import (
@@ -27,6 +26,7 @@ from hopmeter.core.bpe import (
 )
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.vocab import Api
+from tests.harness import tiktoken_ref
 from tests.harness.corpus import CASES, CORPUS, needs_corpus
 
 DATA = Path(__file__).resolve().parents[2] / "addons" / "hopmeter" / "data"
@@ -101,7 +101,7 @@ LONG_PIECES = [
 def test_counts_equal_tiktoken_on_the_corpus(name: str) -> None:
     """Every event text of 17 providers' recorded streams, as the proxy keeps it, and each
     stream line by line and whole."""
-    reference = tiktoken.get_encoding(name)
+    reference = tiktoken_ref.encoding(name)
     count = BpeCounter(shipped_table(name), PRE_TOKENIZERS[name])
     texts = corpus_texts()
     assert len(texts) > 2000
@@ -112,7 +112,7 @@ def test_counts_equal_tiktoken_on_the_corpus(name: str) -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_counts_equal_tiktoken_on_random_unicode(name: str) -> None:
     """Mixed scripts, marks, emoji, exotic spaces and digits, control characters."""
-    reference = tiktoken.get_encoding(name)
+    reference = tiktoken_ref.encoding(name)
     count = BpeCounter(shipped_table(name), PRE_TOKENIZERS[name])
     wrong = [t for t in fuzz_texts(1, 6000) if count(t) != len(reference.encode_ordinary(t))]
     assert wrong == []
@@ -121,7 +121,7 @@ def test_counts_equal_tiktoken_on_random_unicode(name: str) -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_long_pieces_merge_like_tiktoken(name: str) -> None:
     """Pieces past HEAP_MERGE_BYTES go through the heap; both ways agree with tiktoken."""
-    reference = tiktoken.get_encoding(name)
+    reference = tiktoken_ref.encoding(name)
     table = shipped_table(name)
     count = BpeCounter(table, PRE_TOKENIZERS[name])
     for text in LONG_PIECES:
@@ -218,7 +218,7 @@ def test_the_piece_memo_is_bounded_and_exact() -> None:
     """Pieces' counts are remembered up to PIECE_MEMO_ENTRIES; long pieces never."""
     table = shipped_table("o200k_base")
     count = BpeCounter(table, PRE_TOKENIZERS["o200k_base"])
-    reference = tiktoken.get_encoding("o200k_base")
+    reference = tiktoken_ref.encoding("o200k_base")
     words = [f" w{i}x" for i in range(bpe.PIECE_MEMO_ENTRIES + 500)]
     for word in words:
         assert count(word) == len(reference.encode_ordinary(word))
