@@ -12,7 +12,7 @@ import uvloop
 
 from hopmeter.cli import build_parser
 from hopmeter.core.vocab import EventLoop
-from hopmeter.proxy.loops import default_loop, loop_factory
+from hopmeter.proxy.loops import default_loop, loop_factory, takes_eager_start
 
 
 def test_uvloop_is_the_default_where_it_is_installed() -> None:
@@ -40,7 +40,51 @@ def test_uvloop_makes_a_uvloop_loop() -> None:
         await asyncio.sleep(0)
         return type(asyncio.get_running_loop())
 
-    assert asyncio.run(which(), loop_factory=loop_factory(EventLoop.UVLOOP)) is uvloop.Loop
+    assert issubclass(
+        asyncio.run(which(), loop_factory=loop_factory(EventLoop.UVLOOP)), uvloop.Loop
+    )
+
+
+@pytest.mark.parametrize("loop", list(EventLoop))
+def test_mitmproxys_eager_task_factory_runs_on_every_loop(loop: EventLoop) -> None:
+    """With asyncio's eager task factory set, as mitmproxy's master sets it, a task starts at
+    once on either loop (uvloop 0.22+ passes `eager_start`, which Python 3.13.0's factory lacks)."""
+    started: list[str] = []
+
+    async def step() -> None:
+        started.append("task")
+
+    async def main() -> list[str]:
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        task = asyncio.create_task(step())
+        started.append("after create_task")
+        await task
+        return started
+
+    assert asyncio.run(main(), loop_factory=loop_factory(loop)) == ["task", "after create_task"]
+
+
+def test_a_factory_without_eager_start_is_called_as_written() -> None:
+    """A task factory that takes no `eager_start` is called without it when it is left at None,
+    and given it when a caller asks for it; factories that take it are not wrapped."""
+    calls: list[dict[str, object]] = []
+
+    def old_style(loop: object, coro: object, *, name: object = None, context: object = None):
+        calls.append({"name": name, "context": context})
+        return asyncio.Task(coro, loop=loop, name=name, context=context)  # type: ignore[arg-type]
+
+    assert not takes_eager_start(old_style)
+    assert takes_eager_start(asyncio.Task) and takes_eager_start(lambda loop, coro, **kw: None)
+
+    async def main() -> None:
+        running = asyncio.get_running_loop()
+        running.set_task_factory(old_style)
+        assert running.get_task_factory() is not old_style  # adapted
+        await running.create_task(asyncio.sleep(0))
+        running.set_task_factory(None)
+
+    asyncio.run(main(), loop_factory=loop_factory(EventLoop.UVLOOP))
+    assert calls == [{"name": None, "context": None}]
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
