@@ -7,14 +7,19 @@
 # `docker stop` sends SIGTERM: hopmeter drains (HOPMETER_DRAIN_TIMEOUT, 20 s); give it
 # `docker stop -t 30` (compose: stop_grace_period: 30s), the default 10 s cuts the drain short.
 
-# --- builder: hopmeter, its OpenTelemetry extra and every dependency as wheels -------------
+# --- builder: hopmeter and every dependency as wheels, at the versions of the lock -----------
 FROM python:3.12-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/run.txt ./requirements/
 COPY addons ./addons
-# the otel extra: --otel-endpoint and `hopmeter join --serve` (deploy/fleet/) need it
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"
+# requirements/run.txt (scripts/lock): every package pinned, every file checked against its
+# sha256; it holds the otel extra (--otel-endpoint, `hopmeter join --serve`) and the locked
+# setuptools that builds hopmeter's own wheel, so nothing unpinned is fetched
+RUN pip download --require-hashes --no-deps --only-binary=:all: --dest /wheels -r requirements/run.txt \
+ && pip install --no-index --find-links /wheels --require-hashes --no-deps -r requirements/run.txt \
+ && pip wheel --no-index --no-deps --no-build-isolation --wheel-dir /wheels .
 
 # --- final: the wheels installed into a clean image, run as an unprivileged user -----------
 FROM python:3.12-slim
@@ -28,8 +33,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 hopmeter \
  && useradd --system --uid 10001 --gid hopmeter --create-home --home-dir /home/hopmeter hopmeter
 COPY --from=builder /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/*.whl \
- && rm -rf /wheels
+COPY --from=builder /src/requirements/run.txt /tmp/run.txt
+RUN pip install --no-cache-dir --no-index --find-links /wheels --require-hashes --no-deps -r /tmp/run.txt \
+ && pip install --no-cache-dir --no-index --no-deps /wheels/hopmeter-*.whl \
+ && rm -rf /wheels /tmp/run.txt
 USER 10001:10001
 WORKDIR /home/hopmeter
 # The tokenizers' rank tables (~6 MiB), built once here into ~/.cache/hopmeter instead of at

@@ -458,10 +458,13 @@ def test_dockerfile_builds_a_wheel_and_runs_it_unprivileged() -> None:
     instructions = dockerfile_instructions()
     froms = [args for kind, args in instructions if kind == "FROM"]
     assert froms == ["python:3.12-slim AS builder", "python:3.12-slim"]
-    assert any(
-        kind == "RUN" and "pip wheel" in args and ".[otel]" in args for kind, args in instructions
-    )
+    # every package from the lock, hash-checked, and hopmeter's wheel built with nothing fetched
+    builds = [args for kind, args in instructions if kind == "RUN" and "pip wheel" in args]
+    assert len(builds) == 1 and "--require-hashes" in builds[0] and "--no-index" in builds[0]
+    assert "-r requirements/run.txt" in builds[0]
     final = instructions[[kind for kind, _ in instructions].index("FROM", 1) :]
+    installs = [args for kind, args in final if kind == "RUN" and "pip install" in args]
+    assert len(installs) == 1 and "--require-hashes" in installs[0] and "--no-index" in installs[0]
     (user,) = [args for kind, args in final if kind == "USER"]
     assert user.split(":")[0] not in {"0", "root"}
     (expose,) = [args for kind, args in final if kind == "EXPOSE"]

@@ -45,6 +45,7 @@ def test_uvloop_makes_a_uvloop_loop() -> None:
     )
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("loop", list(EventLoop))
 def test_mitmproxys_eager_task_factory_runs_on_every_loop(loop: EventLoop) -> None:
     """With asyncio's eager task factory set, as mitmproxy's master sets it, a task starts at
