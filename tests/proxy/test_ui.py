@@ -88,8 +88,7 @@ def streamed(ui: Ui, events: list[bytes] = EVENTS) -> http.HTTPFlow:
     assert callable(tap)
     for chunk in [*events, b""]:
         tap(chunk)
-    f.response.content = b"".join(events)  # what store_streamed_bodies keeps
-    ui.meter.response(f)
+    ui.meter.response(f)  # gives mitmproxy hopmeter's copy of the body (proxy.passage)
     return f
 
 
@@ -103,10 +102,12 @@ def test_in_a_ui_the_record_is_kept_marked_commented_and_redrawn(web: Ui) -> Non
     assert web.updates.flows == [f]
 
 
-def test_store_streamed_bodies_is_turned_on_in_a_ui_only(web: Ui, dump: Ui) -> None:
-    """mitmweb and the console keep streamed bodies; `hopmeter run` and mitmdump do not."""
-    assert web.tctx.options.store_streamed_bodies
-    assert not dump.tctx.options.store_streamed_bodies
+def test_a_streamed_body_is_shown_from_hopmeters_bounded_copy(web: Ui) -> None:
+    """mitmweb shows a streamed body from hopmeter's copy (hopmeter_keep_body), never by
+    turning on mitmproxy's unbounded store_streamed_bodies."""
+    f = streamed(web)
+    assert f.response is not None and f.response.raw_content == b"".join(EVENTS)
+    assert not web.tctx.options.store_streamed_bodies
 
 
 def test_the_comment_column_is_added_unless_columns_were_chosen(web: Ui) -> None:

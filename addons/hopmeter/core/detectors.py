@@ -163,6 +163,15 @@ FIXES: Mapping[str, str] = {
         "The upstream went silent past --read-timeout: before its headers (answered 504) or "
         "mid-stream (cut); look for a stuck or overloaded model server."
     ),
+    # core.passage: a fix per cause; these are the kinds' summaries
+    FindingKind.PROXY_FAILED: (
+        "mitmproxy could not forward this response whole and the client's connection was "
+        "closed: the evidence names what it failed on."
+    ),
+    FindingKind.EDITED_AFTER_STREAMING: (
+        "A response hook changed a body that had already been streamed: the client did not get "
+        "the change. To edit it, have mitmproxy buffer it: --set hopmeter_buffer='FILTER'."
+    ),
 }
 
 

@@ -123,6 +123,10 @@ class FindingKind(StrEnum):
     UPSTREAM_SILENT = "upstream_silent"  # connected, then no headers or no bytes in time
     # a segment whose two hops saw different trace ids: paired by content (core.matching)
     TRACE_CONTEXT_DROPPED = "trace_context_dropped"
+    # the proxy itself could not forward the response whole (core.passage)
+    PROXY_FAILED = "proxy_failed"
+    # a hook edited a body that had already been streamed to the client (core.passage)
+    EDITED_AFTER_STREAMING = "edited_after_streaming"
     # the page, from its beacon (core.client)
     CLIENT_DECODES_CHUNKS_ALONE = "client_decodes_chunks_alone"
     CLIENT_MISSED_EVENTS = "client_missed_events"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import time
@@ -32,10 +33,12 @@ from hopmeter.core.wire import detect_api, lower_headers, model_from_path
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
+from hopmeter.proxy import passage
 from hopmeter.proxy.chaos import Chaos, parse_actions
 from hopmeter.proxy.config import parse_listener, parse_seconds
 from hopmeter.proxy.delivery import Delivery
 from hopmeter.proxy.pairing import LiveFlow, Pairing
+from hopmeter.proxy.passage import BUFFERED, CHAINED, CrashWatch, FlowPassage, Passage, PassageTap
 from hopmeter.proxy.tap import FlowState, MeasureQueue, RequestTap, ResponseTap
 from hopmeter.proxy.tokenizer_load import TokenizerLoad
 from hopmeter.proxy.tokenizers import Counters, load_counter, traffic_started
@@ -76,6 +79,9 @@ class HopMeter:
         self.queue = MeasureQueue(self.delivery.log)
         # browser measuring (hopmeter.proxy.browser): its paths, and records held for beacons
         self.browser: BrowserMeter | None = None
+        # what hopmeter leaves of mitmproxy's own features (streams, edits, bodies, failures)
+        self.passage = Passage()
+        self.crash_watch = CrashWatch(self._mitmproxy_crashed)
         # Set by `done`: the outputs are closing, so flows that still start on connections open
         # until the process exits are forwarded but not measured (their record could not be
         # written).
@@ -144,9 +150,14 @@ class HopMeter:
             "(a hop between them dropped traceparent). Off for listeners of unrelated chains "
             "whose replies may be alike.",
         )
+        passage.add_options(loader)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
+        try:
+            passage.configure(self.passage, opts, updated)
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         if "hopmeter_stall_threshold" in updated:
             try:
                 self.stall_threshold_s = parse_seconds(
@@ -196,6 +207,9 @@ class HopMeter:
 
     def running(self) -> None:
         self.preload()  # `hopmeter run` did it before its listeners opened; mitmdump -s: now
+        # mitmproxy's connection handler logs a crash of its layers, and that is all it does
+        # (the flow's client waits): hopmeter ends such a flow as an error (passage.CrashWatch)
+        logging.getLogger(passage.CRASH_LOGGER).addHandler(self.crash_watch)
 
     def preload(self) -> None:
         """Load the default vocabulary now, unless it is to be loaded at the first flow."""
@@ -203,6 +217,7 @@ class HopMeter:
             self.counter.preload()
 
     def done(self) -> None:
+        logging.getLogger(passage.CRASH_LOGGER).removeHandler(self.crash_watch)
         # flows waiting for their last bytes to reach the client are written with what was seen
         self.delivery.shutdown()
         # flows still in flight when the proxy stops are written as ended "shutdown"
@@ -285,6 +300,7 @@ class HopMeter:
                 hop=listener,
                 trace=trace,
                 span_id=trace.span_id if trace.created else secrets.token_hex(8),
+                passage=FlowPassage(request_buffered_by=self.passage.buffer_request(flow)),
             )
             self.live[flow.id] = (flow, state)
             self.pairing.start(trace.trace_id, flow.request.timestamp_start)
@@ -293,12 +309,13 @@ class HopMeter:
             traffic_started(self.after_patterns)  # the first flow's call acts; then a flag read
         except Exception as exc:
             self.internal_error("requestheaders", exc)
-        if state is not None and flow.request.stream is False:
+        if state is not None and flow.request.stream is False and not _request_buffered(state):
             flow.request.stream = RequestTap(state, self.internal_error)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        # First statement: never hold the body. Anything that fails after this only loses measuring.
-        flow.response.stream = tap = ResponseTap(self._state(flow), self.queue, self.internal_error)  # type: ignore[union-attr]
+        # First: never hold a body hopmeter did not decide to leave buffered. Anything that fails
+        # after the tap is in place only loses measuring.
+        tap = self._tap(flow)
         try:
             state = tap.state
             if state is None or flow.response is None:
@@ -329,17 +346,33 @@ class HopMeter:
                     rewrite_ok="content-length" not in headers
                     and "content-encoding" not in headers,
                 )
-            tap.out = self.delivery.attach(flow, chaos=tap.chaos is not None)  # never raises
+            if flow.response.stream is tap:  # a buffered body has no chunks to follow out
+                tap.out = self.delivery.attach(flow, chaos=tap.chaos is not None)  # never raises
         except Exception as exc:
             tap.fail(exc)
             return
         self._notify(lambda obs: obs.stream_started(), "observer")
 
     def response(self, flow: http.HTTPFlow) -> None:
+        state = self._state(flow)
+        if state is not None and state.passage is not None:
+            try:
+                if passage.informational(flow):
+                    self._informational(flow, state.passage)
+                    return
+                self.passage.hand_off(flow, state.passage, state.tap)
+            except Exception as exc:
+                self.internal_error("passage", exc)
         self._finish(flow, Ended.COMPLETE)
 
     def error(self, flow: http.HTTPFlow) -> None:
         state = self._state(flow)
+        if state is not None and state.passage is not None:
+            try:
+                # what the client got before the end, for a save of the flow
+                self.passage.hand_off(flow, state.passage, state.tap)
+            except Exception as exc:
+                self.internal_error("passage", exc)
         if state is not None and state.failure is not None:
             self._finish(flow, state.failure.cause)  # the guard named why the upstream failed it
             return
@@ -371,6 +404,68 @@ class HopMeter:
     def _state(self, flow: http.HTTPFlow) -> FlowState | None:
         entry = self.live.get(flow.id)
         return entry[1] if entry is not None else None
+
+    def _tap(self, flow: http.HTTPFlow) -> ResponseTap:
+        """The response's tap, installed as its stream callable unless the body is left to
+        mitmproxy to buffer (hopmeter.proxy.passage): chained after another addon's callable,
+        keeping a copy of the body when asked, or the plain tap."""
+        state = self._state(flow)
+        response = flow.response
+        assert response is not None
+        chosen = response.stream
+        p = state.passage if state is not None else None
+        why, keep = None, None
+        if p is not None:
+            try:
+                why = self.passage.decide(flow) if chosen is False else None
+                keep = None if why is not None else self.passage.copy()
+            except Exception as exc:  # measuring's loss only: the body is streamed
+                self.internal_error("passage", exc)
+                why, keep = None, None
+        if why is not None and p is not None:
+            p.stream, p.buffered_by = BUFFERED, why
+            return ResponseTap(state, self.queue, self.internal_error)  # measures; not called
+        if callable(chosen) or keep is not None:
+            tap: ResponseTap = PassageTap(state, self.queue, self.internal_error)
+            if callable(chosen):
+                tap.inner = chosen  # type: ignore[attr-defined]
+                if p is not None:
+                    p.stream = CHAINED
+            tap.body = keep  # type: ignore[attr-defined]
+            if p is not None:
+                p.body = keep
+        else:
+            tap = ResponseTap(state, self.queue, self.internal_error)
+        response.stream = tap
+        return tap
+
+    def _informational(self, flow: http.HTTPFlow, p: FlowPassage) -> None:
+        """A 1xx response reached the `response` hook: mitmproxy took it for the final one, and
+        the client would wait for a reply that never comes. End the flow as an error now and
+        kill it, which closes the client's connection (passage module doc)."""
+        assert flow.response is not None
+        status = flow.response.status_code
+        p.informational.append(status)
+        if p.body is not None:  # a 1xx has no body to keep
+            p.body.release()
+            p.body = None
+        p.error = f"HTTP/1 {status} {flow.response.reason} taken for the final response"
+        if flow.killable:
+            flow.kill()
+        self._finish(flow, Ended.ERROR)
+
+    def _mitmproxy_crashed(self, client: Any, detail: str) -> None:
+        """mitmproxy's layers raised on the connection of `client` (its address): every flow of
+        that client in flight cannot be forwarded whole. End each as an error, and close the
+        connection, which mitmproxy leaves open, so the client can tell."""
+        for flow, state in list(self.live.values()):
+            if flow.client_conn.peername != client or state.passage is None:
+                continue  # another client's flow (every live flow has a passage)
+            state.passage.error = detail
+            self.passage.hand_off(flow, state.passage, state.tap)  # what the client got
+            self._finish(flow, Ended.ERROR)
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().call_soon(passage.close_client, flow)
 
     def _trace(self, flow: http.HTTPFlow) -> TraceContext:
         incoming = flow.request.headers.get("traceparent")
@@ -484,8 +579,11 @@ class HopMeter:
         """Everything a record says but its token counts, as it is when the flow ends."""
         req = flow.request
         tap = state.tap
+        p = state.passage
         self.queue.measure()  # this flow's last chunks may still be queued
         meter = tap.meter if tap is not None else None
+        if p is not None:
+            passage.settle(flow, p, meter, tap)
         if meter is not None:
             try:
                 meter.close(now)
@@ -509,7 +607,7 @@ class HopMeter:
             stream_requested=state.stream_requested,
         )
         response = None
-        if flow.response is not None and tap is not None:
+        if flow.response is not None and tap is not None and not (p and p.informational):
             resp = flow.response
             response = ResponseInfo(
                 status=resp.status_code,
@@ -538,15 +636,19 @@ class HopMeter:
             failure=state.failure,
             fingerprint_key=self.fingerprint_key,
             chaos=sorted(tap.chaos.actions) if tap is not None and tap.chaos is not None else None,
+            passage=p,
         )
 
     def _build(self, seen: dict[str, Any]) -> FlowResult:
         """The record from what was seen, its tokens counted."""
         assert self.counter is not None  # configure() makes it before any flow
         chaos = seen.pop("chaos")
+        flow_passage = seen.pop("passage")
         result = finish_flow(**seen, counters=self.counter)
         if chaos is not None:
             result.record["chaos"] = chaos
+        if flow_passage is not None:
+            passage.annotate(result.record, flow_passage)
         return result
 
     def _seen(self, state: FlowState) -> DeliverySeen | None:
@@ -621,6 +723,11 @@ def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:
         name, mode = parse_listener(pair, "hopmeter_listeners")
         out[mode] = name
     return out
+
+
+def _request_buffered(state: FlowState) -> bool:
+    """Whether the request's body is left to mitmproxy to buffer (an edit must apply to it)."""
+    return state.passage is not None and state.passage.request_buffered_by is not None
 
 
 def classify_error(message: str) -> Ended:

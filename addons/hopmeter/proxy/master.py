@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mitmproxy import addonmanager, command, ctx, exceptions, hooks, master, options, optmanager
@@ -164,9 +164,12 @@ class LeanAddonManager(addonmanager.AddonManager):
 
 
 class LeanMaster(master.Master):
-    """A master with DumpMaster's addons, the inert ones skipped for per-flow hooks."""
+    """A master with DumpMaster's addons, the inert ones skipped for per-flow hooks, and
+    `scripts` (hopmeter's own addons) where mitmdump loads `-s` scripts: right after its script
+    loader, so they run where they run in `mitmdump -s "$(hopmeter --addon-path)"`, before the
+    addons that read or edit a finished flow (modify_body, save, ...)."""
 
-    def __init__(self, opts: options.Options) -> None:
+    def __init__(self, opts: options.Options, scripts: Sequence[Any] = ()) -> None:
         # What Master.__init__ builds, with LeanAddonManager, and without the legacy log-event
         # handler (each log record woke the loop and walked every addon's deprecated add_log hook)
         self.options = opts
@@ -187,6 +190,8 @@ class LeanMaster(master.Master):
             before = set(opts.keys())
             self.addons.add(addon)
             self.owned[addon_name(addon)] = frozenset(opts.keys() - before)
+            if addon_name(addon) == "scriptloader":
+                self.addons.add(*scripts)
         self.addons.skip = self.inert
 
     def changed(self, name: str) -> bool:

@@ -109,13 +109,13 @@ async def run_proxy(
     relay.install()  # a streamed HTTP/1 body's reads moved past mitmproxy's layers
     opts = LeanOptions()  # reads of immutable option values without deep copies
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
-    master = LeanMaster(opts)
     addons = default_addons()
     meter, readiness, metrics = addons[0], addons[2], addons[4]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
     assert isinstance(metrics, MetricsOutput)
+    master = LeanMaster(opts, scripts=addons)  # where `mitmdump -s` has them
     drain = Drain(meter, readiness)
-    master.addons.add(*addons, drain, FreezeAtStart(meter), relay.Relay(meter.internal_error))
+    master.addons.add(drain, FreezeAtStart(meter), relay.Relay(meter.internal_error))
     try:
         opts.update(
             # mitmproxy listens on every interface by default; hopmeter on loopback unless told
@@ -148,6 +148,10 @@ async def run_proxy(
             hopmeter_console=cfg.console,
             hopmeter_summary_interval=repr(cfg.summary_interval_s),
             hopmeter_browser=cfg.browser,
+            # a proxy in production: every response streamed, no body kept (no UI to show it,
+            # nothing saved); `--set hopmeter_keep_body=4m --set save_stream_file=...` saves them
+            hopmeter_stream="all",
+            hopmeter_keep_body="0",
         )
         if cfg.extra:
             opts.set(*cfg.extra)

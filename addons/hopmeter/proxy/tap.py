@@ -26,6 +26,7 @@ from hopmeter.proxy.chaos import Chaos
 
 if TYPE_CHECKING:
     from hopmeter.proxy.delivery import FlowOut, LoopLog
+    from hopmeter.proxy.passage import FlowPassage
 
 # The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
 # read `model` and `stream` from a JSON body. 64 KiB holds the head of any chat request; a longer
@@ -68,6 +69,7 @@ class FlowState:
     streaming: bool = False  # counted in streams_active
     finished: bool = False
     failure: UpstreamFailure | None = None  # why the upstream failed it (hopmeter.proxy.guard)
+    passage: FlowPassage | None = None  # what mitmproxy's features did to it (proxy.passage)
 
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""

@@ -8,9 +8,9 @@ Loaded with the other addons (`mitmweb -s "$(hopmeter --addon-path)"`), `HopView
 - registers the content views "hopmeter" (the timeline of hopmeter.report.timeline, chosen
   automatically for event streams) and "hopmeter-record" (the record as JSON, to copy);
 - adds the commands hopmeter.report, hopmeter.record and hopmeter.record.clip;
-- turns on `store_streamed_bodies` in mitmweb and the console, where a streamed body is otherwise
-  not kept and no view could show it, and adds the comment column to mitmweb's flow list when
-  the user has not chosen its columns.
+- adds the comment column to mitmweb's flow list when the user has not chosen its columns.
+(The body a view shows is the copy hopmeter keeps of each streamed body, bounded by
+`hopmeter_keep_body`: hopmeter.proxy.passage.)
 
 In `hopmeter run` and a plain mitmdump it does nothing per flow: no UI, no cost. (`mitmdump -w`
 would not keep the record anyway: mitmproxy writes a flow to the file in its `response` hook, and
@@ -152,12 +152,6 @@ class HopView(FlowObserver):
 
     def running(self) -> None:
         self.interactive = any(hasattr(ctx.options, name) for name in INTERACTIVE_OPTIONS)
-        keeps = getattr(ctx.options, "store_streamed_bodies", None)  # the proxy server's option
-        if self.interactive and keeps is False:
-            # hopmeter streams every body, and mitmproxy keeps a streamed body only when told:
-            # without this, mitmweb shows "Content is missing." and no view can render
-            ctx.options.update(store_streamed_bodies=True)
-            log.info("hopmeter: store_streamed_bodies turned on, so streamed bodies can be shown")
         columns = getattr(ctx.options, "web_columns", None)
         if columns is not None and not ctx.options.has_changed("web_columns"):
             # mitmweb's default flow list has no comment column: add it, where the verdict shows

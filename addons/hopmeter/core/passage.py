@@ -1,0 +1,42 @@
+"""Findings about how the proxy itself moved a flow: mitmproxy failing on it, or a hook editing a
+body that had already gone to the client (hopmeter.proxy.passage watches for both)."""
+
+from __future__ import annotations
+
+from hopmeter.core.detectors import FIXES, Finding
+from hopmeter.core.vocab import FindingKind, Severity
+
+# An informational response (1xx) that reached the `response` hook: mitmproxy 12's HTTP/1 client
+# reads it as the final response (its body size is 0 by RFC 9112 §6.3), so the real one that
+# follows is dropped as unexpected data and the client waits for a reply that never comes.
+INFORMATIONAL = "informational_response"
+INFORMATIONAL_FIX = (
+    "mitmproxy 12 takes an HTTP/1 1xx response (103 Early Hints) for the final one: have the "
+    "upstream not send 1xx responses to this proxy, or speak HTTP/2 to it (mitmproxy drops 1xx "
+    "there)."
+)
+CRASH_FIX = (
+    "mitmproxy's layers raised on this connection (the evidence says where): an HTTP/1 "
+    "response with trailers is not supported by mitmproxy 12; a stream callable that raised is "
+    "the addon's to fix."
+)
+
+
+def proxy_failed(detail: str, *, informational: bool) -> Finding:
+    """mitmproxy could not forward the response whole: the client's connection was closed."""
+    return Finding(
+        kind=FindingKind.PROXY_FAILED,
+        severity=Severity.ERROR,
+        evidence={"cause": INFORMATIONAL if informational else "mitmproxy_error", "detail": detail},
+        fix=INFORMATIONAL_FIX if informational else CRASH_FIX,
+    )
+
+
+def edited_after_streaming(body_bytes: int | None) -> Finding:
+    """A response hook edited a body that was already streamed: the client did not get it."""
+    return Finding(
+        kind=FindingKind.EDITED_AFTER_STREAMING,
+        severity=Severity.WARNING,
+        evidence={"streamed_bytes": body_bytes},
+        fix=FIXES[FindingKind.EDITED_AFTER_STREAMING],
+    )
