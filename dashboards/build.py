@@ -554,6 +554,19 @@ STREAM_HEALTH = [
             )
         ],
     ),
+    Panel(
+        "Kept bodies clipped",
+        "Streamed bodies per second whose copy for mitmproxy (-w, export, mitmweb) was cut at "
+        "a bound: flow_cap (longer than hopmeter_keep_body) or total_cap (the open streams' "
+        "copies reached hopmeter_keep_body_total). The clients got every byte.",
+        "short",
+        [
+            Target(
+                f'sum by (hop, reason) (rate(hopmeter_bodies_clipped_total{{hop=~"$hop"}}[{RI}]))',
+                "{{hop}} {{reason}}",
+            )
+        ],
+    ),
 ]
 
 

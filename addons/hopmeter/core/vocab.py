@@ -136,6 +136,14 @@ class FindingKind(StrEnum):
     CLIENT_SMOOTHING_BUFFER = "client_smoothing_buffer"
 
 
+class BodyClip(StrEnum):
+    """Why the copy of a streamed body kept for mitmproxy was cut (`mitmproxy.body_clipped` in
+    a record, the `reason` label of hopmeter_bodies_clipped_total)."""
+
+    FLOW_CAP = "flow_cap"  # the flow's body is longer than hopmeter_keep_body
+    TOTAL_CAP = "total_cap"  # the open streams' copies together reached hopmeter_keep_body_total
+
+
 class PairedBy(StrEnum):
     """How two flows of one request at two hops were found (`paired_by` in records and hops)."""
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from hopmeter.core.vocab import (
     Api,
     BeaconOutcome,
+    BodyClip,
     Ended,
     FindingKind,
     PairedBy,
@@ -33,6 +34,7 @@ FINDING_KINDS = frozenset(FindingKind)
 PAIRED_BY = frozenset(PairedBy)
 PAIRING_MATCHES = frozenset(PairingMatch)
 BEACON_OUTCOMES = frozenset(BeaconOutcome)
+BODY_CLIP_REASONS = frozenset(BodyClip)
 # Hop, segment and error-site names come from configuration, not traffic; the cap guards against
 # a misconfiguration (a name per request) turning into a series per request.
 MAX_NAMES_PER_LABEL = 32

@@ -30,6 +30,7 @@ from hopmeter.core.hops import Segment
 from hopmeter.export.labels import (
     APIS,
     BEACON_OUTCOMES,
+    BODY_CLIP_REASONS,
     DEFAULT_MODEL_FAMILIES,
     DEFAULT_ROUTES,
     ENDINGS,
@@ -290,6 +291,12 @@ class Metrics:
             "Event payloads hopmeter could not read as their API's format (counted, never fatal).",
             ("hop", "api"),
         )
+        self.bodies_clipped = counter(
+            "bodies_clipped_total",
+            "Streamed bodies whose copy for mitmproxy (-w, export, mitmweb) was cut at a bound: "
+            "flow_cap (hopmeter_keep_body) or total_cap (hopmeter_keep_body_total).",
+            ("hop", "reason"),
+        )
 
     # --- observing ------------------------------------------------------------------------------
     def observe_flow(
@@ -367,6 +374,7 @@ class Metrics:
             kind = vocabulary_label(kind, FINDING_KINDS)
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
         self._observe_pairing(hop, record.get("pairing"), exemplar)
+        self._observe_passage(hop, record.get("mitmproxy"), exemplar)
         self._observe_screen(record.get("screen"), paint_lags, labels, exemplar)
 
     def _observe_screen(
@@ -421,6 +429,13 @@ class Metrics:
         by = "none" if by is None else vocabulary_label(by, PAIRED_BY)
         match = vocabulary_label(pairing.get("match"), PAIRING_MATCHES)
         self._child(self.pairings, (hop, by, match)).inc(1, exemplar)
+
+    def _observe_passage(self, hop: str, section: object, exemplar: dict[str, str] | None) -> None:
+        """Count a body copy cut at a bound (the record's `mitmproxy` section)."""
+        clipped = section.get("body_clipped") if isinstance(section, Mapping) else None
+        if clipped is not None:
+            reason = vocabulary_label(clipped, BODY_CLIP_REASONS)
+            self._child(self.bodies_clipped, (hop, reason)).inc(1, exemplar)
 
     def _child(self, metric: Any, values: tuple[str, ...]) -> Any:
         """`metric.labels(*values)`, remembered; values in the order of the metric's labels."""

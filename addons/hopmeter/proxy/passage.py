@@ -39,7 +39,7 @@ from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
 from mitmproxy.utils import human
 
 from hopmeter.core.passage import edited_after_streaming, proxy_failed
-from hopmeter.core.vocab import SEVERITY_ORDER
+from hopmeter.core.vocab import SEVERITY_ORDER, BodyClip
 from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
@@ -61,9 +61,9 @@ BY_MODIFY_BODY = "modify_body"  # a modify_body spec matches the flow: the edit 
 BY_FILTER = "hopmeter_buffer"  # the user's filter matches
 NOT_A_STREAM = "not_a_stream"  # plain mitmproxy: a body of known length that is no event stream
 
-# What became of the body copy (`body_clipped`).
-FLOW_CAP = "flow_cap"  # the flow's body is longer than hopmeter_keep_body
-TOTAL_CAP = "total_cap"  # the open streams' copies together reached hopmeter_keep_body_total
+# What became of the body copy (`body_clipped`)
+FLOW_CAP = BodyClip.FLOW_CAP
+TOTAL_CAP = BodyClip.TOTAL_CAP
 
 # `hopmeter_stream`
 STREAMS = "streams"  # event streams, NDJSON and bodies of unknown length (plain mitmproxy)

@@ -1,0 +1,28 @@
+"""Tests for hopmeter.core.passage: the findings about how the proxy itself moved a flow."""
+
+from __future__ import annotations
+
+from hopmeter.core.detectors import FIXES
+from hopmeter.core.passage import INFORMATIONAL, edited_after_streaming, proxy_failed
+from hopmeter.core.vocab import FindingKind, Severity
+
+
+def test_a_proxy_failure_is_an_error_naming_its_cause() -> None:
+    """mitmproxy failing on a flow is an error finding whose evidence and fix name the cause:
+    a 1xx taken for the final response, or a crash of its layers."""
+    early = proxy_failed("HTTP/1 103 Early Hints taken for the final response", informational=True)
+    crash = proxy_failed("NotImplementedError: trailers", informational=False)
+    assert early.kind == crash.kind == FindingKind.PROXY_FAILED
+    assert early.severity == crash.severity == Severity.ERROR
+    assert early.evidence["cause"] == INFORMATIONAL and "HTTP/2" in early.fix
+    assert crash.evidence == {"cause": "mitmproxy_error", "detail": "NotImplementedError: trailers"}
+    assert "trailers" in crash.fix
+
+
+def test_an_edit_after_streaming_is_a_warning_with_the_fix() -> None:
+    """A hook's edit of a body already streamed is a warning that says how to buffer it."""
+    finding = edited_after_streaming(1234).as_dict()
+    assert finding["kind"] == "edited_after_streaming" and finding["severity"] == "warning"
+    assert finding["evidence"] == {"streamed_bytes": 1234}
+    assert finding["fix"] == FIXES[FindingKind.EDITED_AFTER_STREAMING]
+    assert "hopmeter_buffer" in finding["fix"]
