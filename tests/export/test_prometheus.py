@@ -335,6 +335,20 @@ def test_malformed_events_are_counted_from_the_stream_facts(registry: CollectorR
     assert "hopmeter_malformed_events_total" in set(exported_names(registry))
 
 
+def test_clipped_body_copies_are_counted_by_reason(registry: CollectorRegistry) -> None:
+    """A record whose kept body was clipped adds to its hop and reason; both reasons exist at
+    0 from the first flow; an unknown reason is "other"."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record())
+    assert value(registry, "hopmeter_bodies_clipped_total", reason="flow_cap") == 0
+    assert value(registry, "hopmeter_bodies_clipped_total", reason="total_cap") == 0
+    metrics.observe_flow(flow_record(mitmproxy={"stream": "hopmeter", "body_clipped": "flow_cap"}))
+    metrics.observe_flow(flow_record(mitmproxy={"stream": "hopmeter", "body_clipped": None}))
+    metrics.observe_flow(flow_record(mitmproxy={"stream": "hopmeter", "body_clipped": "x"}))
+    assert value(registry, "hopmeter_bodies_clipped_total", reason="flow_cap", hop="edge") == 1
+    assert value(registry, "hopmeter_bodies_clipped_total", reason="other") == 1
+
+
 def test_model_and_route_tables_can_be_replaced(registry: CollectorRegistry) -> None:
     """Metrics labels models and routes with the tables passed to it instead of the defaults."""
     Metrics(registry, models=["my-model"], routes=[("/infer", "/infer")]).observe_flow(

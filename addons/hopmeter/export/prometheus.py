@@ -461,6 +461,8 @@ class Metrics:
         self._initialised.add(key)
         for kind in (*FINDING_KINDS, OTHER):
             self.findings.labels(hop=hop, api=api, kind=kind)
+        for reason in BODY_CLIP_REASONS:  # per hop; again for each api is a dictionary lookup
+            self.bodies_clipped.labels(hop=hop, reason=reason)
 
     def _observe_events(
         self,
