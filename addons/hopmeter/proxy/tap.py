@@ -68,6 +68,8 @@ class FlowState:
     streaming: bool = False  # counted in streams_active
     finished: bool = False
     failure: UpstreamFailure | None = None  # why the upstream failed it (hopmeter.proxy.guard)
+    # the fault that made hopmeter's relay cut the client's connection (the record's relay_error)
+    relay_error: str | None = None
 
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""

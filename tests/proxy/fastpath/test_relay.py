@@ -1,6 +1,7 @@
-"""Tests for hopmeter.proxy.relay: the relay splits a read into h11's pieces, and a real flow
+"""Tests for hopmeter.proxy.fastpath.relay: the relay splits a read into h11's pieces; a real flow
 through `hopmeter run` gives the client the same bytes and the same record with the relay on as
-through mitmproxy's layers (`--set hopmeter_relay=false`)."""
+through mitmproxy's layers (`--no-relay`), whatever the guards are there for; a fault at any step
+of a relayed read leaves the read to mitmproxy or cuts the client's connection, never more."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from hypothesis import strategies as st
 from mitmproxy.connection import Server
 from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
 
-from hopmeter.proxy import backpressure, relay
-from hopmeter.proxy.relay import split_chunked
+from hopmeter.proxy.fastpath import backpressure, relay
+from hopmeter.proxy.fastpath.relay import split_chunked
 from tests.harness.live_client import live_client, run, unread
 from tests.harness.procs import free_port, hopmeter, measuring, read_records
 from tests.harness.scripted import Exchange, ScriptedUpstream
@@ -199,7 +200,7 @@ SCENARIOS = [
 # hopmeter run with the relay, without it, and with mitmproxy asked to keep streamed bodies
 RUNS = {
     "relay": (),
-    "off": ("--set", "hopmeter_relay=false"),
+    "off": ("--no-relay",),
     "store": ("--set", "store_streamed_bodies=true"),
 }
 
@@ -354,15 +355,15 @@ def test_a_kept_alive_connection_relays_each_response(tmp_path: Path) -> None:
 
 
 def test_install_puts_the_relay_in_front_and_uninstall_takes_it_away() -> None:
-    """Only `hopmeter run` installs it; uninstall gives mitmproxy its own method back."""
+    """Only `hopmeter run` installs it (hopmeter.proxy.fastpath.install); uninstall gives
+    mitmproxy its own method back."""
     original = relay._MITMPROXY_SERVER_EVENT
     try:
         relay.install()
-        relay.install()
-        assert ConnectionHandler.server_event is relay.server_event
+        assert ConnectionHandler.server_event is relay.server_event and relay.installed()
     finally:
         relay.uninstall()
-    assert ConnectionHandler.server_event is original
+    assert ConnectionHandler.server_event is original and not relay.installed()
 
 
 # -- reads taken as they arrive, on mitmproxy's own connection handler ----------------------------
@@ -375,13 +376,17 @@ class _Mover:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.taken: list[bytes] = []
+        self.dead = False
 
     def take(self, handler: Any, data: bytes) -> int:
         self.taken.append(data)
         self.writer.write(data)
         return len(data)
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        raise AssertionError(exc)
+
+    def cut(self, exc: BaseException) -> None:
         raise AssertionError(exc)
 
 
