@@ -99,7 +99,7 @@ OnFault = Callable[[http.HTTPFlow, BaseException, bool], None]
 # The steps of a relayed read, in order (docs/reliability.md). A fault in the first two leaves the
 # read to mitmproxy's layers; in any later one it cuts the client's connection.
 STEPS = (
-    "check",  # mitmproxy's layers would only move this read (`_ready`; direct: the loop waits)
+    "check",  # mitmproxy's layers would only move this read (`_ready`; direct: `_loop_waits`)
     "split",  # the read into the pieces h11's reader would give (`split_chunked`)
     "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told (`_commit`)
     "tap",  # each piece through the response's stream callable
@@ -301,32 +301,20 @@ class ReadShortcut(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         relay = self.conn.__dict__.get(_KEY)
-        if (
-            relay is not None
-            and self.draining is None
-            and len(data) < _DIRECT_MAX_BYTES
-            and self._waits(relay)
-        ):
-            used = relay.take(self.handler, data)  # never raises
-            if used == len(data):
-                if not relay.dead:
-                    self._taken(relay)
-                return
-            data = data[used:]
+        if relay is not None and self.draining is None and len(data) < _DIRECT_MAX_BYTES:
+            try:
+                waits = _loop_waits(self.reader)
+            except Exception as exc:  # nothing taken: the stream reader gets the read
+                relay.fail(exc)
+                waits = False
+            if waits:
+                used = relay.take(self.handler, data)  # never raises
+                if used == len(data):
+                    if not relay.dead:
+                        self._taken(relay)
+                    return
+                data = data[used:]
         self.inner.data_received(data)
-
-    def _waits(self, relay: BodyRelay) -> bool:
-        """Whether mitmproxy's read loop waits for this read: it handled the last one, then its
-        drain step found nothing to wait for (or waited); it would handle this one now."""
-        try:
-            reader = self.reader
-            waiter = reader._waiter
-            return (
-                waiter is not None and not waiter.done() and not reader._buffer and not reader._eof
-            )
-        except Exception as exc:  # nothing taken: the stream reader gets the read
-            relay.fail(exc)
-            return False
 
     def _taken(self, relay: BodyRelay) -> None:
         """After a whole read was moved: what mitmproxy's read loop would do next."""
@@ -373,6 +361,14 @@ class ReadShortcut(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+
+
+def _loop_waits(reader: Any) -> bool:
+    """Whether mitmproxy's read loop waits on `reader` for the next read: it handled the last
+    one, then its drain step found nothing to wait for (or waited); it would handle this one
+    now (asyncio's StreamReader, read by its private names)."""
+    waiter = reader._waiter
+    return waiter is not None and not waiter.done() and not reader._buffer and not reader._eof
 
 
 def _shortcut(handler: ConnectionHandler, conn: Any) -> None:
