@@ -8,8 +8,12 @@ A request whose path ends `/fault/<path>/<step>` gets one fault at `<step>` of a
   mitmproxy's read loop and its `server_event`.
 
 A request whose path ends `/close-mid-read` has its client's transport aborted, as a peer's reset
-found by a write would close it, after the first piece of the first read of several pieces the
-relay moves: the pieces after it meet a closing writer.
+would close it, after the first piece of the first read of several pieces the relay moves, and
+mitmproxy hears of it LATE_NEWS_S later (as when the loop has other work first): the pieces after
+it, and the reads in between, meet a closed writer. One whose path ends `/slow-request-hook`
+has a `request` hook that takes SLOW_HOOK_S (an addon's async hook): the flow's HTTP stream is
+paused meanwhile, while its response may already be streaming. One whose path ends `/half-close`
+has a slow `error` hook: the hooks after it (the relay's own, which lets the flow go) come late.
 
 Every other request goes through untouched. Each wrapper calls the real code unless its fault is
 due; the fault is a RuntimeError naming the step and the path, raised once per flow.
@@ -28,6 +32,8 @@ from hopmeter.proxy.fastpath.relay import BodyRelay, ReadShortcut
 from hopmeter.proxy.tap import ResponseTap
 
 ARM_AT = 3  # the first reads go through: the client has events before the fault
+SLOW_HOOK_S = 0.4
+LATE_NEWS_S = 0.1
 
 
 class Plan:
@@ -154,7 +160,15 @@ def tap(self: ResponseTap, data: bytes) -> Any:
         and flow.id not in ABORTED
     ):
         ABORTED.add(flow.id)
-        body_relay.writer.transport.abort()  # the client's transport is closing from here
+        transport = body_relay.writer.transport
+        protocol = transport.get_protocol()
+        lost = protocol.connection_lost
+
+        def later(exc: BaseException | None) -> None:
+            asyncio.get_running_loop().call_later(LATE_NEWS_S, lost, exc)
+
+        protocol.connection_lost = later  # mitmproxy's read loop learns of it late
+        transport.abort()  # the client's transport is closed from here
     return out
 
 
@@ -174,4 +188,14 @@ relay.needs_drain = needs_drain
 framing.chunked = breaks("frame", framing.chunked)
 asyncio.StreamWriter.write = breaks("write", asyncio.StreamWriter.write)  # type: ignore[method-assign]
 
-addons: list[Any] = []
+
+async def request(flow: Any) -> None:
+    """mitmproxy's `request` hook: slow for the flows that ask for it."""
+    if flow.request.path.endswith("/slow-request-hook"):
+        await asyncio.sleep(SLOW_HOOK_S)
+
+
+async def error(flow: Any) -> None:
+    """mitmproxy's `error` hook: slow for the flows that ask for it."""
+    if flow.request.path.endswith("/half-close"):
+        await asyncio.sleep(SLOW_HOOK_S)

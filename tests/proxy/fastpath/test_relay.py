@@ -6,6 +6,7 @@ of a relayed read leaves the read to mitmproxy or cuts the client's connection, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 from collections.abc import Iterator
@@ -145,6 +146,7 @@ HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
 CHUNKED = HEAD + b"transfer-encoding: chunked\r\n\r\n"
 PAUSE_S = 0.03  # between writes the reads must see apart: far above loopback delivery
 _CRLF = b"\r\n"
+END = b"0\r\n\r\n"  # the last chunk
 
 
 def _event(n: int) -> bytes:
@@ -514,17 +516,60 @@ def _fault_writes() -> list[bytes]:
     return [CHUNKED, *chunks, b"0\r\n\r\n"]
 
 
+LONG_EVENTS = 24  # at LONG_PAUSE_S apart: twice TCP_TIMEOUT_S
+LONG_PAUSE_S = 0.08
+TCP_TIMEOUT_S = 1  # mitmproxy's idle timeout in the proxy of these tests (whole seconds)
+
+
+def _writes_for(path: str) -> tuple[list[bytes], float]:
+    """What the upstream writes for a request to `path`, and the pause after each write."""
+    if "/to-close/" in path:  # a body that runs to the close: no length, no chunks
+        return [HEAD + b"connection: close\r\n\r\n", *FAULT_EVENTS], PAUSE_S
+    if path.endswith("/close-mid-read"):  # several chunks per read, for longer than LATE_NEWS_S
+        chunks = [_chunk(e) for e in FAULT_EVENTS]
+        return [CHUNKED, *(b"".join(chunks[i : i + 2]) for i in range(0, 12, 2)), END], PAUSE_S
+    if path.endswith("/longer-than-tcp-timeout"):
+        return [CHUNKED, *(_chunk(_event(n)) for n in range(LONG_EVENTS)), END], LONG_PAUSE_S
+    if path.endswith("/slow-request-hook"):  # runs alongside the hook; a read in three cut
+        # inside a chunk's size, the next one through mitmproxy's receive buffer
+        chunks = [_chunk(e) for e in FAULT_EVENTS]
+        for i in range(0, 12, 3):
+            chunks[i] += chunks[i + 1][:1]
+            chunks[i + 1] = chunks[i + 1][1:]
+        return [CHUNKED, *chunks, END], 0.04
+    return _fault_writes(), PAUSE_S
+
+
 async def _serve_events(ex: Exchange) -> None:
-    """FAULT_EVENTS chunked (_fault_writes), or for a path with /to-close/ as a body that runs
-    to the connection's close (no length, no chunks)."""
-    to_close = "/to-close/" in ex.path
-    writes = [HEAD + b"connection: close\r\n\r\n", *FAULT_EVENTS] if to_close else _fault_writes()
+    writes, pause_s = _writes_for(ex.path)
     for write in writes:
         ex.writer.write(write)
         await ex.writer.drain()
-        await asyncio.sleep(PAUSE_S)
-    if to_close:
+        await asyncio.sleep(pause_s)
+    if "/to-close/" in ex.path:
         ex.writer.close()
+
+
+class _HeadFirstUpstream(ScriptedUpstream):
+    """A scripted upstream whose handler runs once a request's head is read: a content-length
+    body is read first, a chunked one is left unread (the answer may come before it ends) and
+    its connection closed after the answer."""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                method, path, _ = head[0].split(" ", 2)
+                headers = dict(
+                    (k.strip().lower(), v.strip())
+                    for k, _, v in (line.partition(":") for line in head[1:] if ":" in line)
+                )
+                size = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(size) if size else b""
+                await self.handler(Exchange(method, path, headers, body, writer))
+                if headers.get("transfer-encoding") == "chunked":
+                    break
+        writer.close()
 
 
 def _read_all(sock: socket.socket) -> tuple[bytes, bool]:
@@ -590,15 +635,17 @@ def _metric(port: int, name: str, label: str = "") -> float:
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]]:
-    """`hopmeter run` with the relay-breaking script loaded, and its metrics port."""
+    """`hopmeter run` with the relay-breaking script loaded (tests/proxy/fastpath/
+    relay_faults.py) and mitmproxy's idle timeout at TCP_TIMEOUT_S, and its metrics port."""
     tmp = tmp_path_factory.mktemp("relay-faults")
     metrics = free_port()
     with (
-        ScriptedUpstream(_serve_events) as up,
+        _HeadFirstUpstream(_serve_events) as up,
         measuring(
             tmp,
             f"http://127.0.0.1:{up.port}",
             *("--metrics", f"127.0.0.1:{metrics}", "--set", f"scripts={FAULTS_SCRIPT}"),
+            *("--set", f"tcp_timeout={TCP_TIMEOUT_S}", "--read-timeout", "0.9"),
             ports=(metrics,),
         ) as proxy,
     ):
@@ -648,3 +695,91 @@ def test_a_cut_body_that_runs_to_the_close_ends_with_a_reset(faulty: tuple[Any, 
     assert reset, "a clean close would pass for the end of the body"
     assert b"".join(FAULT_EVENTS).startswith(got)
     assert _record_of(proxy, target)["ended"] == "error"
+
+
+# -- what the relay's guards are there for --------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_relayed_stream_longer_than_mitmproxys_idle_timeout_goes_on(
+    faulty: tuple[Any, int],
+) -> None:
+    """mitmproxy closes a connection idle for `tcp_timeout`; every read the relay moves counts
+    as activity, as in mitmproxy's own path, so a stream twice that long is not cut."""
+    proxy, metrics = faulty
+    target = "/v1/chat/completions/longer-than-tcp-timeout"
+    before = _metric(metrics, "hopmeter_relayed_direct_reads_total")
+    got, whole = _dechunk(_faulty_exchange(proxy.port, target)[0])
+    assert (got, whole) == (b"".join(_event(n) for n in range(LONG_EVENTS)), True)
+    assert _record_of(proxy, target)["ended"] == "complete"
+    assert _metric(metrics, "hopmeter_relayed_direct_reads_total") - before >= LONG_EVENTS // 2
+
+
+@pytest.mark.integration
+def test_a_closing_client_writer_gets_no_more_writes(faulty: tuple[Any, int]) -> None:
+    """When the client's transport closes between two pieces of one read (as a reset found by a
+    write closes it), the relay writes nothing more to it: no fault, the flow ends as one whose
+    client went."""
+    proxy, metrics = faulty
+    target = "/v1/chat/completions/close-mid-read"
+    cut_before = _metric(metrics, "hopmeter_relay_faults_total", 'outcome="cut"')
+    errors_before = _metric(metrics, "hopmeter_internal_errors_total", 'where="relay"')
+    got, whole = _dechunk(_faulty_exchange(proxy.port, target)[0])
+    assert not whole and b"".join(FAULT_EVENTS).startswith(got)
+    assert _record_of(proxy, target)["ended"] == "client_gone"
+    assert _metric(metrics, "hopmeter_relay_faults_total", 'outcome="cut"') == cut_before
+    assert _metric(metrics, "hopmeter_internal_errors_total", 'where="relay"') == errors_before
+    assert "socket.send() raised exception" not in proxy.proc.output()
+
+
+@pytest.mark.integration
+def test_reads_while_a_hook_holds_the_stream_keep_their_order(faulty: tuple[Any, int]) -> None:
+    """An upstream answers while the request body is still coming; the request's end starts an
+    addon's slow `request` hook, which pauses the flow's HTTP stream while the response streams
+    on. Reads mitmproxy queued meanwhile (a chunk size cut across reads goes through its receive
+    buffer) and reads the relay could move come out in the upstream's order."""
+    proxy, _ = faulty
+    target = "/v1/chat/completions/slow-request-hook"
+    first = b'{"model": "m", "stream": true}'
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as s:
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n%s"
+            % (target.encode(), _chunk(first))
+        )
+        raw = b""
+        while b"data: " not in raw:  # the response streams before the request has ended
+            raw += s.recv(65536)
+        s.sendall(END)  # the request ends: the slow hook starts
+        more, _ = _read_all(s)
+    got, whole = _dechunk(raw + more)
+    assert (got, whole) == (b"".join(FAULT_EVENTS), True)
+    assert _record_of(proxy, target)["ended"] == "complete"
+
+
+@pytest.mark.integration
+def test_a_client_that_half_closes_mid_stream_is_let_go(faulty: tuple[Any, int]) -> None:
+    """A client that shuts its sending side down mid-stream is taken as gone (mitmproxy's
+    rule): the relay moves nothing after mitmproxy has let go of the stream, even while a slow
+    `error` hook keeps the relay's own hook waiting; the client's body ends without its last
+    chunk, nothing repeated, and the record says client_gone with the events the client got."""
+    proxy, metrics = faulty
+    target = "/v1/chat/completions/half-close"
+    cut_before = _metric(metrics, "hopmeter_relay_faults_total", 'outcome="cut"')
+    body = b'{"model": "m", "stream": true}'
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as s:
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (target.encode(), len(body), body)
+        )
+        raw = b""
+        while raw.count(b"data: ") < 2:
+            raw += s.recv(65536)
+        s.shutdown(socket.SHUT_WR)
+        more, _ = _read_all(s)
+    got, whole = _dechunk(raw + more)
+    assert not whole and b"".join(FAULT_EVENTS).startswith(got)
+    rec = _record_of(proxy, target)
+    assert rec["ended"] == "client_gone"
+    assert rec["figures"]["events"] == got.count(b"data: ")  # none measured past the client
+    assert _metric(metrics, "hopmeter_relay_faults_total", 'outcome="cut"') == cut_before
