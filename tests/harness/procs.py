@@ -169,12 +169,17 @@ class Measuring:
 
 @contextlib.contextmanager
 def measuring(
-    tmp: Path, upstream: str, *run_args: str, ports: tuple[int, ...] = ()
+    tmp: Path,
+    upstream: str,
+    *run_args: str,
+    ports: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[Measuring]:
     """`hopmeter run UPSTREAM` on a free loopback port, records to tmp/records.jsonl.
 
     `run_args` are added to the command line (metrics are off unless they say otherwise);
-    `ports` are further ports to wait for (e.g. a metrics endpoint).
+    `ports` are further ports to wait for (e.g. a metrics endpoint); `env` is added to the
+    process's environment.
     """
     port = free_port()
     records = tmp / "records.jsonl"
@@ -187,6 +192,7 @@ def measuring(
         *metrics,
         *run_args,
         ports=(port, *ports),
+        env=env,
     ) as proc:
         yield Measuring(proc, port, records)
 

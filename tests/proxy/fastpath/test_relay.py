@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy.connection import Server
 from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
+from mitmproxy.test import taddons, tflow
 
 from hopmeter.proxy.fastpath import backpressure, relay
 from hopmeter.proxy.fastpath.relay import split_chunked
@@ -783,3 +785,41 @@ def test_a_client_that_half_closes_mid_stream_is_let_go(faulty: tuple[Any, int])
     assert rec["ended"] == "client_gone"
     assert rec["figures"]["events"] == got.count(b"data: ")  # none measured past the client
     assert _metric(metrics, "hopmeter_relay_faults_total", 'outcome="cut"') == cut_before
+
+
+# -- the addon: when it arms, and what it says ---------------------------------------------------
+
+
+def _no_fault(flow: Any, exc: BaseException, cut: bool) -> None:
+    raise AssertionError(exc)
+
+
+def test_fast_paths_off_by_the_version_gate_are_said_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the fast paths kept off by the version gate, the gate's line is logged once when the
+    proxy runs, and each response that would have been armed counts under reason="version";
+    with the relay option off nothing is counted."""
+    addon = relay.Relay(_no_fault)
+    addon.started("hopmeter: the relay and the other fast paths are off: h11 0.17.0 is new")
+    before = relay.STATS.declined[relay.VERSION]
+    with taddons.context(addon) as tctx, caplog.at_level(logging.WARNING):
+        addon.running()
+        for _ in range(2):
+            addon.responseheaders(tflow.tflow(resp=True))
+        tctx.options.update(hopmeter_relay=False)
+        addon.responseheaders(tflow.tflow(resp=True))
+    assert caplog.text.count("h11 0.17.0 is new") == 1
+    assert relay.STATS.declined[relay.VERSION] == before + 2
+
+
+def test_fast_paths_not_installed_arm_nothing_and_count_nothing() -> None:
+    """Before `started` (--no-relay: never), the addon arms no relay and counts no decline."""
+    addon = relay.Relay(_no_fault)
+    declined, armed = dict(relay.STATS.declined), relay.STATS.armed
+    with taddons.context(addon):
+        addon.running()
+        flow = tflow.tflow(resp=True)
+        addon.responseheaders(flow)
+    assert relay._KEY not in flow.server_conn.__dict__
+    assert (dict(relay.STATS.declined), relay.STATS.armed) == (declined, armed)
