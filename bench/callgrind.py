@@ -14,7 +14,10 @@ OpenAI chat chunk, one HTTP/1.1 chunk) only once the client has read the one bef
 event is its own read through the proxy whatever valgrind's slowdown. The instructions of each
 load are the proxy's user-space instructions, every thread (`callgrind_control` zeroes before a
 load and dumps after it); per event = the loads' difference over the extra events, per flow =
-the rest of the short load over its flows. Writes bench/results/<UTC time>-callgrind.json.
+the rest of the short load over its flows. With `--rounds N` the variants take turns N times,
+each on a fresh process, and the medians are reported (hopmeter's looks at the client's queues
+run on wall-clock timers, so a busy machine moves the counts by a percent or two). Writes
+bench/results/<UTC time>-callgrind.json.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -236,6 +240,7 @@ def main() -> None:
     p.add_argument("--flows", type=int, default=20)
     p.add_argument("--short", type=int, default=5, help="events per flow of the short load")
     p.add_argument("--long", type=int, default=325, help="events per flow of the long load")
+    p.add_argument("--rounds", type=int, default=1, help="the variants in turn, this many times")
     p.add_argument("--note", default="", help="what the variants are, for the results file")
     args = p.parse_args()
     variants: list[Variant] = args.variant or [Variant("hopmeter", ROOT)]
@@ -244,12 +249,22 @@ def main() -> None:
     started = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%MZ")
     logdir = Path(f"/tmp/hopmeter-bench-{started}")
     logdir.mkdir(parents=True, exist_ok=True)
+    rounds: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
+    for _ in range(args.rounds):
+        for variant in variants:
+            rounds[variant.label].append(
+                measure(variant, args.flows, args.short, args.long, logdir)
+            )
     results = {}
-    for variant in variants:
-        results[variant.label] = measure(variant, args.flows, args.short, args.long, logdir)
-    for label, r in results.items():
-        per_event, per_flow = r["per_event_ir"] / 1e3, r["per_flow_ir"] / 1e6
-        log(f"{label}: {per_event:.1f} kIr per event, {per_flow:.2f} MIr per flow")
+    for label, runs in rounds.items():
+        per_event = statistics.median(r["per_event_ir"] for r in runs)
+        per_flow = statistics.median(r["per_flow_ir"] for r in runs)
+        results[label] = {"rounds": runs, "per_event_ir": per_event, "per_flow_ir": per_flow}
+        each = ", ".join(f"{r['per_event_ir'] / 1e3:.1f}" for r in runs)
+        log(
+            f"{label}: {per_event / 1e3:.1f} kIr per event (median of {each}), "
+            f"{per_flow / 1e6:.2f} MIr per flow"
+        )
     doc = {
         "schema": "hopmeter.bench/1",
         "kind": "callgrind",

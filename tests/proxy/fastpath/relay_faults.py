@@ -25,7 +25,7 @@ import asyncio
 from typing import Any
 
 from mitmproxy.proxy.events import DataReceived
-from mitmproxy.proxy.server import ConnectionHandler
+from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
 
 from hopmeter.proxy.fastpath import framing, relay
 from hopmeter.proxy.fastpath.relay import BodyRelay, ReadShortcut
@@ -114,6 +114,13 @@ def server_event(self: Any, event: Any) -> Any:
     return reading(plan, _server_event, self, event)
 
 
+class Unreadable:
+    """A stream reader whose private names are not there (an asyncio not as read)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise fault("check")
+
+
 def data_received(self: ReadShortcut, data: bytes) -> None:
     plan = plan_of(self.conn.__dict__.get(relay._KEY))
     if plan is None:
@@ -121,7 +128,19 @@ def data_received(self: ReadShortcut, data: bytes) -> None:
     elif plan.path == "server_event":
         self.inner.data_received(data)  # this flow's reads go through mitmproxy's read loop
     else:
-        reading(plan, _data_received, self, data)
+        reading(plan, direct_read, self, data)
+
+
+def direct_read(self: ReadShortcut, data: bytes) -> None:
+    """A direct read, its stream reader unreadable when the fault at "check" is due."""
+    if not due("check"):
+        _data_received(self, data)
+        return
+    reader, self.reader = self.reader, Unreadable()
+    try:
+        _data_received(self, data)
+    finally:
+        self.reader = reader
 
 
 def needs_drain(handler: Any) -> bool:
@@ -178,10 +197,9 @@ if ConnectionHandler.server_event is _server_event:  # the script was loaded aft
 ReadShortcut.data_received = data_received  # type: ignore[method-assign]
 ReadShortcut._resume = resume  # type: ignore[method-assign]
 BodyRelay._ready = breaks("check", BodyRelay._ready)  # type: ignore[method-assign]
-BodyRelay._commit = breaks("commit", BodyRelay._commit)  # type: ignore[method-assign]
+TimeoutWatchdog.register_activity = breaks("commit", TimeoutWatchdog.register_activity)  # type: ignore[method-assign]
 BodyRelay._deliver = deliver  # type: ignore[method-assign]
 ResponseTap.__call__ = tap  # type: ignore[method-assign]
-relay._loop_waits = breaks("check", relay._loop_waits)
 relay.split_chunked = breaks("split", relay.split_chunked)
 relay._rest = breaks("rest", relay._rest)
 relay.needs_drain = needs_drain

@@ -99,15 +99,15 @@ OnFault = Callable[[http.HTTPFlow, BaseException, bool], None]
 # The steps of a relayed read, in order (docs/reliability.md). A fault in the first two leaves the
 # read to mitmproxy's layers; in any later one it cuts the client's connection.
 STEPS = (
-    "check",  # mitmproxy's layers would only move this read (`_ready`; direct: `_loop_waits`)
+    "check",  # mitmproxy's layers would only move this read (`_ready`; direct: its loop waits)
     "split",  # the read into the pieces h11's reader would give (`split_chunked`)
-    "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told (`_commit`)
+    "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told
     "tap",  # each piece through the response's stream callable
     "frame",  # framed as mitmproxy's HTTP/1 server would (`framing.chunked`)
     "write",  # written to the client's writer
     "rest",  # what follows the relay's part handed to mitmproxy's layers (`_rest`)
-    "drain",  # a direct read that filled a client's buffers: reading paused for the drain step
-    "resume",  # and resumed after it (`ReadShortcut._resume`)
+    "drain",  # after a direct read: mitmproxy's drain step if a writer needs it (`needs_drain`)
+    "resume",  # reading resumed after that step (`ReadShortcut._resume`)
 )
 LEFT_STEPS = STEPS[:2]  # a fault leaves the read to mitmproxy; later ones cut the connection
 
@@ -302,8 +302,15 @@ class ReadShortcut(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         relay = self.conn.__dict__.get(_KEY)
         if relay is not None and self.draining is None and len(data) < _DIRECT_MAX_BYTES:
-            try:
-                waits = _loop_waits(self.reader)
+            try:  # mitmproxy's read loop waits for this read (asyncio's reader, private names)
+                reader = self.reader
+                waiter = reader._waiter
+                waits = (
+                    waiter is not None
+                    and not waiter.done()
+                    and not reader._buffer
+                    and not reader._eof
+                )
             except Exception as exc:  # nothing taken: the stream reader gets the read
                 relay.fail(exc)
                 waits = False
@@ -311,19 +318,15 @@ class ReadShortcut(asyncio.Protocol):
                 used = relay.take(self.handler, data)  # never raises
                 if used == len(data):
                     if not relay.dead:
-                        self._taken(relay)
+                        try:  # what the read loop does next: its drain step, if needed
+                            STATS.direct += 1
+                            if needs_drain(self.handler):
+                                self._drain(relay)
+                        except Exception as exc:  # the read went out; its drain step did not
+                            relay.cut(exc)
                     return
                 data = data[used:]
         self.inner.data_received(data)
-
-    def _taken(self, relay: BodyRelay) -> None:
-        """After a whole read was moved: what mitmproxy's read loop would do next."""
-        try:
-            STATS.direct += 1
-            if needs_drain(self.handler):
-                self._drain(relay)
-        except Exception as exc:  # the read went out; the client's buffers may not be waited for
-            relay.cut(exc)
 
     def _drain(self, relay: BodyRelay) -> None:
         """What mitmproxy's read loop does after a read that filled a client's buffers: no
@@ -361,14 +364,6 @@ class ReadShortcut(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
-
-
-def _loop_waits(reader: Any) -> bool:
-    """Whether mitmproxy's read loop waits on `reader` for the next read: it handled the last
-    one, then its drain step found nothing to wait for (or waited); it would handle this one
-    now (asyncio's StreamReader, read by its private names)."""
-    waiter = reader._waiter
-    return waiter is not None and not waiter.done() and not reader._buffer and not reader._eof
 
 
 def _shortcut(handler: ConnectionHandler, conn: Any) -> None:
@@ -460,16 +455,19 @@ class BodyRelay:
                 if used >= self.reader._remaining:
                     return 0  # the body's last bytes: mitmproxy ends the message
                 pieces = [data]
-                in_chunk, discard = used, b""
             else:
                 used = len(data)
                 pieces = [data]
-                in_chunk, discard = 0, b""
         except Exception as exc:  # mitmproxy's layers move this read, and the rest of the body
             self.fail(exc)
             return 0
-        try:  # "commit" onwards: h11's state moved, pieces on their way to the client
-            self._commit(handler, kind, in_chunk, discard)
+        try:  # "commit" onwards: h11's reader as it would be after this part, the idle timer
+            if kind == _CHUNKED:  # told as mitmproxy's server_event tells it, the pieces out
+                reader._bytes_in_chunk = in_chunk
+                reader._bytes_to_discard = discard
+            elif kind == _LENGTH:
+                self.reader._remaining -= used
+            handler.timeout_watchdog.register_activity()
             if pieces:
                 self._deliver(pieces, writer)
         except Exception as exc:
@@ -526,18 +524,6 @@ class BodyRelay:
             return False
         self.reader = reader
         return True
-
-    def _commit(self, handler: ConnectionHandler, kind: int, in_chunk: int, discard: bytes) -> None:
-        """h11's reader as it would be after the relay's part of a read (for a content-length
-        body `in_chunk` is the part's size), and the read told to mitmproxy's idle timer, as its
-        `server_event` does for every event."""
-        if kind == _CHUNKED:
-            reader = self.reader
-            reader._bytes_in_chunk = in_chunk
-            reader._bytes_to_discard = discard
-        elif kind == _LENGTH:
-            self.reader._remaining -= in_chunk
-        handler.timeout_watchdog.register_activity()
 
     def _deliver(self, pieces: list[bytes], writer: Any) -> None:
         """What HttpStream, Http1Server and server_event do with each piece, in their order."""
