@@ -169,17 +169,12 @@ class Measuring:
 
 @contextlib.contextmanager
 def measuring(
-    tmp: Path,
-    upstream: str,
-    *run_args: str,
-    ports: tuple[int, ...] = (),
-    env: dict[str, str] | None = None,
+    tmp: Path, upstream: str, *run_args: str, ports: tuple[int, ...] = ()
 ) -> Iterator[Measuring]:
     """`hopmeter run UPSTREAM` on a free loopback port, records to tmp/records.jsonl.
 
     `run_args` are added to the command line (metrics are off unless they say otherwise);
-    `ports` are further ports to wait for (e.g. a metrics endpoint); `env` is added to the
-    process's environment.
+    `ports` are further ports to wait for (e.g. a metrics endpoint).
     """
     port = free_port()
     records = tmp / "records.jsonl"
@@ -192,7 +187,6 @@ def measuring(
         *metrics,
         *run_args,
         ports=(port, *ports),
-        env=env,
     ) as proc:
         yield Measuring(proc, port, records)
 
