@@ -6,7 +6,9 @@ each handler keeps an `asyncio.StreamWriter` per connection in `transports`; eve
 client goes through that writer's `write` (mitmproxy/proxy/server.py, `server_event`), and the
 connection ends through its `close`. `ConnTracker` puts a counting wrapper on that one writer
 instance and samples its transport's user-space buffer and the kernel's unsent queue
-(SIOCOUTQNSD); hopmeter.core.ledger does the arithmetic.
+(SIOCOUTQNSD); hopmeter.core.ledger does the arithmetic. The handler table (and, for HTTP/2, the
+client's stream buffers) is found through hopmeter.proxy.fastpath.internals, where every private
+name of mitmproxy that hopmeter imports lives.
 
 The writer is a plain Python object on both of `hopmeter run`'s loops, so the same wrapper follows
 asyncio's selector transports and uvloop's compiled ones. Both write to the socket at once while
