@@ -221,6 +221,50 @@ class TestHooks:
         meter.error(flow)
         assert rec.results[0].record["response"]["ended"] == "client_gone"
 
+    def test_a_relay_fault_that_cut_the_client_ends_the_flow_as_an_error(
+        self, meter: HopMeter
+    ) -> None:
+        """A relay fault after a read was under way (the client's connection reset) is counted,
+        and the flow is recorded ended "error" with the fault, even after the stream's terminal
+        event: never complete, never client_gone."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        flow = sse_flow()
+        meter.requestheaders(flow)
+        meter.responseheaders(flow)
+        flow.response.stream(SSE)  # type: ignore[operator]
+        flow.response.stream(DONE)  # type: ignore[operator]
+        meter.relay_failed(flow, RuntimeError("broken"), True)
+        flow.error = tflow.terr("Client disconnected.")  # type: ignore[attr-defined]
+        meter.error(flow)
+        record = rec.results[0].record
+        assert record["ended"] == record["response"]["ended"] == "error"
+        assert record["relay_error"] == "RuntimeError: broken"
+        assert meter.internal_errors == 1 and rec.notices.count("error:relay") == 1
+
+    def test_a_relay_fault_that_left_the_read_to_mitmproxy_keeps_the_flow(
+        self, meter: HopMeter
+    ) -> None:
+        """A relay fault before anything of a read moved, or one in another fast path, is
+        counted and the flow's record is as it would be."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        flow = sse_flow()
+        meter.requestheaders(flow)
+        meter.responseheaders(flow)
+        meter.relay_failed(flow, RuntimeError("broken"), False)
+        meter.fast_path_failed("framing", RuntimeError("broken"))
+        for chunk in (SSE, DONE, b""):
+            flow.response.stream(chunk)  # type: ignore[operator]
+        meter.response(flow)
+        record = rec.results[0].record
+        assert record["ended"] == "complete" and "relay_error" not in record
+        assert meter.internal_errors == 2
+        assert [n for n in rec.notices if n.startswith("error:")] == [
+            "error:relay",
+            "error:framing",
+        ]
+
     def test_a_traceparent_is_added_unless_turned_off(self, meter: HopMeter) -> None:
         """Requests without trace context get one; hopmeter_trace_header=false leaves them be."""
         flow = sse_flow()

@@ -14,7 +14,7 @@ import pytest
 
 from hopmeter.core.ledger import END, GONE, OUT, SENT, T_WRITE, new_chunk
 from hopmeter.proxy import client_conn
-from hopmeter.proxy.client_conn import ConnTracker, locate, locate_h2
+from hopmeter.proxy.client_conn import ConnTracker, locate
 from tests.harness.live_client import Live, flow_of, live_client, run, unread
 
 LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -75,15 +75,6 @@ class TestLocate:
             async with live_client() as live:
                 why = locate(flow_of(live))
                 assert isinstance(why, str) and "were not read yet" in why
-
-        run(test)
-
-    def test_an_http1_client_has_no_http2_stream(self) -> None:
-        """locate_h2 on an HTTP/1 connection says there is no HTTP/2 connection to follow."""
-
-        async def test() -> None:
-            async with live_client() as live:
-                assert isinstance(locate_h2(live.handler, flow_of(live)), str)
 
         run(test)
 

@@ -280,6 +280,51 @@ class HopMeter:
                 error=f"{type(exc).__name__}: {exc}" if exc else None,
             )
 
+    def fast_path_failed(self, where: str, exc: BaseException) -> None:
+        """A fault in one of `hopmeter run`'s fast paths past mitmproxy (framing, backpressure)
+        before it had done anything: mitmproxy's own method took over. Counted and logged as an
+        internal error; the flow goes on, measured. Never raises."""
+        self.internal_errors += 1
+        for obs in self.observers:
+            with contextlib.suppress(Exception):
+                obs.internal_error(where)
+        with contextlib.suppress(Exception):
+            log.warning(
+                "hopmeter: a fast path past mitmproxy failed; mitmproxy's own step took over",
+                where=where,
+                error=f"{type(exc).__name__}: {exc}"[:300],
+            )
+
+    def relay_failed(self, flow: http.HTTPFlow, exc: BaseException, cut: bool) -> None:
+        """A fault in `hopmeter run`'s relay (hopmeter.proxy.fastpath.relay), counted and logged
+        as an internal error. `cut`: the relay had begun moving a read and ended the client's
+        connection, so the flow is recorded as ended by an error, with the fault as its
+        `relay_error`; else mitmproxy's layers moved the read and the flow goes on. Never
+        raises."""
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        self.internal_errors += 1
+        for obs in self.observers:
+            with contextlib.suppress(Exception):
+                obs.internal_error("relay")
+        with contextlib.suppress(Exception):
+            state = self._state(flow)
+            if cut and state is not None and state.relay_error is None:
+                state.relay_error = error
+        with contextlib.suppress(Exception):
+            if cut:
+                log.warning(
+                    "hopmeter: the relay failed while moving a read; the client's connection "
+                    "was reset so that it can tell its response is not whole (recorded ended "
+                    "error)",
+                    error=error,
+                )
+            else:
+                log.warning(
+                    "hopmeter: the relay failed before moving a read; mitmproxy's layers move "
+                    "the rest of this response",
+                    error=error,
+                )
+
     # -- hooks ---------------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if not flow.live or self.stopped:  # read from a file (measured when it was live), or
@@ -494,6 +539,8 @@ class HopMeter:
         if state.finished:
             return
         state.finished = True
+        if state.relay_error is not None:
+            ended = Ended.ERROR  # the relay cut the client's connection: never complete
         end_s = state.offset(time.monotonic())
         if state.streaming:
             state.streaming = False
@@ -637,6 +684,7 @@ class HopMeter:
             fingerprint_key=self.fingerprint_key,
             chaos=sorted(tap.chaos.actions) if tap is not None and tap.chaos is not None else None,
             passage=p,
+            relay_error=state.relay_error,
         )
 
     def _build(self, seen: dict[str, Any]) -> FlowResult:
@@ -644,9 +692,12 @@ class HopMeter:
         assert self.counter is not None  # configure() makes it before any flow
         chaos = seen.pop("chaos")
         flow_passage = seen.pop("passage")
+        relay_error = seen.pop("relay_error")
         result = finish_flow(**seen, counters=self.counter)
         if chaos is not None:
             result.record["chaos"] = chaos
+        if relay_error is not None:
+            result.record["relay_error"] = relay_error
         if flow_passage is not None:
             passage.annotate(result.record, flow_passage)
         return result

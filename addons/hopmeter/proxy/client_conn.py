@@ -6,7 +6,9 @@ each handler keeps an `asyncio.StreamWriter` per connection in `transports`; eve
 client goes through that writer's `write` (mitmproxy/proxy/server.py, `server_event`), and the
 connection ends through its `close`. `ConnTracker` puts a counting wrapper on that one writer
 instance and samples its transport's user-space buffer and the kernel's unsent queue
-(SIOCOUTQNSD); hopmeter.core.ledger does the arithmetic.
+(SIOCOUTQNSD); hopmeter.core.ledger does the arithmetic. The handler table (and, for HTTP/2, the
+client's stream buffers) is found through hopmeter.proxy.fastpath.internals, where every private
+name of mitmproxy that hopmeter imports lives.
 
 The writer is a plain Python object on both of `hopmeter run`'s loops, so the same wrapper follows
 asyncio's selector transports and uvloop's compiled ones. Both write to the socket at once while
@@ -39,9 +41,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from mitmproxy import ctx, http, version
+from mitmproxy import http, version
 
 from hopmeter.core.ledger import GONE, T_IN, Ledger, N
+from hopmeter.proxy.fastpath.internals import connection_handlers
 
 # Linux ioctls on a TCP socket (include/uapi/linux/sockios.h): bytes in the send queue that the
 # peer has not acknowledged (SIOCOUTQ, = TIOCOUTQ), and those not yet sent at all (SIOCOUTQNSD).
@@ -77,32 +80,6 @@ def mitmproxy_major() -> int:
     return int(version.VERSION.split(".", 1)[0])
 
 
-def connection_handlers() -> dict[Any, Any] | None:
-    """mitmproxy's live connection handler per client id (`Proxyserver.connections`), or None
-    when the running mitmproxy keeps no such table."""
-    connections = getattr(ctx.master.addons.get("proxyserver"), "connections", None)
-    return connections if isinstance(connections, dict) else None
-
-
-def layers_to_http(handler: Any) -> list[Any]:
-    """A connection handler's layers from its root down to its HTTP layer, that one last:
-    handler.layer → (NextLayer.layer | .child_layer)* → HttpLayer; empty when there is none (a
-    TCP or DNS connection, a layer not decided yet)."""
-    from mitmproxy.proxy import layer as mlayer  # noqa: PLC0415 - not for every connection
-    from mitmproxy.proxy.layers.http import HttpLayer  # noqa: PLC0415
-
-    chain: list[Any] = []
-    obj = getattr(handler, "layer", None)
-    for _ in range(16):  # a handful of layers deep in every mode; the bound stops a cycle
-        if obj is None:
-            return []
-        chain.append(obj)
-        if isinstance(obj, HttpLayer):
-            return chain
-        obj = obj.layer if isinstance(obj, mlayer.NextLayer) else getattr(obj, "child_layer", None)
-    return []
-
-
 def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.StreamWriter, Sock] | str:
     """(handler, writer, socket) of a live flow's client connection, or why not."""
     if not sys.platform.startswith("linux"):
@@ -133,31 +110,6 @@ def locate(flow: http.HTTPFlow) -> tuple[Any, asyncio.StreamWriter, Sock] | str:
     ):
         return "the client's connection has no open TCP socket"
     return handler, writer, sock
-
-
-def locate_h2(handler: Any, flow: http.HTTPFlow) -> tuple[Any, int] | str:
-    """(mitmproxy's HTTP/2 connection to the client, the flow's stream id), or why not.
-
-    The HTTP layer's (`layers_to_http`) `connections[client]` is the Http2Server whose
-    `h2_conn` (a BufferedH2Connection) keeps each stream's unsent bytes in `stream_buffers`; the
-    stream id is the key of `HttpLayer.streams` whose flow is this one.
-    """
-    from mitmproxy.proxy.layers.http._http2 import Http2Server  # noqa: PLC0415 - HTTP/2 only
-
-    chain = layers_to_http(handler)
-    if not chain:
-        return "no HTTP layer under this client's connection"
-    obj = chain[-1]
-    server = obj.connections.get(flow.client_conn)
-    h2conn = getattr(server, "h2_conn", None) if isinstance(server, Http2Server) else None
-    if not isinstance(getattr(h2conn, "stream_buffers", None), dict) or not callable(
-        getattr(h2conn, "local_flow_control_window", None)
-    ):
-        return "no HTTP/2 connection with stream buffers for this client"
-    for sid, stream in obj.streams.items():
-        if getattr(stream, "flow", None) is flow:
-            return h2conn, sid
-    return "this flow's HTTP/2 stream was not found"
 
 
 def _inode(sock: Sock) -> int | None:

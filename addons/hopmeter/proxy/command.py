@@ -146,6 +146,13 @@ def add_parser(sub: Any) -> None:
         help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops "
         "(default 20; a second signal stops at once)",
     )
+    p.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="move every read through mitmproxy's own layers: the relay and the other fast paths "
+        "past them (the same bytes at less CPU) are not installed; mitmproxy's classes stay as "
+        "they are",
+    )
     p.add_argument("--verbose", action="store_true", help="mitmproxy's own connection logs too")
     p.add_argument(
         "--loop",
@@ -219,6 +226,7 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
         read_timeout_s=args.read_timeout,
         drain_timeout_s=args.drain_timeout,
         browser=args.browser,
+        relay=not args.no_relay,
         extra=list(args.set_),
     )
 

@@ -42,6 +42,7 @@ class ProxyConfig:
     read_timeout_s: float = 600.0
     drain_timeout_s: float = 20.0
     browser: bool = False  # --browser: serve the snippet, answer and join beacons
+    relay: bool = True  # --no-relay: none of the fast paths (hopmeter.proxy.fastpath) installed
     extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
 
 

@@ -29,13 +29,8 @@ from mitmproxy import http
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.ledger import GONE, NO_WRITE, FlowChunks
 from hopmeter.core.meter import MAX_CHUNKS
-from hopmeter.proxy.client_conn import (
-    POLL_FAST_S,
-    ConnTracker,
-    OnFail,
-    locate,
-    locate_h2,
-)
+from hopmeter.proxy.client_conn import POLL_FAST_S, ConnTracker, OnFail, locate
+from hopmeter.proxy.fastpath.internals import locate_h2
 
 # After a flow ends, its record waits at most this long for the client to take the last bytes; a
 # client that stopped reading gets a record whose client wait is a lower bound. 30 s is the

@@ -25,9 +25,9 @@ from mitmproxy.addonmanager import Loader
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
-from hopmeter.proxy.client_conn import connection_handlers
 from hopmeter.proxy.config import parse_seconds
 from hopmeter.proxy.failures import http1_client
+from hopmeter.proxy.fastpath.internals import connection_handlers
 from hopmeter.proxy.readiness import Readiness
 
 log = get_logger()

@@ -22,7 +22,7 @@ from mitmproxy.net.http import http1
 
 from hopmeter.core.vocab import Ended
 from hopmeter.log import get_logger
-from hopmeter.proxy.client_conn import connection_handlers
+from hopmeter.proxy.fastpath.internals import connection_handlers
 
 log = get_logger()
 

@@ -16,11 +16,12 @@ from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
 from hopmeter.export.prometheus import ProcessCounters
-from hopmeter.proxy import backpressure, framing, relay
+from hopmeter.proxy import fastpath
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.drain import Drain
+from hopmeter.proxy.fastpath import relay
 from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.master import LeanMaster, LeanOptions
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
@@ -104,9 +105,6 @@ async def run_proxy(
     The first signal drains (hopmeter.proxy.drain): no new connections, the flows in flight
     finish within the drain timeout; a second one stops at once.
     """
-    backpressure.install()  # mitmproxy's per-read drain step only when a writer could need it
-    framing.install()  # mitmproxy's HTTP/1 framing decision kept per response, not per chunk
-    relay.install()  # a streamed HTTP/1 body's reads moved past mitmproxy's layers
     opts = LeanOptions()  # reads of immutable option values without deep copies
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
     addons = default_addons()
@@ -115,7 +113,8 @@ async def run_proxy(
     assert isinstance(metrics, MetricsOutput)
     master = LeanMaster(opts, scripts=addons)  # where `mitmdump -s` has them
     drain = Drain(meter, readiness)
-    master.addons.add(drain, FreezeAtStart(meter), relay.Relay(meter.internal_error))
+    relays = relay.Relay(meter.relay_failed)
+    master.addons.add(drain, FreezeAtStart(meter), relays)
     try:
         opts.update(
             # mitmproxy listens on every interface by default; hopmeter on loopback unless told
@@ -152,11 +151,18 @@ async def run_proxy(
             # nothing saved); `--set hopmeter_keep_body=4m --set save_stream_file=...` saves them
             hopmeter_stream="all",
             hopmeter_keep_body="0",
+            hopmeter_relay=cfg.relay,
         )
         if cfg.extra:
             opts.set(*cfg.extra)
     except exceptions.OptionsError as exc:
         raise UsageError(str(exc)) from None
+    if cfg.relay and opts.hopmeter_relay:
+        # a streamed HTTP/1 body's reads moved past mitmproxy's layers, mitmproxy's per-read
+        # drain step only when a writer could need it, its HTTP/1 framing decision kept per
+        # response: all three, or none if the installed mitmproxy, h11 or Python is not one
+        # they were read against (said once when the proxy runs); none with --no-relay
+        relays.started(fastpath.install(meter.fast_path_failed))
     if metrics.metrics is not None:
         metrics.metrics.registry.register(ProcessCounters(relay.counts))
     loop = asyncio.get_running_loop()

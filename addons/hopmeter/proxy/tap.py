@@ -70,6 +70,8 @@ class FlowState:
     finished: bool = False
     failure: UpstreamFailure | None = None  # why the upstream failed it (hopmeter.proxy.guard)
     passage: FlowPassage | None = None  # what mitmproxy's features did to it (proxy.passage)
+    # the fault that made hopmeter's relay cut the client's connection (the record's relay_error)
+    relay_error: str | None = None
 
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""

@@ -10,21 +10,28 @@ conditions `StreamWriter.drain` checks itself (the reader's exception, a closing
 lost or paused protocol); only then, or while another drain holds the lock, or for a writer that
 is not an asyncio StreamWriter (mitmproxy_rs streams), does mitmproxy's own method run. So a
 slow client still stops the reads from its upstream exactly as before
-(tests/proxy/test_backpressure.py and the slow-client test of the real proxy).
+(tests/proxy/fastpath/test_backpressure.py and the slow-client test of the real proxy).
 
-It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it; the
-addons a user loads into a plain mitmdump leave mitmproxy as it is.
+A fault in the shortcut's check (a bug, an asyncio whose writers changed) sends the step to
+mitmproxy's own method, which then waits as it always did; the fault is counted and logged
+(`on_error`). The check only reads: there is nothing to undo.
+
+It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it
+(hopmeter.proxy.fastpath); the addons a user loads into a plain mitmdump leave mitmproxy as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from mitmproxy.proxy.server import ConnectionHandler
+from hopmeter.proxy.fastpath.internals import ConnectionHandler
 
-_MITMPROXY_DRAIN: Callable[[ConnectionHandler], Awaitable[None]] = ConnectionHandler.drain_writers
+OnError = Callable[[str, BaseException], None]
+Drain = Callable[[ConnectionHandler], Coroutine[Any, Any, None]]
+
+_MITMPROXY_DRAIN: Drain = ConnectionHandler.drain_writers
 
 
 def may_wait(writer: Any) -> bool:
@@ -62,17 +69,32 @@ def needs_drain(handler: ConnectionHandler) -> bool:
     return False
 
 
-async def drain_writers(self: ConnectionHandler) -> None:
-    """mitmproxy's `drain_writers`, run only when one of the writers could need it."""
-    if needs_drain(self):
-        await _MITMPROXY_DRAIN(self)
+def make_drain_writers(on_error: OnError) -> Drain:
+    """mitmproxy's `drain_writers`, run only when one of the writers could need it (or when the
+    check fails: then it runs, and the fault goes to `on_error`)."""
+
+    async def drain_writers(self: ConnectionHandler) -> None:
+        try:
+            needed = needs_drain(self)
+        except Exception as exc:  # mitmproxy's own step decides, as without the shortcut
+            on_error("backpressure", exc)
+            needed = True
+        if needed:
+            await _MITMPROXY_DRAIN(self)
+
+    return drain_writers
 
 
-def install() -> None:
-    """Put the shortcut in front of mitmproxy's method (idempotent)."""
-    ConnectionHandler.drain_writers = drain_writers  # type: ignore[method-assign]
+def install(on_error: OnError) -> None:
+    """Put the shortcut in front of mitmproxy's method (`hopmeter run` only)."""
+    ConnectionHandler.drain_writers = make_drain_writers(on_error)  # type: ignore[method-assign]
+
+
+def installed() -> bool:
+    """Whether `drain_writers` is not mitmproxy's own."""
+    return ConnectionHandler.drain_writers is not _MITMPROXY_DRAIN
 
 
 def uninstall() -> None:
     """mitmproxy's own method again (tests)."""
-    ConnectionHandler.drain_writers = _MITMPROXY_DRAIN  # type: ignore[method-assign,assignment]
+    ConnectionHandler.drain_writers = _MITMPROXY_DRAIN  # type: ignore[method-assign]

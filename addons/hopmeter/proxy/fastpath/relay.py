@@ -37,12 +37,22 @@ trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then rep
 error), the final read of a content-length body, TLS on either side, an HTTP/2 client or upstream,
 `store_streamed_bodies`, `proxy_debug`, or a relay that failed. A read can be split: the relay
 takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
-as h11 left it. tests/proxy/test_relay.py holds the pieces to h11's on random splits, and the
-bytes and records of real flows to those of the same flows with the relay off
-(`--set hopmeter_relay=false`).
+as h11 left it. tests/proxy/fastpath/test_relay.py holds the pieces to h11's on random splits, and
+the bytes and records of real flows to those of the same flows with the relay off
+(`hopmeter run --no-relay`).
 
-It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it; the addons a
-user loads into a plain mitmdump leave mitmproxy as it is.
+It fails closed. A read goes through its steps in order (`STEPS`): the checks and the split only
+read, so a fault there leaves the whole read to mitmproxy's layers, untouched, and the relay
+steps aside for the rest of the response. From the first step that changes anything (the
+reader's state, the tap, the client's writer) a fault ends the client's connection with a reset
+(`cut`): the client sees its body end without its last chunk (or its length, or with a reset
+where the body runs to the close), never a piece twice and never a piece missing in the middle,
+and the flow's record says `ended: "error"` with `relay_error`. Both are counted
+(hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and
+logged.
+
+It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it
+(hopmeter.proxy.fastpath); the addons a user loads into a plain mitmdump leave mitmproxy as it is.
 """
 
 from __future__ import annotations
@@ -50,30 +60,62 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from h11._readers import ChunkedReader, ContentLengthReader, Http10Reader, chunk_header_re
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
-from mitmproxy.proxy import events
-from mitmproxy.proxy import layer as mlayer
-from mitmproxy.proxy.layers.http import HttpClient, HttpLayer, HttpStream
-from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Connection, Http1Server
-from mitmproxy.proxy.server import ConnectionHandler
 
-from hopmeter.proxy import framing
-from hopmeter.proxy.backpressure import needs_drain
-from hopmeter.proxy.client_conn import connection_handlers, layers_to_http
+from hopmeter.log import get_logger
+from hopmeter.proxy.fastpath import framing
+from hopmeter.proxy.fastpath.backpressure import needs_drain
+from hopmeter.proxy.fastpath.internals import (
+    ChunkedReader,
+    ConnectionHandler,
+    ContentLengthReader,
+    DataReceived,
+    Http1Client,
+    Http1Connection,
+    Http1Server,
+    Http10Reader,
+    HttpClient,
+    HttpLayer,
+    HttpStream,
+    NextLayer,
+    chunk_header_re,
+    connection_handlers,
+    layers_to_http,
+)
 from hopmeter.proxy.tap import ResponseTap
 
-OnError = Callable[[str, BaseException], None]
+log = get_logger()
+
+# A fault in the relay, told to the measuring addon: the flow, the exception, and whether the
+# client's connection was cut (True) or the bytes were left to mitmproxy's layers (False).
+OnFault = Callable[[http.HTTPFlow, BaseException, bool], None]
+
+# The steps of a relayed read, in order (docs/reliability.md). A fault in the first two leaves the
+# read to mitmproxy's layers; in any later one it cuts the client's connection.
+STEPS = (
+    "check",  # mitmproxy's layers would only move this read (`_ready`; direct: its loop waits)
+    "split",  # the read into the pieces h11's reader would give (`split_chunked`)
+    "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told
+    "tap",  # each piece through the response's stream callable
+    "frame",  # framed as mitmproxy's HTTP/1 server would (`framing.chunked`)
+    "write",  # written to the client's writer
+    "rest",  # what follows the relay's part handed to mitmproxy's layers (`_rest`)
+    "drain",  # after a direct read: mitmproxy's drain step if a writer needs it (`needs_drain`)
+    "resume",  # reading resumed after that step (`ReadShortcut._resume`)
+)
+LEFT_STEPS = STEPS[:2]  # a fault leaves the read to mitmproxy; later ones cut the connection
 
 _MITMPROXY_SERVER_EVENT = ConnectionHandler.server_event
 _KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
 _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
-_DataReceived = events.DataReceived
+_DataReceived = DataReceived
 _CRLF = b"\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
@@ -87,6 +129,9 @@ _CHUNKED, _LENGTH, _TO_EOF = 1, 2, 3
 # reading once it holds twice that, so a fast upstream cannot keep the loop reading one
 # connection read after read while every other stream and the measuring wait.
 _DIRECT_MAX_BYTES = 65535
+# SO_LINGER on, 0 s: closing sends a reset at once, so a client reading a body to the connection's
+# end (no length, no chunks) can tell the cut from the body's end; the kernel's unsent bytes go.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 # Why a streamed response is left to mitmproxy's layers: /metrics' `reason` label (bounded).
@@ -95,19 +140,24 @@ NOT_HTTP1 = "not_http1"  # the upstream's or the client's connection is HTTP/2 (
 PROXY_DEBUG = "proxy_debug"  # proxy_debug logs every event in every layer
 LAYERS = "layers"  # a layer on the path is still being decided or does more than pass events on
 UNLOCATED = "unlocated"  # the connection's handler, HTTP layer, writer or stream was not found
-DECLINED = (TLS, NOT_HTTP1, PROXY_DEBUG, LAYERS, UNLOCATED)
+VERSION = "version"  # the fast paths are off: mitmproxy, h11 or Python not as read (fastpath.gate)
+DECLINED = (TLS, NOT_HTTP1, PROXY_DEBUG, LAYERS, UNLOCATED, VERSION)
+# What a fault in the relay did: /metrics' `outcome` label.
+LEFT = "left_to_mitmproxy"  # nothing of the read was delivered: mitmproxy's layers moved it
+CUT = "cut"  # the client's connection was ended with a reset, the record says ended "error"
 
 
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "declined", "direct", "pieces")
+    __slots__ = ("armed", "declined", "direct", "faults", "pieces")
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
         self.declined = dict.fromkeys(DECLINED, 0)  # responses left to mitmproxy, by reason
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
+        self.faults = {LEFT: 0, CUT: 0}  # faults in a relay, by what became of the read
 
 
 STATS = Stats()
@@ -131,8 +181,16 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
         (
             "relay_declined",
             "Streamed responses left to mitmproxy's layers, by reason: tls, not_http1 (HTTP/2), "
-            "proxy_debug, layers (a layer that does more than pass events on), unlocated.",
+            "proxy_debug, layers (a layer that does more than pass events on), unlocated, "
+            "version (the relay is off: mitmproxy, h11 or Python is not as it was read).",
             ("reason", dict(STATS.declined)),
+        ),
+        (
+            "relay_faults",
+            "Faults in the relay, by outcome: left_to_mitmproxy (nothing of the read delivered: "
+            "mitmproxy's layers moved it) or cut (the client's connection was reset, the flow "
+            "recorded ended error).",
+            ("outcome", dict(STATS.faults)),
         ),
     ]
 
@@ -200,17 +258,26 @@ class _Done:
 _DONE = _Done()
 
 
-def server_event(self: ConnectionHandler, event: events.Event) -> Any:
+def server_event(self: ConnectionHandler, event: Any) -> Any:
     """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay."""
     if type(event) is _DataReceived:
         relay = event.connection.__dict__.get(_KEY)
         if relay is not None:
-            used = relay.take(self, event.data)
+            used = relay.take(self, event.data)  # never raises
             if used:
                 if used == len(event.data):
                     return _DONE
-                event = _DataReceived(event.connection, event.data[used:])
+                try:
+                    event = _rest(event, used)
+                except Exception as exc:  # the relay's part is delivered, the rest cannot follow
+                    relay.cut(exc)
+                    return _DONE
     return _MITMPROXY_SERVER_EVENT(self, event)
+
+
+def _rest(event: Any, used: int) -> Any:
+    """The read less the relay's part, for mitmproxy's layers."""
+    return _DataReceived(event.connection, event.data[used:])
 
 
 class ReadShortcut(asyncio.Protocol):
@@ -218,8 +285,8 @@ class ReadShortcut(asyncio.Protocol):
     while mitmproxy's read loop for the connection waits for data (its stream reader empty) goes
     to the connection's relay at once, without the stream reader and the read loop's wake-up;
     the loop's drain step after it is done here (`_drain`) only when a writer could make it wait,
-    as `hopmeter.proxy.backpressure` does. Anything else, and what the relay leaves, goes to
-    mitmproxy's protocol as it would have."""
+    as `hopmeter.proxy.fastpath.backpressure` does. Anything else, and what the relay leaves, goes
+    to mitmproxy's protocol as it would have."""
 
     def __init__(
         self, inner: Any, conn: Any, handler: ConnectionHandler, reader: Any, transport: Any
@@ -229,40 +296,44 @@ class ReadShortcut(asyncio.Protocol):
         self.handler = handler
         self.reader = reader
         self.transport = transport
-        self.draining = False
+        self.draining: BodyRelay | None = None  # the relay whose read paused reading
         self.drain_task: asyncio.Future[None] | None = None  # a reference while it runs
 
     def data_received(self, data: bytes) -> None:
         relay = self.conn.__dict__.get(_KEY)
-        if relay is not None and not self.draining and len(data) < _DIRECT_MAX_BYTES:
-            try:
+        if relay is not None and self.draining is None and len(data) < _DIRECT_MAX_BYTES:
+            try:  # mitmproxy's read loop waits for this read (asyncio's reader, private names)
                 reader = self.reader
                 waiter = reader._waiter
-                # mitmproxy's read loop waits for this read: it handled the last one, then its
-                # drain step found nothing to wait for (or waited); it would handle this one now
-                if (
+                waits = (
                     waiter is not None
                     and not waiter.done()
                     and not reader._buffer
                     and not reader._eof
-                ):
-                    used = relay.take(self.handler, data)
-                    if used == len(data):
-                        STATS.direct += 1
-                        if needs_drain(self.handler):
-                            self._drain()
-                        return
-                    data = data[used:]
-            except Exception as exc:  # never raised into the transport, which would close it
-                relay._fail(exc)
+                )
+            except Exception as exc:  # nothing taken: the stream reader gets the read
+                relay.fail(exc)
+                waits = False
+            if waits:
+                used = relay.take(self.handler, data)  # never raises
+                if used == len(data):
+                    if not relay.dead:
+                        try:  # what the read loop does next: its drain step, if needed
+                            STATS.direct += 1
+                            if needs_drain(self.handler):
+                                self._drain(relay)
+                        except Exception as exc:  # the read went out; its drain step did not
+                            relay.cut(exc)
+                    return
+                data = data[used:]
         self.inner.data_received(data)
 
-    def _drain(self) -> None:
+    def _drain(self, relay: BodyRelay) -> None:
         """What mitmproxy's read loop does after a read that filled a client's buffers: no
         further read is handled until mitmproxy's drain step has waited for them. Reading pauses
         meanwhile (the kernel's receive buffer holds what comes), and resumes after the step."""
         self.transport.pause_reading()
-        self.draining = True  # before the task: an eager task may finish before it is returned
+        self.draining = relay  # before the task: an eager task may finish before it is returned
         self.drain_task = asyncio.ensure_future(self._drained())
 
     async def _drained(self) -> None:
@@ -270,10 +341,17 @@ class ReadShortcut(asyncio.Protocol):
             with contextlib.suppress(Exception):  # the connection went: the read loop sees it
                 await self.handler.drain_writers()
         finally:
-            self.draining = False
+            relay, self.draining = self.draining, None
             self.drain_task = None
-            if not self.transport.is_closing():
-                self.transport.resume_reading()
+            try:
+                self._resume()
+            except Exception as exc:  # reading would stay paused: a stall the client cannot see
+                if relay is not None:
+                    relay.cut(exc)
+
+    def _resume(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()  # type: ignore[no-any-return]
@@ -304,6 +382,7 @@ class BodyRelay:
     """One streamed response's path through mitmproxy, held to move its body's reads."""
 
     __slots__ = (
+        "cut_at",
         "dead",
         "flow",
         "h1",
@@ -311,7 +390,7 @@ class BodyRelay:
         "http_layer",
         "kind",
         "layers",
-        "on_error",
+        "on_fault",
         "reader",
         "response",
         "server",
@@ -333,7 +412,7 @@ class BodyRelay:
         layers: tuple[Any, ...],
         store_option: Any,
         writer: Any,
-        on_error: OnError,
+        on_fault: OnFault,
     ) -> None:
         self.handler = handler
         self.flow = flow
@@ -346,23 +425,26 @@ class BodyRelay:
         self.stream: Any = stream
         self.layers = layers  # those whose pause would hold a read back: a hook in progress
         self.store_option = store_option  # mitmproxy's store_streamed_bodies (read per read)
-        self.on_error = on_error
+        self.on_fault = on_fault
         # the client's writer: mitmproxy skips a write to a connection it has dropped from its
         # transports, whose writer it closed first; the relay skips a write to a closing writer
         self.writer = writer
         self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
         self.kind = 0
-        self.dead = False
+        self.dead = False  # a fault, or a reader it does not follow: mitmproxy's layers move it
+        self.cut_at: BaseException | None = None  # the fault that cut the client's connection
 
     def take(self, handler: ConnectionHandler, data: bytes) -> int:
-        """Move what mitmproxy's layers would only move of `data`; how many bytes were taken."""
-        try:
+        """Move what mitmproxy's layers would only move of `data`; how many bytes of it are done
+        with: moved, or gone with the client's connection after a fault (`cut`). The rest is
+        for mitmproxy's layers. Never raises."""
+        try:  # "check", "split": nothing changed yet
             writer = self._ready(handler)
             if writer is None:
                 return 0
-            reader = self.reader
             kind = self.kind
             if kind == _CHUNKED:
+                reader = self.reader
                 pieces, used, in_chunk, discard = split_chunked(
                     data, reader._bytes_in_chunk, reader._bytes_to_discard
                 )
@@ -370,26 +452,26 @@ class BodyRelay:
                     return 0
             elif kind == _LENGTH:
                 used = len(data)
-                if used >= reader._remaining:
+                if used >= self.reader._remaining:
                     return 0  # the body's last bytes: mitmproxy ends the message
                 pieces = [data]
             else:
                 used = len(data)
                 pieces = [data]
-        except Exception as exc:  # a bug here: mitmproxy's layers move this read, and the rest
-            self._fail(exc)
+        except Exception as exc:  # mitmproxy's layers move this read, and the rest of the body
+            self.fail(exc)
             return 0
-        if kind == _CHUNKED:
-            reader._bytes_in_chunk = in_chunk
-            reader._bytes_to_discard = discard
-        elif kind == _LENGTH:
-            reader._remaining -= used
-        handler.timeout_watchdog.register_activity()
-        if pieces:
-            try:
+        try:  # "commit" onwards: h11's reader as it would be after this part, the idle timer
+            if kind == _CHUNKED:  # told as mitmproxy's server_event tells it, the pieces out
+                reader._bytes_in_chunk = in_chunk
+                reader._bytes_to_discard = discard
+            elif kind == _LENGTH:
+                self.reader._remaining -= used
+            handler.timeout_watchdog.register_activity()
+            if pieces:
                 self._deliver(pieces, writer)
-            except Exception as exc:  # as a failing layer in server_event: the rest is dropped
-                self._fail(exc)  # counted and logged as hopmeter's; later reads go to mitmproxy
+        except Exception as exc:
+            self.cut(exc)
         return used
 
     def _ready(self, handler: ConnectionHandler) -> Any:
@@ -456,12 +538,37 @@ class BodyRelay:
                     writer.write(raw)
         STATS.pieces += len(pieces)
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """A fault before anything of a read changed: the relay steps aside for the rest of this
+        response, mitmproxy's layers move the read."""
         self.dead = True
-        self.on_error("relay", exc)
+        STATS.faults[LEFT] += 1
+        with contextlib.suppress(Exception):
+            self.on_fault(self.flow, exc, False)
+
+    def cut(self, exc: BaseException) -> None:
+        """A fault once a read was under way: some of it may have reached the client, the rest
+        cannot follow in order. End the client's connection with a reset, so that the client
+        can tell its body is not whole, and have the flow recorded as ended by an error."""
+        if self.cut_at is not None:
+            return
+        self.dead = True
+        self.cut_at = exc
+        STATS.faults[CUT] += 1
+        with contextlib.suppress(Exception):
+            self.on_fault(self.flow, exc, True)
+        try:
+            transport = self.writer.transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            transport.abort()
+        except Exception:  # no transport to abort: mitmproxy closes the connection itself
+            with contextlib.suppress(Exception):
+                self.handler.close_connection(self.flow.client_conn)
 
 
-def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str:
+def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str:
     """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
     DECLINED)."""
     if flow.client_conn.tls or flow.server_conn.tls:
@@ -476,7 +583,7 @@ def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str
         return UNLOCATED  # no HTTP layer under this client's connection
     layers: list[Any] = []  # those above the HTTP layer that a paused state could hold
     for obj, nxt in itertools.pairwise(chain):
-        if isinstance(obj, mlayer.NextLayer):
+        if isinstance(obj, NextLayer):
             if getattr(obj._handle, "__self__", None) is not nxt:
                 return LAYERS  # still being decided
         elif _delegates(obj, nxt):
@@ -509,7 +616,7 @@ def arm(flow: http.HTTPFlow, handler: Any, on_error: OnError) -> BodyRelay | str
         layers=(*layers, http_layer, client, h1, stream, server),
         store_option=options._options["store_streamed_bodies"],
         writer=writer,
-        on_error=on_error,
+        on_fault=on_fault,
     )
 
 
@@ -525,11 +632,14 @@ def _delegates(obj: Any, child: Any) -> bool:
 
 
 class Relay:
-    """Arms a relay for each response that starts streaming (`hopmeter run` only)."""
+    """Arms a relay for each response that starts streaming (`hopmeter run` only), once the fast
+    paths are installed (`started`); counts the responses it leaves to mitmproxy, and why."""
 
-    def __init__(self, on_error: OnError) -> None:
-        self.on_error = on_error
+    def __init__(self, on_fault: OnFault) -> None:
+        self.on_fault = on_fault
         self.connections: dict[Any, Any] | None = None
+        self.on = False  # the fast paths are installed: arm relays
+        self.off_because: str | None = None  # the version gate's line, when it turned them off
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -539,17 +649,31 @@ class Relay:
             "Move streamed HTTP/1 response bodies from upstream to client directly instead of "
             "through mitmproxy's layers: the same bytes and measurements at a fraction of the "
             "CPU. Plain HTTP/1 on both sides only: TLS and HTTP/2 go through mitmproxy's layers "
-            "(counted in hopmeter_relay_declined_total). Off: every read goes through them.",
+            "(counted in hopmeter_relay_declined_total). Off: every read goes through them; "
+            "false at start (`hopmeter run --no-relay`) leaves mitmproxy's classes as they are.",
         )
+
+    def started(self, off_because: str | None) -> None:
+        """The fast paths were installed (None), or the version gate kept them off (its line)."""
+        self.on = off_because is None
+        self.off_because = off_because
 
     def running(self) -> None:
         self.connections = connection_handlers()
+        if self.off_because is not None:
+            log.warning(self.off_because)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if not ctx.options.hopmeter_relay or self.connections is None or flow.response is None:
+        if not ctx.options.hopmeter_relay or flow.response is None:
+            return
+        if not self.on:
+            if self.off_because is not None:
+                STATS.declined[VERSION] += 1
+            return
+        if self.connections is None:
             return
         try:
-            relay = arm(flow, self.connections.get(flow.client_conn.id), self.on_error)
+            relay = arm(flow, self.connections.get(flow.client_conn.id), self.on_fault)
             if isinstance(relay, BodyRelay):
                 _shortcut(relay.handler, flow.server_conn)
                 flow.server_conn.__dict__[_KEY] = relay
@@ -557,7 +681,8 @@ class Relay:
             else:
                 STATS.declined[relay] += 1
         except Exception as exc:  # never in the flow's way: mitmproxy's layers move it
-            self.on_error("relay", exc)
+            with contextlib.suppress(Exception):
+                self.on_fault(flow, exc, False)
 
     def response(self, flow: http.HTTPFlow) -> None:
         flow.server_conn.__dict__.pop(_KEY, None)
@@ -567,8 +692,13 @@ class Relay:
 
 
 def install() -> None:
-    """Put the relay's `server_event` in front of mitmproxy's (idempotent; `hopmeter run` only)."""
+    """Put the relay's `server_event` in front of mitmproxy's (`hopmeter run` only)."""
     ConnectionHandler.server_event = server_event  # type: ignore[method-assign]
+
+
+def installed() -> bool:
+    """Whether `server_event` is not mitmproxy's own."""
+    return ConnectionHandler.server_event is not _MITMPROXY_SERVER_EVENT
 
 
 def uninstall() -> None:

@@ -1,4 +1,5 @@
-"""Tests for hopmeter.proxy.framing: on mitmproxy's own Http1Server, the commands its send gives."""
+"""Tests for hopmeter.proxy.fastpath.framing: on mitmproxy's own Http1Server, the commands its
+send gives; a fault leaves the chunk to mitmproxy's own method."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.test import tflow, tutils
 
-from hopmeter.proxy import framing
+from hopmeter.proxy.fastpath import framing
 
 
 def server(headers: dict[str, str]) -> _http1.Http1Server:
@@ -38,6 +39,13 @@ MITMPROXY = framing._MITMPROXY_SEND
 CHUNKED = {"transfer-encoding": "chunked"}
 
 
+def _unexpected(where: str, exc: BaseException) -> None:
+    raise AssertionError(f"a fault in {where}: {exc!r}")
+
+
+send = framing.make_send(_unexpected)
+
+
 @pytest.mark.parametrize(
     "headers",
     [
@@ -52,7 +60,7 @@ def test_data_is_framed_as_mitmproxy_frames_it(headers: dict[str, str]) -> None:
     ours, theirs = server(headers), server(headers)
     for data in (b"data: a\n\n", b"", b"x" * 300, b"data: b\n\n"):
         event = ResponseData(1, data)
-        assert sent(framing.send, ours, event) == sent(MITMPROXY, theirs, event)
+        assert sent(send, ours, event) == sent(MITMPROXY, theirs, event)
 
 
 def test_a_change_to_the_headers_between_chunks_is_seen() -> None:
@@ -60,20 +68,18 @@ def test_a_change_to_the_headers_between_chunks_is_seen() -> None:
     were sent already, but mitmproxy reads them again) gets mitmproxy's answer."""
     ours, theirs = server(CHUNKED), server(CHUNKED)
     for layer in (ours, theirs):
-        list(framing.send(layer, ResponseData(1, b"one")))
+        list(send(layer, ResponseData(1, b"one")))
     for layer in (ours, theirs):
         assert layer.response is not None
         del layer.response.headers["transfer-encoding"]
     event = ResponseData(1, b"two")
     assert (
-        sent(framing.send, ours, event)
-        == sent(MITMPROXY, theirs, event)
-        == [(commands.SendData, b"two")]
+        sent(send, ours, event) == sent(MITMPROXY, theirs, event) == [(commands.SendData, b"two")]
     )
     for layer in (ours, theirs):
         assert layer.response is not None
         layer.response.headers["transfer-encoding"] = "chunked"
-    assert sent(framing.send, ours, event) == [(commands.SendData, b"3\r\ntwo\r\n")]
+    assert sent(send, ours, event) == [(commands.SendData, b"3\r\ntwo\r\n")]
 
 
 def test_other_events_go_to_mitmproxys_method() -> None:
@@ -82,18 +88,38 @@ def test_other_events_go_to_mitmproxys_method() -> None:
         ResponseHeaders(1, tutils.tresp(), end_stream=False),
         ResponseEndOfMessage(1),
     ):
-        assert sent(framing.send, ours, event) == sent(MITMPROXY, theirs, event)
+        assert sent(send, ours, event) == sent(MITMPROXY, theirs, event)
     ours.response = None
     with pytest.raises(AssertionError):  # mitmproxy's own check, as before
-        list(framing.send(ours, ResponseData(1, b"x")))
+        list(send(ours, ResponseData(1, b"x")))
+
+
+@pytest.mark.parametrize("headers", [CHUNKED, {"content-length": "3"}], ids=["chunked", "length"])
+def test_a_fault_in_the_shortcut_leaves_the_chunk_to_mitmproxy(
+    headers: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault before the chunk is sent (here in the framing decision) is told to `on_error` and
+    mitmproxy's own method sends the chunk: the same commands, once."""
+    faults: list[tuple[str, BaseException]] = []
+
+    def broken(server: Any, response: Any) -> bool:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(framing, "chunked", broken)
+    guarded = framing.make_send(lambda where, exc: faults.append((where, exc)))
+    event = ResponseData(1, b"two")
+    assert sent(guarded, server(headers), event) == sent(MITMPROXY, server(headers), event)
+    assert [(where, str(exc)) for where, exc in faults] == [("framing", "injected")]
 
 
 def test_install_puts_the_method_in_front_and_uninstall_takes_it_away() -> None:
-    """Only `hopmeter run` installs it (run_proxy); installing twice is the same as once."""
+    """Only `hopmeter run` installs it (hopmeter.proxy.fastpath.install); uninstall gives
+    mitmproxy its own method back."""
     try:
-        framing.install()
-        framing.install()
-        assert _http1.Http1Server.send is framing.send
+        framing.install(_unexpected)
+        assert framing.installed()
+        assert _http1.Http1Server.send is not MITMPROXY
     finally:
         framing.uninstall()
     assert _http1.Http1Server.send is MITMPROXY
+    assert not framing.installed()

@@ -1,5 +1,6 @@
-"""Tests for hopmeter.proxy.backpressure: mitmproxy's per-read drain step is skipped only when no
-writer could wait, and a client that reads nothing still holds the reads back, on both loops."""
+"""Tests for hopmeter.proxy.fastpath.backpressure: mitmproxy's per-read drain step is skipped only
+when no writer could wait, and a client that reads nothing still holds the reads back, on both
+loops; a fault in the check leaves the step to mitmproxy."""
 
 from __future__ import annotations
 
@@ -10,12 +11,19 @@ from typing import Any
 import pytest
 from mitmproxy.proxy.server import ConnectionHandler
 
-from hopmeter.proxy import backpressure
-from hopmeter.proxy.backpressure import drain_writers, may_wait
+from hopmeter.proxy.fastpath import backpressure
+from hopmeter.proxy.fastpath.backpressure import make_drain_writers, may_wait
 from tests.harness.live_client import Live, live_client, run, unread
 
 LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 WAIT_S = 10.0
+
+
+def _unexpected(where: str, exc: BaseException) -> None:
+    raise AssertionError(f"a fault in {where}: {exc!r}")
+
+
+drain_writers = make_drain_writers(_unexpected)
 
 
 @pytest.fixture
@@ -107,12 +115,35 @@ def test_a_held_lock_or_a_foreign_writer_takes_mitmproxys_path(
     run(go)
 
 
+def test_a_fault_in_the_check_runs_mitmproxys_step(
+    mitmproxy_calls: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault while judging the writers is told to `on_error`, and mitmproxy's own step runs
+    (it waits if a writer needs it), as without the shortcut."""
+    faults: list[str] = []
+
+    def broken(handler: Any) -> bool:
+        raise RuntimeError("injected")
+
+    async def go() -> None:
+        async with live_client() as live:
+            monkeypatch.setattr(backpressure, "needs_drain", broken)
+            guarded = make_drain_writers(lambda where, exc: faults.append(f"{where}: {exc}"))
+            await guarded(live.handler)
+            assert mitmproxy_calls == [live.handler]
+
+    run(go)
+    assert faults == ["backpressure: injected"]
+
+
 def test_install_puts_the_shortcut_in_front_and_uninstall_takes_it_away() -> None:
-    """Only `hopmeter run` installs it (run_proxy); installing twice is the same as once."""
+    """Only `hopmeter run` installs it (hopmeter.proxy.fastpath.install); uninstall gives
+    mitmproxy its own method back."""
     try:
-        backpressure.install()
-        backpressure.install()
-        assert ConnectionHandler.drain_writers is drain_writers
+        backpressure.install(_unexpected)
+        assert backpressure.installed()
+        assert ConnectionHandler.drain_writers is not backpressure._MITMPROXY_DRAIN
     finally:
         backpressure.uninstall()
     assert ConnectionHandler.drain_writers is backpressure._MITMPROXY_DRAIN
+    assert not backpressure.installed()

@@ -1,0 +1,197 @@
+"""Whether `hopmeter run`'s fast paths may be installed: the releases and code they were read in.
+
+The relay repeats what mitmproxy's layers, h11's body readers and asyncio's stream reader do with
+a read, and leans on their private state (hopmeter.proxy.fastpath.internals). A release that
+changes any of it could make a repeated step differ from the real one, so at start `check()`
+compares what is installed with what the fast paths were read against:
+
+- the versions: mitmproxy's minor release, h11's, Python's (`SUPPORTED`);
+- the code: a digest of the source of each function the fast paths mirror or lean on
+  (`MIRRORED`), which must be one of those recorded in `FINGERPRINTS` for that function. A
+  patch release that leaves them as they were passes; one that changes any of them does not.
+
+On any difference the fast paths stay off (mitmproxy moves every read itself, as without
+hopmeter's shortcuts), and the reason is one line naming what differed. `python -m
+hopmeter.proxy.fastpath.gate` prints the digests of the running interpreter's libraries, to
+record a new release once its code has been read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mitmproxy import version as mitmproxy_version
+
+from hopmeter.proxy.fastpath.internals import (
+    ChunkedReader,
+    ConnectionHandler,
+    ContentLengthReader,
+    Http1Client,
+    Http1Connection,
+    Http1Server,
+    Http10Reader,
+    HttpClient,
+    HttpLayer,
+    HttpStream,
+    Layer,
+    NextLayer,
+    TimeoutWatchdog,
+    chunk_header_re,
+    make_body_reader,
+)
+
+# Releases whose code was read (a version is supported when it starts with one of these).
+SUPPORTED: dict[str, tuple[str, ...]] = {
+    "mitmproxy": ("12.0.", "12.1.", "12.2.", "12.3."),
+    "h11": ("0.16.",),
+    "python": ("3.12.", "3.13."),
+}
+
+# What the fast paths mirror or lean on, by the name a mismatch is reported with.
+MIRRORED: dict[str, Any] = {
+    # the read loop and its steps (the relay's server_event and ReadShortcut, backpressure)
+    "mitmproxy ConnectionHandler.handle_connection": ConnectionHandler.handle_connection,
+    "mitmproxy ConnectionHandler.server_event": ConnectionHandler.server_event,
+    "mitmproxy ConnectionHandler.drain_writers": ConnectionHandler.drain_writers,
+    "mitmproxy ConnectionHandler.close_connection": ConnectionHandler.close_connection,
+    "mitmproxy TimeoutWatchdog.register_activity": TimeoutWatchdog.register_activity,
+    # the layers a read passes through, and when they only pass it on
+    "mitmproxy Layer.handle_event": Layer.handle_event,
+    "mitmproxy NextLayer.handle_event": NextLayer.handle_event,
+    "mitmproxy NextLayer._ask": NextLayer._ask,
+    "mitmproxy HttpLayer._handle_event": HttpLayer._handle_event,
+    "mitmproxy HttpLayer.event_to_child": HttpLayer.event_to_child,
+    "mitmproxy HttpClient._handle_event": HttpClient._handle_event,
+    "mitmproxy HttpStream.start_response_stream": HttpStream.start_response_stream,
+    "mitmproxy HttpStream.state_stream_response_body": HttpStream.state_stream_response_body,
+    "mitmproxy Http1Connection._handle_event": Http1Connection._handle_event,
+    "mitmproxy Http1Connection.read_body": Http1Connection.read_body,
+    "mitmproxy Http1Client.read_headers": Http1Client.read_headers,
+    "mitmproxy Http1Server.send": Http1Server.send,
+    "mitmproxy make_body_reader": make_body_reader,
+    # the body readers whose pieces and state the relay repeats
+    "h11 ChunkedReader.__init__": ChunkedReader.__init__,
+    "h11 ChunkedReader.__call__": ChunkedReader.__call__,
+    "h11 ContentLengthReader.__call__": ContentLengthReader.__call__,
+    "h11 Http10Reader.__call__": Http10Reader.__call__,
+    "h11 chunk_header_re": chunk_header_re.pattern,
+    # the stream reader and writer whose state the read shortcut and backpressure read
+    "asyncio StreamReader.read": asyncio.StreamReader.read,
+    "asyncio StreamReader._wait_for_data": asyncio.StreamReader._wait_for_data,  # type: ignore[attr-defined]
+    "asyncio StreamReader.feed_data": asyncio.StreamReader.feed_data,
+    "asyncio StreamReaderProtocol.data_received": asyncio.StreamReaderProtocol.data_received,
+    "asyncio StreamWriter.drain": asyncio.StreamWriter.drain,
+    "asyncio FlowControlMixin._drain_helper": (
+        asyncio.streams.FlowControlMixin._drain_helper  # type: ignore[attr-defined]
+    ),
+}
+
+# The first 16 hex digits of the sha256 of each mirrored function's source (inspect.getsource;
+# a pattern's text), and the releases it was read in: `python -m hopmeter.proxy.fastpath.gate` on
+# Python 3.12.1 and 3.13.0, with each mitmproxy 12 release listed installed in turn (the same code
+# in all of them).
+_M12 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3, 12.3.0, 12.3.1"
+_H11 = "h11 0.16.0"
+_PY = "Python 3.12.1, 3.13.0"
+FINGERPRINTS: dict[str, dict[str, str]] = {
+    "mitmproxy ConnectionHandler.handle_connection": {"95c3f93e9824e527": _M12},
+    "mitmproxy ConnectionHandler.server_event": {"a2b42657ebe8bf6d": _M12},
+    "mitmproxy ConnectionHandler.drain_writers": {"6b57434604561e3e": _M12},
+    "mitmproxy ConnectionHandler.close_connection": {"c0d10cc05dd65b80": _M12},
+    "mitmproxy TimeoutWatchdog.register_activity": {"41e033f7debf79d3": _M12},
+    "mitmproxy Layer.handle_event": {"fd88b0fb09ceddbb": _M12},
+    "mitmproxy NextLayer.handle_event": {"4e9724eb64588ac2": _M12},
+    "mitmproxy NextLayer._ask": {"4d8ace76d8488336": _M12},
+    "mitmproxy HttpLayer._handle_event": {"6ba31883cc7a06b3": _M12},
+    "mitmproxy HttpLayer.event_to_child": {"1095f6e1581d1780": _M12},
+    "mitmproxy HttpClient._handle_event": {"bc1cae775a49a4fe": _M12},
+    "mitmproxy HttpStream.start_response_stream": {"b0de9e9a5ee27276": _M12},
+    "mitmproxy HttpStream.state_stream_response_body": {"3fb6320300d3ddd5": _M12},
+    "mitmproxy Http1Connection._handle_event": {"2ac8db3e43ae743f": _M12},
+    "mitmproxy Http1Connection.read_body": {"aece271029af36e4": _M12},
+    "mitmproxy Http1Client.read_headers": {"415454c5fa8b5981": _M12},
+    "mitmproxy Http1Server.send": {"cc218a1337c0f5cf": _M12},
+    "mitmproxy make_body_reader": {"9b076acda459637b": _M12},
+    "h11 ChunkedReader.__init__": {"232ef6fe23fd20ab": _H11},
+    "h11 ChunkedReader.__call__": {"2618d847a89a1505": _H11},
+    "h11 ContentLengthReader.__call__": {"83205782bcb1dcf6": _H11},
+    "h11 Http10Reader.__call__": {"dd4e39bb717b9ccc": _H11},
+    "h11 chunk_header_re": {"b098c5209a1ea966": _H11},
+    "asyncio StreamReader.read": {"b3e781f2317fe198": _PY},
+    "asyncio StreamReader._wait_for_data": {"3064c5757b9dd9af": _PY},
+    "asyncio StreamReader.feed_data": {"f1dc194f7bceb07d": _PY},
+    "asyncio StreamReaderProtocol.data_received": {"e57e2bc9772342e5": _PY},
+    "asyncio StreamWriter.drain": {"31d717c85b1be487": _PY},
+    "asyncio FlowControlMixin._drain_helper": {"567c79b19c953058": _PY},
+}
+
+
+def version_of(library: str) -> str:
+    """The version of `library` ("python": the interpreter's) the running code comes from."""
+    if library == "python":
+        return ".".join(map(str, sys.version_info[:3]))
+    if library == "mitmproxy":
+        return str(mitmproxy_version.VERSION)
+    return str(importlib.import_module(library).__version__)
+
+
+def fingerprint(obj: Any) -> str:
+    """The digest of a function's source (a pattern's text), as FINGERPRINTS records it."""
+    raw = obj if isinstance(obj, bytes) else inspect.getsource(obj).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def check(
+    version: Callable[[str], str] = version_of, digest: Callable[[Any], str] = fingerprint
+) -> str | None:
+    """None when the fast paths may be installed; else one line naming what differs."""
+    for library, prefixes in SUPPORTED.items():
+        try:
+            found = version(library)
+        except Exception:  # not installed as a distribution (a vendored copy): unknown
+            found = "of unknown version"
+        if not found.startswith(prefixes):
+            read = ", ".join(p.rstrip(".") for p in prefixes)
+            return _off(f"{library} {found} is not a release they were read against ({read})")
+    changed = []
+    for name, obj in MIRRORED.items():
+        try:
+            seen = digest(obj)
+        except Exception:  # no source to read (a frozen build): cannot be compared
+            seen = "unreadable"
+        if seen not in FINGERPRINTS.get(name, {}):
+            changed.append(name)
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        library, _, function = changed[0].partition(" ")
+        where = f"{library} {version(library) if library != 'asyncio' else version('python')}"
+        return _off(f"{where}'s {function} is not the code they were read against{more}")
+    return None
+
+
+def _off(why: str) -> str:
+    return (
+        f"hopmeter: the relay and the other fast paths are off: {why}; every read goes "
+        f'through mitmproxy\'s own layers (hopmeter_relay_declined_total{{reason="version"}})'
+    )
+
+
+def main() -> None:
+    """Print the running interpreter's fingerprints, to record them in FINGERPRINTS."""
+    where = {
+        "mitmproxy": version_of("mitmproxy"),
+        "h11": version_of("h11"),
+        "asyncio": version_of("python"),
+    }
+    for name, obj in MIRRORED.items():
+        print(f"{name}\t{fingerprint(obj)}\t{where[name.split(' ', 1)[0]]}")
+
+
+if __name__ == "__main__":
+    main()

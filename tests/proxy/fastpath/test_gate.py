@@ -1,0 +1,69 @@
+"""Tests for hopmeter.proxy.fastpath.gate: the fast paths are allowed only with the releases and
+the code they were read against, and a difference is one line naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hopmeter.proxy.fastpath import gate
+
+
+def test_the_installed_libraries_pass() -> None:
+    """mitmproxy, h11 and Python as installed here are those the table was read in."""
+    assert gate.check() is None
+
+
+def test_every_mirrored_function_has_its_fingerprints() -> None:
+    """The table and the list of mirrored functions name the same functions."""
+    assert set(gate.FINGERPRINTS) == set(gate.MIRRORED)
+    assert all(gate.FINGERPRINTS.values())
+
+
+@pytest.mark.parametrize(
+    ("library", "version"), [("mitmproxy", "12.4.0"), ("h11", "0.17.0"), ("python", "3.14.0")]
+)
+def test_a_release_not_read_turns_them_off_in_one_line(library: str, version: str) -> None:
+    """A release outside those read is named, with the ones read, in a line that says where it
+    is counted."""
+
+    def versions(name: str) -> str:
+        return version if name == library else gate.version_of(name)
+
+    line = gate.check(version=versions)
+    assert line is not None and "\n" not in line
+    assert f"{library} {version} is not a release they were read against" in line
+    assert 'hopmeter_relay_declined_total{reason="version"}' in line
+
+
+def test_changed_code_is_named_by_its_first_function() -> None:
+    """A release whose mirrored functions changed is named by the first that differs and how
+    many more did."""
+    changed = {"mitmproxy Http1Connection.read_body", "h11 ChunkedReader.__call__"}
+
+    def digest(obj: Any) -> str:
+        name = next(n for n, o in gate.MIRRORED.items() if o is obj)
+        return "0" * 16 if name in changed else gate.fingerprint(obj)
+
+    line = gate.check(digest=digest)
+    assert line is not None
+    assert f"mitmproxy {gate.version_of('mitmproxy')}'s Http1Connection.read_body" in line
+    assert "(and 1 more)" in line
+
+
+def test_code_that_cannot_be_read_turns_them_off() -> None:
+    """No source to compare (a frozen build) is a difference, not a pass."""
+
+    def digest(obj: Any) -> str:
+        raise OSError("could not get source code")
+
+    line = gate.check(digest=digest)
+    assert line is not None and "is not the code they were read against" in line
+
+
+def test_a_fingerprint_is_the_digest_of_the_source() -> None:
+    """The same source gives the same digest; a pattern's text is digested as it is."""
+    assert gate.fingerprint(gate.check) == gate.fingerprint(gate.check)
+    assert gate.fingerprint(b"abc") != gate.fingerprint(b"abd")
+    assert len(gate.fingerprint(b"abc")) == 16
