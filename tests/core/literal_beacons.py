@@ -66,9 +66,11 @@ def beacon(
     stream_fffd: int = 0,
     plain: bool = True,
     shown: Sequence[int] | None = None,
+    alone: Sequence[int] | None = None,
     **changes: Any,
 ) -> Beacon:
-    """The beacon of reads `rs` and frames `fs` (None: no element watched)."""
+    """The beacon of reads `rs` and frames `fs` (None: no element watched); `alone`: the
+    answer characters a decoder per read makes (default: what a correct one does)."""
     chars = tuple(c for _, _, c in rs)
     screen = None
     if fs is not None:
@@ -105,6 +107,9 @@ def beacon(
             bytes=tuple(b for _, b, _ in rs),
             chars=chars,
             shown=tuple(shown) if shown is not None else chars,
+            alone=tuple(alone)
+            if alone is not None
+            else (tuple(shown) if shown is not None else chars),
             lost=0,
             step=1,
         ),

@@ -12,6 +12,7 @@ from hopmeter.core.client import (
     evidence,
     evidence_dict,
     resistant_slope,
+    screen_offsets,
     screen_scale,
 )
 from hopmeter.core.vocab import FindingKind, Severity
@@ -159,11 +160,45 @@ def test_resistant_slope_ignores_a_few_outliers() -> None:
     assert resistant_slope([1.0] * 9, list(range(9))) is None
 
 
-def test_the_screen_scales_up_to_the_stream_never_down() -> None:
-    """Markdown shows fewer characters: scaled up; extra characters (U+FFFD): left as they are."""
+def test_the_screen_scales_up_and_down_to_the_stream() -> None:
+    """Markdown shows fewer characters: scaled up; a page that adds some: scaled down."""
     assert screen_scale(1000, 800) == 1.25
-    assert screen_scale(1000, 1100) == 1.0
+    assert screen_scale(1000, 1250) == 0.8
     assert screen_scale(0, 10) == screen_scale(10, 0) == 1.0
+
+
+def decoder_per_read(rs: list[tuple[float, int, int]]) -> tuple[list[int], list[int]]:
+    """What a decoder per read shows after each read when every third read ends inside a
+    4-byte character (split 2|2: one U+FFFD for its head, two for its tail): the answer
+    characters so far, and the U+FFFD so far."""
+    alone, bad, extra = [], [], 0
+    for i, (_, _, c) in enumerate(rs):
+        if i % 3 == 1 and i + 1 < len(rs):
+            extra += 2  # 3 U+FFFD in place of 1 character
+        alone.append(c + extra)
+        bad.append(extra // 2 * 3)
+    return alone, bad
+
+
+def test_a_screen_with_u_fffd_is_placed_by_its_reads_so_no_lag_is_negative() -> None:
+    """A page decoding each read alone shows more characters than the stream carried: each
+    frame is placed in the read whose per-read count first reaches it, so its lags are those
+    of the same page decoding right (none below zero), and the placement says so."""
+    rs = reads()
+    alone, bad = decoder_per_read(rs)
+    shown_as = [(t, b, a) for (t, b, _), a in zip(rs, alone, strict=True)]
+    fffd = dict(zip(alone, bad, strict=True))
+    b = beacon(rs, frames(shown_as, fffd=lambda c: fffd.get(c, 0)), alone=alone)
+    placed = screen_offsets(b)
+    assert placed.aligned_by == "reads" and placed.scale == 1.0
+    assert list(placed.offsets) == [float(c) for _, _, c in rs][: len(placed.offsets)]
+    right = evidence(beacon(rs, frames(rs)))
+    ev = evidence(b)
+    assert ev.lag_p50_ms == right.lag_p50_ms and ev.lag_p90_ms == right.lag_p90_ms
+    assert ev.lag_p50_ms is not None and ev.lag_p50_ms >= 0
+    assert kinds(b) == [FindingKind.CLIENT_DECODES_CHUNKS_ALONE]
+    unread = beacon(rs, frames(shown_as, fffd=lambda c: fffd.get(c, 0)))  # no per-read counts
+    assert screen_offsets(unread).aligned_by == "scale"  # an older snippet: scaled down
 
 
 def test_the_evidence_is_plain_json() -> None:

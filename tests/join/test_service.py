@@ -81,11 +81,14 @@ def test_rejected_spans_are_reported_for_partial_success(tmp_path: Path) -> None
     svc.stop()
 
 
-def test_tick_ends_traces_and_chains_unlinked_ones(tmp_path: Path) -> None:
-    """After the window a trace without parent links is chained by start and written unlinked;
-    at stop what still waits is counted lost."""
+@pytest.mark.parametrize("declared", [False, True])
+def test_tick_ends_traces_and_orders_unlinked_ones(tmp_path: Path, declared: bool) -> None:
+    """After the window a trace without parent links is written unlinked: unordered (no holds
+    observed, a segment_unordered finding counted) unless --order declares its hops' order; at
+    stop what still waits is counted lost."""
     clock = Clock()
-    svc = JoinService(config(tmp_path, window_s=5.0), clock=clock)
+    order = ("edge", "origin") if declared else ()
+    svc = JoinService(config(tmp_path, window_s=5.0, order=order), clock=clock)
     other = bytes.fromhex("aa" * 8)
     svc.accept(
         spans(
@@ -100,10 +103,31 @@ def test_tick_ends_traces_and_chains_unlinked_ones(tmp_path: Path) -> None:
     clock.now = 6.0
     svc.stop()
     (line,) = [orjson.loads(ln) for ln in (tmp_path / "joined.jsonl").read_bytes().splitlines()]
-    assert line["linked"] is False and line["hops"][0]["segment"] == "edge>origin"
+    (seg,) = line["hops"]
     counts = svc.counts()
     assert counts.traces["unlinked"] == 1 and counts.traces["lost"] == 1
-    assert counts.segments == {"true": 0, "false": 1}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in svc.metrics.registry.collect()
+        for s in family.samples
+    }
+    assert line["linked"] is False
+    if declared:
+        assert (seg["segment"], seg["order"]) == ("edge>origin", "declared")
+        assert counts.segments == {"true": 0, "false": 1}
+        assert samples["hopmeter_hold_seconds_count", (("segment", "edge>origin"),)] > 0
+    else:
+        assert (seg["segment"], seg["order"], seg["tokens_aligned"]) == (
+            "edge~origin",
+            "unknown",
+            0,
+        )
+        assert [f["kind"] for f in seg["findings"]] == ["segment_unordered"]
+        assert counts.segments == {"true": 0, "false": 0}
+        kind = (("kind", "segment_unordered"), ("segment", "edge~origin"))
+        assert samples["hopmeter_segment_findings_total", kind] == 1
+        assert ("hopmeter_hold_seconds_count", (("segment", "edge~origin"),)) not in samples
+    assert samples["hopmeter_join_segment_orders_total", (("order", seg["order"]),)] == 1
 
 
 def test_an_unwritable_records_file_is_counted_not_raised(tmp_path: Path) -> None:

@@ -145,12 +145,62 @@ def screen_scale(stream_chars: int, screen_chars: int) -> float:
     """The factor from the element's characters to the stream's answer characters.
 
     Markdown shows fewer characters than the stream carries (link URLs, fences, emphasis): the
-    screen's counts are scaled up to the stream's. Never down: extra characters (U+FFFD for
-    split bytes) sit where they appear.
+    screen's counts are scaled up to the stream's; a screen that shows more (a prefix, a cursor)
+    is scaled down. A screen with U+FFFD the stream did not carry is aligned by reads instead
+    (`screen_offsets`).
     """
     if stream_chars <= 0 or screen_chars <= 0:
         return 1.0
-    return max(1.0, stream_chars / screen_chars)
+    return stream_chars / screen_chars
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScreenOffsets:
+    """Per frame, the stream's answer characters it showed, and how that was known."""
+
+    offsets: tuple[float, ...]
+    aligned_by: str  # "count" (the same characters), "scale", or "reads" (a decoder per read)
+    scale: float  # the factor used ("scale"), 1.0 otherwise
+
+
+def screen_offsets(b: Beacon) -> ScreenOffsets:
+    """Where each frame of the screen is in the stream's answer characters.
+
+    A page that decodes each read alone shows a U+FFFD for every piece of a character split
+    between reads: more characters than the stream carried, the excess where the reads split.
+    The snippet counts what such a decoder makes of each read (`reads.alone`), so a frame's
+    count is placed in the read whose per-read count first reaches it, and the excess stays on
+    the decoder, never on the timing: no frame is taken for text it does not show yet. Other
+    differences (Markdown hiding syntax, a page adding text) are scaled, up or down.
+    """
+    f, r = b.screen, b.reads
+    if f is None or not f.chars:
+        return ScreenOffsets(offsets=(), aligned_by="count", scale=1.0)
+    final, stream = f.chars[-1], b.stream_shown
+    excess = max(f.fffd, default=0) - b.stream_fffd
+    if excess > 0 and r.alone and r.alone[-1] > r.shown[-1]:
+        return ScreenOffsets(
+            offsets=tuple(_by_reads(c, r.alone, r.shown) for c in f.chars),
+            aligned_by="reads",
+            scale=1.0,
+        )
+    scale = screen_scale(stream, final)
+    return ScreenOffsets(
+        offsets=tuple(c * scale for c in f.chars),
+        aligned_by="count" if scale == 1.0 else "scale",
+        scale=scale,
+    )
+
+
+def _by_reads(chars: int, alone: Sequence[int], shown: Sequence[int]) -> float:
+    """The stream's answer characters under a screen count from a decoder per read: inside the
+    read whose per-read count first reaches it, never past that read's own characters."""
+    j = bisect_left(alone, chars)
+    if j >= len(alone):
+        return float(shown[-1]) if shown else 0.0
+    before_alone = alone[j - 1] if j else 0
+    before = shown[j - 1] if j else 0
+    return float(before + min(chars - before_alone, shown[j] - before))
 
 
 def resistant_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -178,8 +228,8 @@ def evidence(b: Beacon) -> Evidence:
     t, raf, write = (f.t_ms, f.raf_ms, f.write_ms) if f else ((), (), ())
     chars = f.chars if f else ()
     final = chars[-1] if chars else 0
-    scale = screen_scale(stream, final)
-    reach = list(accumulate((c * scale for c in chars), max))  # what the screen had reached
+    # what the screen had reached, in the stream's answer characters
+    reach = list(accumulate(screen_offsets(b).offsets, max))
     changing = [i for i in range(len(chars)) if chars[i] != (chars[i - 1] if i else 0)]
     changed_at = [reach[i] for i in changing]
     changed_raf = [raf[i] for i in changing]  # frames run in order: these only grow

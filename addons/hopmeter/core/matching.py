@@ -21,14 +21,14 @@ trace and whose last dropped it joins into one.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hopmeter.core.fingerprint import Fingerprint, normalise_model
-from hopmeter.core.hops import SEGMENT_FIXES, Segment, chain
+from hopmeter.core.hops import SEGMENT_FIXES, Segment, chained
+from hopmeter.core.order import HopOrder
 from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, PairingMatch, Severity
 
 # Live, both hops read one clock; a record's end mixes mitmproxy's wall-clock start with
@@ -218,23 +218,25 @@ def _result(
     return Matching(groups=groups, outcomes=outcomes)
 
 
-def segments(records: Sequence[Record]) -> list[Segment]:
-    """The segments of one group of records, each saying how its two sides were paired."""
-    views = sorted(
-        (r for r in records if r.get("events") is not None),
-        key=lambda r: float((r.get("request") or {}).get("t_start") or 0.0),
-    )
+def segments(
+    records: Sequence[Record], order: HopOrder | None = None, *, one_clock: bool = False
+) -> tuple[tuple[int, ...], list[Segment]]:
+    """The segments of one group of records (one request: no hop twice), each saying how its
+    two sides were paired, and the records' indexes outermost first (the first carries the
+    segments): in the order of their parent links, else of their hops (hopmeter.core.order),
+    never of their clocks.
+    """
+    found = chained(records, order, one_clock=one_clock)
+    head, segs = max(found, key=lambda cs: (len(cs[1]), -cs[0].head), default=(None, []))
+    if head is None:
+        return (), []
     out = []
-    for seg, (outer, inner) in zip(chain(views), itertools.pairwise(views), strict=True):
+    for link, seg in segs:
+        outer, inner = records[link.outer], records[link.inner]
         same = outer.get("trace_id") and outer.get("trace_id") == inner.get("trace_id")
-        out.append(
-            dataclasses.replace(
-                seg,
-                paired_by=PairedBy.TRACE if same else PairedBy.CONTENT,
-                inner_flow_id=inner.get("flow_id"),
-            )
-        )
-    return out
+        out.append(dataclasses.replace(seg, paired_by=PairedBy.TRACE if same else PairedBy.CONTENT))
+    rest = tuple(i for i in range(len(records)) if i not in head.members)
+    return head.members + rest, out
 
 
 def trace_dropped(segs: Iterable[Segment]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from hopmeter.core.hops import align
+from hopmeter.core.hops import Segment, align, unordered
+from hopmeter.core.order import HopOrder
 from hopmeter.core.spans import SpanView, read_span
-from hopmeter.core.vocab import SpanOutcome
+from hopmeter.core.vocab import SegmentOrder, SpanOutcome
 from hopmeter.errors import PortError, UsageError
 from hopmeter.export.join_metrics import JoinCounts, JoinMetrics
 from hopmeter.export.prometheus import Metrics, new_registry
@@ -32,7 +34,7 @@ from hopmeter.export.records import RecordSink
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.join.grpc import CODE_NAMES, GrpcReceiver
 from hopmeter.join.http import HttpReceiver
-from hopmeter.join.window import JoinWindow
+from hopmeter.join.window import JoinWindow, Pair
 from hopmeter.log import get_logger
 
 log = get_logger()
@@ -55,6 +57,7 @@ class ServeConfig:
     window_s: float
     max_traces: int
     max_events: int
+    order: tuple[str, ...] = ()  # --order: the hops outermost first, for spans no link joins
 
 
 class JoinService:
@@ -62,7 +65,10 @@ class JoinService:
 
     def __init__(self, cfg: ServeConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = JoinWindow(
-            window_s=cfg.window_s, max_traces=cfg.max_traces, max_events=cfg.max_events
+            window_s=cfg.window_s,
+            max_traces=cfg.max_traces,
+            max_events=cfg.max_events,
+            order=HopOrder(cfg.order),
         )
         self.clock = clock
         self.metrics = Metrics(new_registry())
@@ -72,6 +78,7 @@ class JoinService:
         for name in CODE_NAMES.values():
             self.requests["grpc", name] += 0
         self.segments = {"true": 0, "false": 0}
+        self.orders = dict.fromkeys(SegmentOrder, 0)  # segments written, by how ordered
         self.sink = RecordSink.open(cfg.records) if cfg.records else None
         self.lost_records = 0
         JoinMetrics(self.metrics.registry, self.counts)
@@ -99,12 +106,14 @@ class JoinService:
         for pair in self.window.take_ready():
             trace_id = pair.trace_id.hex()
             try:
-                segment = align(pair.outer.view(), pair.inner.view())
+                segment = _segment(pair)
                 self.metrics.observe_segment(segment, trace_id)
             except Exception as exc:  # a bug in measuring must not stop the service
                 self._internal_error("join_align", exc)
                 continue
-            self.segments["true" if pair.linked else "false"] += 1
+            self.orders[pair.order] += 1
+            if segment.ordered:
+                self.segments["true" if pair.linked else "false"] += 1
             line = {
                 "schema": JOIN_SCHEMA,
                 "trace_id": trace_id,
@@ -143,6 +152,7 @@ class JoinService:
             spans={str(k): n for k, n in window.spans.items()},
             traces={str(k): n for k, n in window.traces.items()},
             segments=dict(self.segments),
+            orders={str(k): n for k, n in self.orders.items()},
             out_of_order=window.out_of_order,
             window_traces=window.held_traces,
             window_events=window.held_events,
@@ -165,6 +175,13 @@ class JoinService:
             self.lost_records += 1
             if self.lost_records == 1:
                 log.error("hopmeter join: cannot write joined records", error=str(exc))
+
+
+def _segment(pair: Pair) -> Segment:
+    """The segment of a pair: aligned, or unordered when nothing said which hop is outer."""
+    if pair.order == SegmentOrder.UNKNOWN:
+        return unordered(pair.outer.view(), pair.inner.view())
+    return dataclasses.replace(align(pair.outer.view(), pair.inner.view()), order=pair.order)
 
 
 def run(cfg: ServeConfig) -> int:
