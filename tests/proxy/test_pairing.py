@@ -148,6 +148,7 @@ def reply(
     t_start: float,
     text: str = REPLY,
     flow_id: str = "",
+    *,
     parent: str | None = None,
 ) -> FlowResult:
     """A finished flow of `text`, fingerprinted as finish_flow does, lasting 0.5 s or so."""
