@@ -32,6 +32,7 @@ def frames(
     replace: bool = False,
     fffd: Callable[[int], int] = lambda chars: 0,
     until_ms: float | None = None,
+    frame_ms: float = FRAME_MS,
 ) -> list[tuple[float, float, float, int, int, int, int]]:
     """(painted, raf, write, chars, tasks, removed, fffd) per frame that changed the element.
 
@@ -39,10 +40,10 @@ def frames(
     frame callback (once per frame), or, `in_task`, by the task that read it (one write each).
     """
     out = []
-    end = until_ms if until_ms is not None else max(shown_at(t) for t, _, _ in rs) + 3 * FRAME_MS
+    end = until_ms if until_ms is not None else max(shown_at(t) for t, _, _ in rs) + 3 * frame_ms
     shown = 0
     k = 0
-    while (raf := k * FRAME_MS) <= end:
+    while (raf := k * frame_ms) <= end:
         k += 1
         due = [c for t, _, c in rs if shown_at(t) <= raf]
         chars = max(due, default=0)

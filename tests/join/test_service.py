@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from hopmeter.core.spans import SpanView
 from hopmeter.join import service as service_module
 from hopmeter.join.otlp import decode_request
 from hopmeter.join.service import JoinService
-from tests.harness.otlp import hop_span, request_of
+from tests.harness.otlp import hop_span, join_serve, request_of
 from tests.join.conftest import config
 
 TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
@@ -175,3 +176,29 @@ def test_the_service_loads_no_mitmproxy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_stop_with_exporter_connections_open_prints_no_traceback(tmp_path: Path) -> None:
+    """SIGTERM while exporters hold connections open (idle keep-alive, a body half sent, an
+    HTTP/2 connection for gRPC): the service closes them, says goodbye and exits 0, with no
+    traceback on stderr."""
+    with join_serve(tmp_path, grpc_port=True) as join:
+        assert join.grpc_port is not None
+        answered = socket.create_connection(("127.0.0.1", join.port))
+        answered.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n"
+        )
+        assert answered.recv(100).startswith(b"HTTP/1.1 200")
+        idle = socket.create_connection(("127.0.0.1", join.port))
+        half = socket.create_connection(("127.0.0.1", join.port))
+        half.sendall(b"POST /v1/traces HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc")
+        h2c = socket.create_connection(("127.0.0.1", join.grpc_port))
+        h2c.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        assert h2c.recv(100)  # the server's SETTINGS: the connection is being served
+        assert join.proc.stop() == 0
+        for s in (answered, idle, half, h2c):
+            s.close()
+    err = join.proc.output()
+    assert "hopmeter join: stopped" in err
+    assert "Traceback" not in err and "CancelledError" not in err

@@ -43,6 +43,7 @@ JOIN_SCHEMA = "hopmeter.join/1"
 TICKS_PER_WINDOW = 10  # the window is checked for ended traces ten times per window...
 MAX_TICK_S = 1.0  # ...and at least once a second
 LISTEN_BACKLOG = 1024  # senders connect in bursts when their batches fire together
+CLOSE_TIMEOUT_S = 2.0  # at a stop, how long handlers of closed connections get to end
 REJECTED_WHY = "hopmeter spans with absurd ids, times or hopmeter.timeline arrays were rejected"
 
 
@@ -209,9 +210,11 @@ def run(cfg: ServeConfig) -> int:
 async def _serve(service: JoinService, cfg: ServeConfig, metrics: MetricsServer | None) -> None:
     http = HttpReceiver(service)
     servers = [await _listen(http.serve, cfg.http, "--listen")]
+    receivers: list[HttpReceiver | GrpcReceiver] = [http]
     where = [f"OTLP/HTTP on http://{_show(servers[0])}/v1/traces"]
     if cfg.grpc is not None:
         grpc = GrpcReceiver(service)
+        receivers.append(grpc)
         servers.append(await _listen(grpc.serve, cfg.grpc, "--grpc"))
         where.append(f"OTLP/gRPC on {_show(servers[1])}")
     if metrics is not None:
@@ -231,6 +234,8 @@ async def _serve(service: JoinService, cfg: ServeConfig, metrics: MetricsServer 
     finally:
         for server in servers:
             server.close()
+        for receiver in receivers:  # exporters keep connections open: each handler ends itself
+            await receiver.connections.close(CLOSE_TIMEOUT_S)
         service.stop()
         _say_goodbye(service)
 
