@@ -57,12 +57,12 @@ class Delivery:
     hold_p50_s: float | None
     hold_p99_s: float | None
     hold_max_s: float | None
-    negative_holds: int  # holds (token-weighted, as `holds`) below zero: counted, not kept
     own_steps: int
     own_step_max_s: float | None
     own_step_max_cpu_s: float | None
     loop_lag_max_s: float | None
     involuntary_switches: int | None
+    negative_holds: int = 0  # holds (token-weighted, as `holds`) below zero: counted, not kept
 
     def as_dict(self) -> dict[str, Any]:
         """The record's `delivery` section (docs/design.md §4)."""

@@ -220,23 +220,25 @@ def _result(
 
 def segments(
     records: Sequence[Record], order: HopOrder | None = None, *, one_clock: bool = False
-) -> tuple[tuple[int, ...], list[Segment]]:
-    """The segments of one group of records (one request: no hop twice), each saying how its
-    two sides were paired, and the records' indexes outermost first (the first carries the
-    segments): in the order of their parent links, else of their hops (hopmeter.core.order),
-    never of their clocks.
+) -> list[tuple[tuple[int, ...], list[Segment]]]:
+    """The requests in one group of records, each as its records' indexes outermost first (the
+    first carries the segments) and its segments, each saying how its two sides were paired:
+    in the order of their parent links, else of their hops (hopmeter.core.order), never of
+    their clocks. A trace shared by several requests (an instrumented client's calls at once)
+    is as many requests as its flows' links say; a request seen at one hop has no segment.
     """
-    found = chained(records, order, one_clock=one_clock)
-    head, segs = max(found, key=lambda cs: (len(cs[1]), -cs[0].head), default=(None, []))
-    if head is None:
-        return (), []
     out = []
-    for link, seg in segs:
-        outer, inner = records[link.outer], records[link.inner]
-        same = outer.get("trace_id") and outer.get("trace_id") == inner.get("trace_id")
-        out.append(dataclasses.replace(seg, paired_by=PairedBy.TRACE if same else PairedBy.CONTENT))
-    rest = tuple(i for i in range(len(records)) if i not in head.members)
-    return head.members + rest, out
+    for c, links in chained(records, order, one_clock=one_clock):
+        segs = []
+        for link, seg in links:
+            outer, inner = records[link.outer], records[link.inner]
+            same = outer.get("trace_id") and outer.get("trace_id") == inner.get("trace_id")
+            segs.append(
+                dataclasses.replace(seg, paired_by=PairedBy.TRACE if same else PairedBy.CONTENT)
+            )
+        if segs:
+            out.append((c.members, segs))
+    return out
 
 
 def trace_dropped(segs: Iterable[Segment]) -> list[dict[str, Any]]:

@@ -383,21 +383,22 @@ class Pairing:
             self._turns.append(partial(self._with_segments, [out[i] for i in refs]))
 
     def _with_segments(self, group: list[FlowResult]) -> list[FlowResult]:
-        """One paired request's records, the outermost with its segments, inner flows first as
-        they finished."""
-        members, segs = segments([r.record for r in group], self.order, one_clock=True)
-        self._learn(segs)
-        head = members[0] if members else 0
-        dropped = trace_dropped(segs)
-        with_hops = attach(group[head], segs)
-        if dropped:
-            with_hops = dataclasses.replace(
-                with_hops, record=with_findings(with_hops.record, dropped)
-            )
-            for f in dropped:
-                self._log_dropped(f["evidence"]["segment"])
-        rest = [r for i, r in enumerate(group) if i != head]
-        return sorted([with_hops, *rest], key=lambda r: -_start(r))
+        """One paired group's records, each request's outermost with its segments, inner flows
+        first as they finished."""
+        out = list(group)
+        for members, segs in segments([r.record for r in group], self.order, one_clock=True):
+            self._learn(segs)
+            head = members[0]
+            dropped = trace_dropped(segs)
+            with_hops = attach(group[head], segs)
+            if dropped:
+                with_hops = dataclasses.replace(
+                    with_hops, record=with_findings(with_hops.record, dropped)
+                )
+                for f in dropped:
+                    self._log_dropped(f["evidence"]["segment"])
+            out[head] = with_hops
+        return sorted(out, key=lambda r: -_start(r))
 
     def _log_dropped(self, segment: str) -> None:
         """One line per segment, then one per TRACE_DROP_LOG_INTERVAL_S saying how many more."""

@@ -39,7 +39,8 @@ def join(
     max_skew_s: float = JOIN_SLACK_S,
     order: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """One entry per request seen at two or more hops: {trace_id, paired_by, flow_ids, hops}.
+    """One entry per request seen at two or more hops: {trace_id, paired_by, flow_ids, hops}
+    (a trace an instrumented client shared between calls is one entry per call).
 
     `trace_id` is the outermost flow's; `paired_by` is "content" when any segment's two sides
     carried different trace ids. Which hop is outer comes from the parent links, else from the
@@ -53,18 +54,18 @@ def join(
         hop_order.learn_links([node(r) for r in group])
     out = []
     for group in groups:
-        members, found = segments(group, hop_order)
-        segs = [s.as_dict() for s in found]
-        by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
-        out.append(
-            {
-                "schema": JOIN_SCHEMA,
-                "trace_id": group[members[0]].get("trace_id") if members else None,
-                "paired_by": PairedBy.CONTENT if by_content else PairedBy.TRACE,
-                "flow_ids": [group[i].get("flow_id") for i in members],
-                "hops": segs,
-            }
-        )
+        for members, found in segments(group, hop_order):
+            segs = [s.as_dict() for s in found]
+            by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
+            out.append(
+                {
+                    "schema": JOIN_SCHEMA,
+                    "trace_id": group[members[0]].get("trace_id"),
+                    "paired_by": PairedBy.CONTENT if by_content else PairedBy.TRACE,
+                    "flow_ids": [group[i].get("flow_id") for i in members],
+                    "hops": segs,
+                }
+            )
     return out
 
 
