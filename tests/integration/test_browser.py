@@ -283,4 +283,6 @@ def test_the_demo_runs_headless_and_the_report_draws_the_page_s_lanes(
     for t in traces:
         assert t["lanes"] == ["edge", "browser", "screen"]  # from the model's side down
         assert t["bands"] == ["browser>edge", "screen>browser"] and t["note"]
-    assert "client_writes_per_token" in traces[1]["findings"]
+    # worst first: the per-token writer's warning before the good client's
+    assert "client_writes_per_token" in traces[0]["findings"]
+    assert "client_writes_per_token" not in traces[1]["findings"]
