@@ -193,19 +193,22 @@ def content_pairing(
     return p, timers, emitted
 
 
-def test_a_dropped_trace_is_paired_by_content() -> None:
+@pytest.mark.parametrize("client_span", [None, "c0ffee0000000001"])
+def test_a_dropped_trace_is_paired_by_content(client_span: str | None) -> None:
     """The origin flow (a trace of its own) and the edge flow are written together: the edge one
-    with hops paired by content and a trace_context_dropped finding, both saying how."""
+    with hops paired by content, in the listeners' order, and a trace_context_dropped finding,
+    both saying how; the same whether the client sent a trace context of its own or not."""
     p, _timers, _emitted = content_pairing()
-    p.start("e1", 10.0)
+    p.start("e1", 10.0, "edge-e1", client_span)
     p.start("o1", 10.02)
     assert p.finish(reply("origin", "o1", 10.02)) == []
-    inner, outer = p.finish(reply("edge", "e1", 10.0))
+    inner, outer = p.finish(reply("edge", "e1", 10.0, parent=client_span))
     (seg,) = outer.record["hops"]
-    assert (seg["segment"], seg["paired_by"], seg["inner_flow_id"]) == (
+    assert (seg["segment"], seg["paired_by"], seg["inner_flow_id"], seg["order"]) == (
         "edge>origin",
         "content",
         "origin-o1",
+        "declared",
     )
     assert seg["request_delay_s"] == pytest.approx(0.02)
     assert [f["kind"] for f in outer.record["findings"]] == ["trace_context_dropped"]
