@@ -79,3 +79,11 @@ def test_a_cycle_of_absurd_ids_is_cut() -> None:
     """Two spans naming each other as parent: one link, no endless walk."""
     nodes = [Node("a", "1", "2"), Node("b", "2", "1")]
     assert len(links(nodes)) == 1
+
+
+def test_trees_are_joined_only_where_their_meeting_hops_are_in_known_order() -> None:
+    """A linked pair edge > origin and a lone mid span of the same trace, with mid known to sit
+    between them: the origin is not put in front of mid; the meeting is unordered."""
+    order = HopOrder(["edge", "mid", "origin"])
+    nodes = [Node("edge", "e", None), Node("origin", "o", "e"), Node("mid", "m", "proxy")]
+    assert links(nodes, order) == [("edge", "origin", "link"), ("origin", "mid", "unknown")]

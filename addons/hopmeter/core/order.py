@@ -205,9 +205,11 @@ def _between_trees(
                 last = r
             break
         if last is not None:
-            known = order.outer_of(hops[last], hops[first])
-            assert known is not None  # `last` was outer of every tree then pending
-            out.append(Link(deepest[last], first, known[1]))
+            # the link is between the innermost flow of the tree before and this root: its own
+            # two hops must be known in this order (a tree may hold hops of either side)
+            known = order.outer_of(hops[deepest[last]], hops[first])
+            how = known[1] if known is not None and known[0] else SegmentOrder.UNKNOWN
+            out.append(Link(deepest[last], first, how))
         pending.remove(first)
         last = first
     return out
