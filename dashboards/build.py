@@ -385,6 +385,20 @@ HOPS = [
             )
         ],
     ),
+    Panel(
+        "Durations below zero by what",
+        "Holds, request delays, paint lags and own holds that came out below zero per second: "
+        "never observed into their histograms (they would hide), counted here. Across hosts, "
+        "clocks that stepped against each other (clock_skew_suspect); on one clock, an "
+        "alignment that did not hold (alignment_suspect). 0 when there are none.",
+        "short",
+        [
+            Target(
+                f"sum by (what) (rate(hopmeter_negative_durations_total[{RI}])) or vector(0)",
+                "{{what}}",
+            )
+        ],
+    ),
 ]
 
 NOT_COMPLETE = f'{SEL}, ended!="complete"'

@@ -32,6 +32,7 @@ def frames(
     replace: bool = False,
     fffd: Callable[[int], int] = lambda chars: 0,
     until_ms: float | None = None,
+    frame_ms: float = FRAME_MS,
 ) -> list[tuple[float, float, float, int, int, int, int]]:
     """(painted, raf, write, chars, tasks, removed, fffd) per frame that changed the element.
 
@@ -39,10 +40,10 @@ def frames(
     frame callback (once per frame), or, `in_task`, by the task that read it (one write each).
     """
     out = []
-    end = until_ms if until_ms is not None else max(shown_at(t) for t, _, _ in rs) + 3 * FRAME_MS
+    end = until_ms if until_ms is not None else max(shown_at(t) for t, _, _ in rs) + 3 * frame_ms
     shown = 0
     k = 0
-    while (raf := k * FRAME_MS) <= end:
+    while (raf := k * frame_ms) <= end:
         k += 1
         due = [c for t, _, c in rs if shown_at(t) <= raf]
         chars = max(due, default=0)
@@ -66,9 +67,11 @@ def beacon(
     stream_fffd: int = 0,
     plain: bool = True,
     shown: Sequence[int] | None = None,
+    alone: Sequence[int] | None = None,
     **changes: Any,
 ) -> Beacon:
-    """The beacon of reads `rs` and frames `fs` (None: no element watched)."""
+    """The beacon of reads `rs` and frames `fs` (None: no element watched); `alone`: the
+    answer characters a decoder per read makes (default: what a correct one does)."""
     chars = tuple(c for _, _, c in rs)
     screen = None
     if fs is not None:
@@ -105,6 +108,9 @@ def beacon(
             bytes=tuple(b for _, b, _ in rs),
             chars=chars,
             shown=tuple(shown) if shown is not None else chars,
+            alone=tuple(alone)
+            if alone is not None
+            else (tuple(shown) if shown is not None else chars),
             lost=0,
             step=1,
         ),

@@ -123,6 +123,40 @@ def test_markdown_s_fewer_characters_scale_up_and_say_approximate() -> None:
     assert j.screen["events"][-1][2] == 300
 
 
+def test_a_decoder_per_read_s_screen_lags_its_reads_as_a_right_one_would() -> None:
+    """A page decoding each read alone (every third read splits a 4-byte character): its frames
+    are placed by its reads, every paint lag is the right decoder's, none below zero, and the
+    screen says how it was aligned."""
+    rs = reads()
+    extra, alone = 0, []
+    for i, (_, _, c) in enumerate(rs):
+        extra += 2 if i % 3 == 1 else 0
+        alone.append(c + extra)
+    shown_as = [(t, b, a) for (t, b, _), a in zip(rs, alone, strict=True)]
+    fs = frames(shown_as, fffd=lambda c: 1 + (c - 5) // 20)
+    j = join_beacon(record(rs), beacon(rs, fs, alone=alone), received(rs))
+    right = join_beacon(record(rs), beacon(rs, frames(rs)), received(rs))
+    assert j.screen is not None and j.screen["aligned_by"] == "reads"
+    assert j.screen["approximate"] is False and j.screen["paint_lags_negative"] == 0
+    assert j.paint_lags_s == right.paint_lags_s and min(j.paint_lags_s) >= 0
+    assert j.segments[0].findings == ()
+
+
+def test_lags_below_zero_are_kept_counted_and_flagged() -> None:
+    """Frames that claim text before the page read it (a screen count that does not measure the
+    stream): the negative lags stay in the quantiles, the screen counts them, and the segment
+    carries an alignment_suspect finding with the same count."""
+    rs = reads()
+    early = frames(rs, shown_at=lambda t: t - 60)
+    j = join_beacon(record(rs), beacon(rs, early), received(rs))
+    assert j.screen is not None
+    below = sum(1 for x in j.paint_lags_s if x < 0)
+    assert below > 0 and j.screen["paint_lags_negative"] == below
+    (f,) = j.segments[0].findings
+    assert f["kind"] == "alignment_suspect"
+    assert f["evidence"]["negative"] == {"hold": below, "added_ttft": 1}
+
+
 def test_a_missed_events_finding_carries_the_edge_s_line_endings() -> None:
     """An empty bubble on a CRLF stream: the finding says the edge saw CRLF."""
     rs = reads()

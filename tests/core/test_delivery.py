@@ -135,3 +135,15 @@ def test_union_counts_overlaps_once() -> None:
 def test_tokens_belong_to_the_chunk_that_ended_their_event() -> None:
     """An event's time is its last chunk's read time; events without tokens add none."""
     assert tokens_per_chunk([0.1, 0.2, 0.3], [0.1, 0.3, 0.3, 0.3], [2, 1, 0, 4]) == [2, 0, 5]
+
+
+def test_a_write_stamped_before_its_read_is_counted_not_observed() -> None:
+    """A hold below zero by more than the record's microsecond rounding is left out of the holds
+    and counted (token-weighted, as the holds are); within the rounding it is a hold of 0."""
+    led = Ledger()
+    a = write(led, 100.1, 100.1000004)  # its read time comes back rounded: 0.4 µs early
+    b = write(led, 100.2, 100.19)  # written 10 ms before it was read: no hold
+    led.sample(100.26, 100.0, 0, 0)
+    d = summarize(seen(flow_of(a, b)), [0.1, 0.2], [0.1, 0.2], [1, 3])
+    assert d.holds == (pytest.approx((0.0000004, 1), abs=1e-6),)
+    assert d.negative_holds == 3 and d.as_dict()["negative_holds"] == 3

@@ -6,7 +6,18 @@ from typing import Any
 
 import pytest
 
-from hopmeter.core.hops import HopView, Segment, align, chain, chain_views, median, skew_bounds
+from hopmeter.core.hops import (
+    HopView,
+    Segment,
+    align,
+    chain,
+    chained,
+    estimate_skew,
+    median,
+    skew_bounds,
+)
+from hopmeter.core.order import HopOrder
+from hopmeter.core.vocab import SkewBasis
 
 
 def record(hop: str, t_start: float, events: list[list[float]], **fig: Any) -> dict[str, Any]:
@@ -85,6 +96,10 @@ def test_known_skew_limits_narrow_the_bounds() -> None:
     fixed = align(o, i, (0.0, 0.0))
     assert fixed.skew_bounds_s == (0.0, 0.0) and fixed.skew_s == 0.0
     assert min(fixed.holds_s) < -1.9  # the events disagree: one clock was claimed
+    (suspect,) = fixed.findings
+    assert suspect["kind"] == "alignment_suspect"
+    assert suspect["evidence"]["negative"] == {"hold": 10}
+    assert fixed.as_dict()["hold_uncertainty_s"] == [0.0, 0.0]
 
 
 def test_segment_findings_are_those_the_segment_introduced() -> None:
@@ -105,14 +120,59 @@ def test_segment_findings_are_those_the_segment_introduced() -> None:
     assert kinds == ["burst_gaps", "segment_batching"]
 
 
-def test_chain_orders_hops_by_request_start() -> None:
-    """Three hops give two segments, outermost first."""
+def linked(rec: dict[str, Any], span: str, parent: str | None) -> dict[str, Any]:
+    return {**rec, "span_id": span, "parent_span_id": parent, "flow_id": f"f-{span}"}
+
+
+def test_chain_follows_parent_links_whatever_the_clocks_say() -> None:
+    """Three hops linked by their spans give two segments, outermost first, even where the inner
+    hosts' clocks say their requests started first."""
     recs = [
-        record("b", 1.0, steady(5, 0.1, 0.2)),
-        record("a", 0.0, steady(5, 0.1, 1.3)),
-        record("c", 2.0, steady(5, 0.1, 0.1)),
+        linked(record("b", 0.5, steady(5, 0.1, 0.2)), "bb", "aa"),
+        linked(record("a", 1.0, steady(5, 0.1, 1.3)), "aa", "client"),
+        linked(record("c", 0.2, steady(5, 0.1, 0.1)), "cc", "bb"),
     ]
-    assert [s.segment for s in chain(recs)] == ["a>b", "b>c"]
+    segs = chain(recs)
+    assert [(s.segment, s.order, s.inner_flow_id) for s in segs] == [
+        ("a>b", "link", "f-bb"),
+        ("b>c", "link", "f-cc"),
+    ]
+
+
+def test_unlinked_hops_are_unordered_unless_their_order_is_known() -> None:
+    """Two flows of one request with no link between them: an unordered pair (named by hop,
+    no holds, a segment_unordered finding) unless a declared or learned order says which hop is
+    in front; the clocks never decide."""
+    recs = [
+        linked(record("origin", 999.0, steady(5, 0.1, 0.1)), "oo", "proxy-span"),
+        linked(record("edge", 1000.0, steady(5, 0.1, 0.3)), "ee", None),
+    ]
+    (seg,) = chain(recs)
+    assert seg.segment == "edge~origin" and seg.order == "unknown" and seg.holds_s == ()
+    assert [f["kind"] for f in seg.findings] == ["segment_unordered"]
+    d = seg.as_dict()
+    assert d["tokens_aligned"] == 0 and d["request_delay_s"] is None and d["hold_p50_s"] is None
+    (declared,) = chain(recs, HopOrder(["edge", "origin"]))
+    assert (declared.segment, declared.order) == ("edge>origin", "declared")
+    learned = HopOrder(["origin", "edge"])  # a link outranks the declaration
+    learned.learn("edge", "origin")
+    (seg,) = chain(recs, learned)
+    assert (seg.segment, seg.order) == ("edge>origin", "learned")
+
+
+def test_a_trace_shared_by_two_requests_pairs_each_by_its_links() -> None:
+    """An instrumented client's two calls in one trace: each edge flow pairs with the origin
+    flow that names it as parent, and the two requests are never stitched together."""
+    recs = [
+        linked(record("edge", 1.0, steady(5, 0.1, 0.3)), "e1", "client"),
+        linked(record("edge", 1.01, steady(5, 0.1, 0.3)), "e2", "client"),
+        linked(record("origin", 1.02, steady(5, 0.1, 0.1)), "o2", "e2"),
+        linked(record("origin", 1.001, steady(5, 0.1, 0.1)), "o1", "e1"),
+    ]
+    found = {
+        recs[c.head]["span_id"]: [s.inner_flow_id for _, s in segs] for c, segs in chained(recs)
+    }
+    assert found == {"e1": ["f-o1"], "e2": ["f-o2"]}
 
 
 def test_the_inner_hops_own_hold_and_the_wire_are_told_apart() -> None:
@@ -160,14 +220,6 @@ def test_a_capped_inner_timeline_uses_the_whole_streams_token_span() -> None:
     assert not whole.whole_body  # 0.7 s of a 20 s stream is no whole-body hold
 
 
-def test_chain_views_orders_by_request_start() -> None:
-    """chain_views pairs views by request start whatever order they are given in."""
-    a = HopView.from_record(record("edge", 10.0, steady(3, 0.1, 0.2)))
-    b = HopView.from_record(record("mid", 10.001, steady(3, 0.1, 0.1)))
-    c = HopView.from_record(record("origin", 10.002, steady(3, 0.1, 0.05)))
-    assert [s.segment for s in chain_views([c, a, b])] == ["edge>mid", "mid>origin"]
-
-
 def test_hold_p50_is_a_median_of_two_clusters() -> None:
     """Tokens released in two bursts (held 0.287 s and 1.205 s): an even split has its median
     between them, not at the lower cluster as a nearest rank would say; an odd one at the larger."""
@@ -210,3 +262,49 @@ def test_a_skewed_clock_moves_the_delay_not_the_added_time() -> None:
     d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
     assert d["added_ttft_s"] == pytest.approx(0.015)
     assert 0.0 <= d["request_delay_s"] <= d["request_delay_bounds_s"][1]
+
+
+@pytest.mark.parametrize("shift", [2.5, -2.5, 0.05, -0.05])
+def test_a_shifted_clock_costs_each_hold_the_fastest_token_only(shift: float) -> None:
+    """An inner host whose clock is off by more than the request's way in, ahead or behind: the
+    skew is taken where the fastest token had no hold, so every hold is short by that token's
+    0.1 ms alone, and the record says how far the bounds leave each hold open."""
+    holds = [0.0001 + 0.0001 * (i % 3) for i in range(10)]
+    events = steady(10, 0.02, 0.05)
+    inner = record("origin", 1000.002 + shift, events)
+    outer = record(
+        "edge", 1000.0, [[e[0] + 0.002 + h, 1, e[2]] for e, h in zip(events, holds, strict=True)]
+    )
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert seg.skew_basis == SkewBasis.FASTEST_TOKEN
+    assert seg.holds_s == pytest.approx([h - 0.0001 for h in holds], abs=1e-9)
+    d = seg.as_dict()
+    lo, hi = d["hold_uncertainty_s"]
+    assert lo == 0.0 and hi == pytest.approx(0.002 + 0.0001)  # the request's way in, and more
+    assert d["request_delay_s"] == pytest.approx(0.002 + 0.0001)
+
+
+def test_the_skew_estimate_keeps_agreeing_clocks_where_the_bounds_allow() -> None:
+    """Bounds around 0: clocks that agree (0); bounds beside 0: the lower one; bounds that
+    contradict each other: the request's."""
+    assert estimate_skew(-0.001, 0.002) == (0.0, SkewBasis.CLOCKS_AGREE)
+    assert estimate_skew(None, None) == (0.0, SkewBasis.CLOCKS_AGREE)
+    assert estimate_skew(0.5, 0.6) == (0.5, SkewBasis.FASTEST_TOKEN)
+    assert estimate_skew(-0.6, -0.5) == (-0.6, SkewBasis.FASTEST_TOKEN)
+    assert estimate_skew(0.2, 0.1) == (0.1, SkewBasis.REQUEST_ORDER)
+    assert estimate_skew(None, -0.1) == (-0.1, SkewBasis.REQUEST_ORDER)
+
+
+def test_contradicting_clocks_give_negative_holds_kept_and_flagged() -> None:
+    """A clock that stepped back during the request (tokens seen at the outer hop before the
+    inner one saw them, on the bounds' request order): the negative holds stay in the segment,
+    and a clock_skew_suspect finding counts them by what they are."""
+    inner = record("origin", 1000.001, steady(5, 0.05, 0.2))
+    outer = record("edge", 1000.0, steady(5, 0.05, 0.1))
+    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    assert seg.skew_basis == SkewBasis.REQUEST_ORDER
+    assert sum(h < 0 for h in seg.holds_s) == 5
+    (f,) = seg.findings
+    assert f["kind"] == "clock_skew_suspect"
+    assert f["evidence"]["negative"] == {"hold": 5, "added_ttft": 1}
+    assert f["evidence"]["hold_min_s"] == pytest.approx(-0.1, abs=1e-6)

@@ -14,6 +14,7 @@ from hopmeter.core.matching import (
     with_findings,
     without_content,
 )
+from hopmeter.core.order import HopOrder
 from hopmeter.core.vocab import FindingKind, PairedBy, PairingMatch
 
 
@@ -163,18 +164,23 @@ def test_segments_say_how_they_were_paired_and_findings_follow() -> None:
     origin = _rec("origin", "t-origin", "f2", "abcde", t0=100.1, events=[[0.1, 1, 2], [0.3, 1, 5]])
     (group,) = match_records([origin, edge]).groups
     assert group == [1, 0]
-    (seg,) = segments([origin, edge])
-    assert (seg.segment, seg.paired_by, seg.inner_flow_id) == (
+    ((members, (seg,)),) = segments([origin, edge], HopOrder(["edge", "origin"]))
+    assert (members, seg.segment, seg.paired_by, seg.inner_flow_id, seg.order) == (
+        (1, 0),
         "edge>origin",
         PairedBy.CONTENT,
         "f2",
+        "declared",
     )
     (finding,) = trace_dropped([seg])
     assert finding["kind"] == FindingKind.TRACE_CONTEXT_DROPPED and "traceparent" in finding["fix"]
     assert finding["evidence"]["segment"] == "edge>origin"
     rec = with_findings(edge, [finding])
     assert [f["kind"] for f in rec["findings"]] == ["trace_context_dropped", "stall"]
-    traced = segments([edge, {**origin, "trace_id": "t-edge"}])
+    ((_, traced),) = segments([edge, {**origin, "trace_id": "t-edge", "parent_span_id": "s1"}])
+    assert [s.segment for s in traced] == ["edge~origin"]  # a link to elsewhere: no order known
+    linked = [{**edge, "span_id": "s1"}, {**origin, "trace_id": "t-edge", "parent_span_id": "s1"}]
+    ((_, traced),) = segments(linked)
     assert traced[0].paired_by == PairedBy.TRACE and trace_dropped(traced) == []
 
 

@@ -34,3 +34,13 @@ def test_future_version_may_carry_more_fields() -> None:
     """A higher version's extra fields are ignored, its ids kept."""
     ctx = parse_traceparent("01" + VALID[2:] + "-whatever")
     assert ctx is not None and ctx.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def test_a_hop_forwards_the_trace_with_its_own_span_as_the_parent() -> None:
+    """child() keeps the trace id and flags and names the hop's span; a higher version that came
+    in goes on as version 00, the one this hop speaks."""
+    ctx = parse_traceparent("01" + VALID[2:-2] + "00-whatever")
+    assert ctx is not None
+    assert ctx.child("b7ad6b7169203331").header() == (
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-00"
+    )

@@ -674,3 +674,52 @@ def test_beacon_outcomes_count_from_zero(registry: CollectorRegistry) -> None:
     assert {"joined", "missing", "too_large", "flood", "other"} <= names
     assert value(registry, "hopmeter_beacons_total", outcome="flood") == 2
     assert value(registry, "hopmeter_beacons_total", outcome="missing") == 0
+
+
+def test_negative_durations_are_counted_by_what_they_were(registry: CollectorRegistry) -> None:
+    """A segment's negative holds and request delay, a page's negative paint lags and a
+    delivery's negative own holds are never observed: each is counted under what it was, by the
+    same counts the record gives (every kind's series from 0)."""
+    from hopmeter.core.hops import Segment, with_suspects
+
+    seg = with_suspects(
+        Segment(
+            segment="edge>origin", inner_hop="origin", holds_s=(-0.002, 0.001, -0.001),
+            first_token_hold_s=-0.002, whole_body=False, skew_s=0.0, skew_bounds_s=(0.0, -0.003),
+            findings=(),
+        )
+    )  # fmt: skip
+    metrics = Metrics(registry)
+    assert value(registry, "hopmeter_negative_durations_total", what="paint_lag") == 0
+    metrics.observe_segment(seg, TRACE)
+    record = flow_record(
+        screen={"ttft_s": 0.3, "paint_lags_negative": 2},
+        delivery={"measured": True, "client_wait_s": 0.0, "negative_holds": 4},
+    )
+    metrics.observe_flow(record, paint_lags=[-0.004, 0.009, -0.001], own_holds=[(0.001, 1)])
+    (finding,) = seg.findings
+    assert finding["evidence"]["negative"] == {"hold": 2, "request_delay": 1, "added_ttft": 1}
+    negative = "hopmeter_negative_durations_total"
+    for what, n in (("hold", 2), ("request_delay", 1), ("added_ttft", 1)):
+        assert value(registry, negative, what=what) == n
+    assert value(registry, negative, what="paint_lag") == 2
+    assert value(registry, negative, what="own_hold") == 4
+    assert value(registry, "hopmeter_hold_seconds_count", segment="edge>origin") == 1
+    assert value(registry, "hopmeter_paint_lag_seconds_count") == 1
+    assert value(registry, "hopmeter_segment_request_delay_seconds_count") == 0
+
+
+def test_an_unordered_pair_observes_no_hold(registry: CollectorRegistry) -> None:
+    """Two hops whose order nothing told: their finding is counted, no hold series is made."""
+    from hopmeter.core.hops import HopView, unordered
+
+    def view(hop: str) -> HopView:
+        return HopView(
+            hop=hop, t_start=10.0, t_first_byte=None, events=[[0.1, 1, 4]], ttft_s=0.1,
+            itl_p50_s=None, finding_kinds=frozenset(),
+        )  # fmt: skip
+
+    Metrics(registry).observe_segment(unordered(view("origin"), view("edge")), TRACE)
+    kind = {"segment": "edge~origin", "kind": "segment_unordered"}
+    assert value(registry, "hopmeter_segment_findings_total", **kind) == 1
+    assert not [s for s in samples(registry) if s[0].startswith("hopmeter_hold_seconds")]

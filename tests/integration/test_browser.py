@@ -193,28 +193,53 @@ def test_the_ai_sdk_smooth_stream_is_a_smoothing_buffer(stack: Stack) -> None:
     assert finding["severity"] == "info" and finding["evidence"]["delay_ms"] > 5
 
 
+def _truth_lags(stack: Stack, query: str) -> tuple[dict[str, Any], list[float], list[float]]:
+    """Load the truth page with `query`: its record, and per write (and per write made inside an
+    animation frame) the time from the write to the screen lane's first frame showing it,
+    compared on the edge's clock by the answer characters a correct decoder had read."""
+    rec = stack.reply(f"/pages/truth.html?{query}", "page.done")
+    truth = stack.page.evaluate("page.truth")
+    screen, browser = rec["screen"], rec["browser"]
+    painted = [(browser["t_start"] + t, c) for t, _, c in screen["events"]]
+    lags, in_frame = [], []
+    for t_write_ms, _, route, right in truth:
+        t_page = t_write_ms / 1000 + browser["skew_s"]  # the page's clock to the edge's
+        lag = next(t for t, c in painted if c >= right) - t_page
+        lags.append(lag)
+        if route == "frame":
+            in_frame.append(lag)
+    return rec, sorted(lags), in_frame
+
+
 def test_the_screen_lane_is_within_a_frame_of_the_truth(stack: Stack) -> None:
     """Against a page that knows when it wrote each read's text (by a timer, an animation frame
     or a microtask): every frame of the screen lane is painted at or after the write that it
     shows, 90% of them within one frame (~17 ms) of it, and a write made inside an animation
     frame is painted by that same frame."""
-    rec = stack.reply("/pages/truth.html?seed=3", "page.done")
-    truth = stack.page.evaluate("page.truth")
-    screen, browser = rec["screen"], rec["browser"]
-    painted = [(browser["t_start"] + t, c) for t, _, c in screen["events"]]
-    lags, in_frame = [], []
-    for t_write_ms, chars, route in truth:
-        t_page = t_write_ms / 1000 + browser["skew_s"]  # the page's clock to the edge's
-        lag = next(t for t, c in painted if c >= chars) - t_page
-        lags.append(lag)
-        if route == "frame":
-            in_frame.append(lag)
-    lags.sort()
+    _, lags, in_frame = _truth_lags(stack, "seed=3")
     assert len(lags) >= 40 and len(in_frame) >= 5
     assert lags[0] >= -0.0002  # never before the write (0.1 ms rounding either side)
     assert lags[int(0.9 * (len(lags) - 1))] <= 0.017
     # a write inside an animation frame is painted by that frame, not the next (16.7 ms later)
     assert sorted(in_frame)[len(in_frame) // 2] < 0.008
+
+
+def test_a_page_decoding_each_read_alone_has_a_screen_lane_true_to_its_writes(
+    stack: Stack,
+) -> None:
+    """The truth page decoding each read alone, on a stream that splits characters across
+    reads: its screen shows more characters than the stream carried, yet each write's paint
+    follows it by 0-17 ms on the screen lane (the frames placed by the reads), no paint lag is
+    below zero, and the client finding says what the page did."""
+    scenario = quote("tokens=80;rate=40;jitter=0.5;emoji=1;split_writes=1")
+    rec, lags, _ = _truth_lags(stack, f"seed=5&decoder=chunk&s={scenario}")
+    screen = rec["screen"]
+    assert screen["fffd"] > 0 and screen["chars"] > rec["browser"]["shown_chars"]
+    assert screen["aligned_by"] == "reads" and screen["paint_lags_negative"] == 0
+    assert len(lags) >= 40
+    assert lags[0] >= -0.0002 and lags[int(0.9 * (len(lags) - 1))] <= 0.017
+    assert lags[-1] <= 0.017 + FRAME_MS / 1000  # at worst a frame dropped under load
+    assert client_kinds(rec) == ["client_decodes_chunks_alone"]
 
 
 def test_nothing_for_hopmeter_reached_the_upstream(stack: Stack) -> None:
@@ -258,4 +283,6 @@ def test_the_demo_runs_headless_and_the_report_draws_the_page_s_lanes(
     for t in traces:
         assert t["lanes"] == ["edge", "browser", "screen"]  # from the model's side down
         assert t["bands"] == ["browser>edge", "screen>browser"] and t["note"]
-    assert "client_writes_per_token" in traces[1]["findings"]
+    # worst first: the per-token writer's warning before the good client's
+    assert "client_writes_per_token" in traces[0]["findings"]
+    assert "client_writes_per_token" not in traces[1]["findings"]

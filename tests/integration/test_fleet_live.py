@@ -1,4 +1,9 @@
-"""Hops on different hosts joined live: hopmeters export OTLP to real `hopmeter join --serve`s."""
+"""Hops on different hosts joined live: hopmeters export OTLP to real `hopmeter join --serve`s.
+
+The origin's clock is shifted for real where a test says so: libfaketime (Debian's `libfaketime`,
+preloaded into the origin's process) moves its wall clock by seconds and leaves the monotonic
+clock alone, as a host whose NTP is off would be.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from hopmeter.core.hops import chain
+from hopmeter.core.hops import HopView, align, chain
 from tests.harness.nginx import NginxServer
 from tests.harness.otlp import JoinServe, TraceRouter, join_serve
 from tests.harness.procs import free_port, hopmeter, read_records, wait_for
@@ -22,6 +31,9 @@ SCENARIO = "tokens=120;rate=60"
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # spans leave within 0.1 s, not the SDK's 5 s
 HOLDS = ("first_token_hold_s", "hold_p50_s", "hold_p99_s", "hold_max_s")
 TOLERANCE_S = 0.001
+# Debian's libfaketime: FAKETIME="+2.5" moves time(), gettimeofday() and CLOCK_REALTIME by 2.5 s;
+# FAKETIME_DONT_FAKE_MONOTONIC leaves CLOCK_MONOTONIC (hopmeter's event offsets) alone.
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
 def _send(port: int, scenario: str = SCENARIO) -> None:
@@ -35,12 +47,17 @@ def _send(port: int, scenario: str = SCENARIO) -> None:
 
 
 @contextlib.contextmanager
-def _two_hosts(tmp: Path, config: str | None, collector: str) -> Iterator[tuple[int, Path, Path]]:
+def _two_hosts(
+    tmp: Path, config: str | None, collector: str, *, origin_shift_s: float = 0.0
+) -> Iterator[tuple[int, Path, Path]]:
     """upstream <- origin hopmeter [<- nginx] <- edge hopmeter, two processes exporting OTLP to
-    `collector`: (the edge port, the edge's records, the origin's records)."""
+    `collector`, the origin's wall clock `origin_shift_s` off: (the edge port, the edge's
+    records, the origin's records)."""
     up, origin, edge = free_port(), free_port(), free_port()
 
-    def host(name: str, port: int, target: int) -> contextlib.AbstractContextManager[Any]:
+    def host(
+        name: str, port: int, target: int, env: dict[str, str]
+    ) -> contextlib.AbstractContextManager[Any]:
         return hopmeter(
             tmp,
             "run",
@@ -49,18 +66,25 @@ def _two_hosts(tmp: Path, config: str | None, collector: str) -> Iterator[tuple[
             *("--records", str(tmp / f"{name}.jsonl"), "--otel-endpoint", collector),
             name=name,
             ports=(port,),
-            env=FAST_EXPORT,
+            env={**FAST_EXPORT, **env},
         )
 
+    shifted = {}
+    if origin_shift_s:
+        shifted = {
+            "LD_PRELOAD": str(FAKETIME_LIB),
+            "FAKETIME": f"{origin_shift_s:+g}",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        }
     with contextlib.ExitStack() as stack:
         stack.enter_context(
             hopmeter(tmp, "upstream", "--listen", f"127.0.0.1:{up}", name="upstream", ports=(up,))
         )
-        stack.enter_context(host("origin", origin, up))
+        stack.enter_context(host("origin", origin, up, shifted))
         middle = origin
         if config is not None:
             middle = stack.enter_context(NginxServer(origin, config, prefix=tmp)).port
-        stack.enter_context(host("edge", edge, middle))
+        stack.enter_context(host("edge", edge, middle, {}))
         yield edge, tmp / "edge.jsonl", tmp / "origin.jsonl"
 
 
@@ -178,3 +202,53 @@ def test_traces_sharded_over_two_join_services_are_joined_once(tmp_path: Path) -
         assert m['hopmeter_join_spans_total{outcome="accepted"}'] == 2 * len(ids)
         assert m['hopmeter_join_requests_total{status="OK",transport="grpc"}'] >= 1
     assert sum(router.forwarded) == 2 * requests
+
+
+@pytest.mark.skipif(not FAKETIME_LIB.exists(), reason="libfaketime is not installed")
+@pytest.mark.parametrize("shift_s", [2.5, -2.5])
+def test_an_instrumented_client_s_traces_join_linked_whatever_the_origin_s_clock(
+    tmp_path: Path, shift_s: float
+) -> None:
+    """An OpenTelemetry-instrumented httpx client (its own traceparent on every request) through
+    edge hopmeter, nginx and origin hopmeter, each in its own process, the origin's wall clock
+    2.5 s ahead or behind, exporting to a join service: every trace is linked (the edge's span is
+    the client's child, the origin's the edge's), every segment is edge>origin, and its holds are
+    within 1 ms of the same two flows aligned on one clock (the shift taken out), as one process
+    pairs them."""
+    requests = 4
+    provider = TracerProvider()
+    client_spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(client_spans))
+    with (
+        join_serve(tmp_path) as join,
+        _two_hosts(tmp_path, "streaming", join.url, origin_shift_s=shift_s) as hosts,
+    ):
+        edge, edge_records, origin_records = hosts
+        with httpx.Client(timeout=30) as client:
+            HTTPXClientInstrumentor.instrument_client(client, tracer_provider=provider)
+            for _ in range(requests):
+                r = client.post(
+                    f"http://127.0.0.1:{edge}/v1/chat/completions",
+                    json={"model": "gpt-4o", "stream": True},
+                    headers={"x-hopmeter-scenario": "tokens=30;rate=100"},
+                )
+                assert r.status_code == 200
+        lines = join.joined(requests)
+        edges = {r["trace_id"]: r for r in read_records(edge_records, requests)}
+        origins = {r["trace_id"]: r for r in read_records(origin_records, requests)}
+        metrics = join.metrics()
+    sent = {s.context.trace_id: s.context.span_id for s in client_spans.get_finished_spans()}
+    assert {f"{t:032x}" for t in sent} == set(edges) == set(origins)
+    for line in lines:
+        assert line["linked"] is True
+        (seg,) = line["hops"]
+        assert (seg["segment"], seg["order"]) == ("edge>origin", "link")
+        outer, inner = edges[line["trace_id"]], origins[line["trace_id"]]
+        assert outer["parent_span_id"] == f"{sent[int(line['trace_id'], 16)]:016x}"
+        assert inner["parent_span_id"] == outer["span_id"]  # hopmeter's own span, forwarded
+        shift = (shift_s, shift_s)
+        one_clock = align(HopView.from_record(outer), HopView.from_record(inner), shift)
+        assert seg["skew_s"] == pytest.approx(shift_s, abs=TOLERANCE_S)
+        _close(seg, one_clock.as_dict())
+    assert metrics['hopmeter_join_segment_orders_total{order="link"}'] == requests
+    assert metrics['hopmeter_negative_durations_total{what="hold"}'] == 0

@@ -247,7 +247,9 @@ def test_two_identical_replies_at_once_are_not_paired_but_counted(shipped: Rig) 
 
 def test_join_gives_the_same_pairs_and_holds_from_two_files(shipped: Rig, tmp_path: Path) -> None:
     """Each hop's records in a file of its own, as two hosts would write them: `hopmeter join`
-    pairs the same flows by content and measures the same holds as the live pairing."""
+    pairs the same flows by content and, told the hops' order (no link can say it: the gateway
+    drops the trace), measures the same holds as the live pairing; not told, it reports each
+    pair unordered, without holds."""
     asked = shipped.ask_at_once(list(VIA_REPLIES))
     edges = shipped.edge_records(asked)
     flows = shipped.by_flow()
@@ -257,8 +259,17 @@ def test_join_gives_the_same_pairs_and_holds_from_two_files(shipped: Rig, tmp_pa
         path = tmp_path / f"{hop}.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
         files.append(str(path))
-    out = subprocess.run(
+    unordered = subprocess.run(
         [*HOPMETER, "join", "--json", *files], capture_output=True, check=True, timeout=60
+    ).stdout
+    for entry in map(orjson.loads, unordered.splitlines()):
+        (seg,) = entry["hops"]
+        assert (seg["segment"], seg["order"], seg["hold_p50_s"]) == ("edge~origin", "unknown", None)
+    out = subprocess.run(
+        [*HOPMETER, "join", "--json", "--order", "edge,origin", *files],
+        capture_output=True,
+        check=True,
+        timeout=60,
     ).stdout
     joined = {j["flow_ids"][0]: j for j in map(orjson.loads, out.splitlines())}
     assert len(joined) == 3
@@ -268,6 +279,7 @@ def test_join_gives_the_same_pairs_and_holds_from_two_files(shipped: Rig, tmp_pa
         assert entry["paired_by"] == "content"
         (seg,) = entry["hops"]
         live = edge["hops"][0]
+        assert seg["order"] == live["order"] == "declared"
         assert _holds(seg) == pytest.approx(_holds(live), abs=HOLD_TOLERANCE_S)
         assert seg["request_delay_s"] == pytest.approx(live["request_delay_s"], abs=1e-6)
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+from opentelemetry.sdk.trace import TracerProvider
 
 from tests.harness.nginx import GZIP_HOLD, NginxConfig, NginxServer
 from tests.harness.procs import HOPMETER, free_port, hopmeter, read_records
@@ -29,8 +34,11 @@ def _send(port: int) -> None:
     assert r.status_code == 200
 
 
-def _live(tmp: Path, config: str | NginxConfig) -> list[dict[str, Any]]:
-    """Records of one request through edge listener → nginx → origin listener → upstream."""
+def _live(
+    tmp: Path, config: str | NginxConfig, send: Callable[[int], int] | None = None
+) -> list[dict[str, Any]]:
+    """Records of the requests `send(edge port)` makes (it says how many; default: one)
+    through edge listener → nginx → origin listener → upstream."""
     up, edge, origin = free_port(), free_port(), free_port()
     records = tmp / "records.jsonl"
     with (
@@ -50,8 +58,10 @@ def _live(tmp: Path, config: str | NginxConfig) -> list[dict[str, Any]]:
             ports=(edge, origin),
         ),
     ):
-        _send(edge)
-        return read_records(records, 2)
+        if send is None:
+            _send(edge)
+            return read_records(records, 2)
+        return read_records(records, 2 * send(edge))
 
 
 def _outer(recs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,6 +125,49 @@ def test_a_segment_that_drops_the_trace_and_gzips_is_paired_by_content(tmp_path:
     assert seg["whole_body"] and seg["tokens_aligned"] == 120
     assert "trace_context_dropped" in [f["kind"] for f in outer["findings"]]
     assert outer["pairing"]["match"] == inner["pairing"]["match"] == "unique"
+
+
+# What a segment says that does not depend on one stream's timing.
+SHAPE = ("segment", "inner_hop", "order", "paired_by", "skew_basis", "tokens_aligned", "whole_body")
+
+
+def test_traced_and_untraced_clients_give_the_same_hops(tmp_path: Path) -> None:
+    """One process, two listeners around nginx: a plain client, and an OpenTelemetry-instrumented
+    one making two calls at once inside one trace (as an app's request handler does), give the
+    same hops: each edge flow carries the segment to the origin flow that names it as parent,
+    with the same shape and holds within 1 ms."""
+    provider = TracerProvider()
+
+    def send(edge: int) -> int:
+        _send(edge)  # untraced: hopmeter makes the trace up
+        with httpx.Client(timeout=30) as client:
+            HTTPXClientInstrumentor.instrument_client(client, tracer_provider=provider)
+            with provider.get_tracer("app").start_as_current_span("handler"):
+                post = lambda _: client.post(  # noqa: E731 - the two calls of one handler
+                    f"http://127.0.0.1:{edge}/v1/chat/completions",
+                    json={"model": "gpt-4o", "stream": True},
+                    headers={"x-hopmeter-scenario": SCENARIO},
+                )
+                with ThreadPoolExecutor(2) as pool:  # each call in the handler's context
+                    calls = [pool.submit(contextvars.copy_context().run, post, i) for i in (0, 1)]
+                    assert all(c.result().status_code == 200 for c in calls)
+        return 3
+
+    recs = _live(tmp_path, "streaming", send)
+    by_span = {r["span_id"]: r for r in recs}
+    outers = [r for r in recs if r["hop"] == "edge"]
+    untraced = next(r for r in outers if r["parent_span_id"] is None)
+    traced = [r for r in outers if r["parent_span_id"] is not None]
+    assert len(traced) == 2 and traced[0]["trace_id"] == traced[1]["trace_id"]
+    for rec in outers:
+        (seg,) = rec["hops"]
+        inner = next(r for r in recs if r["flow_id"] == seg["inner_flow_id"])
+        assert by_span[inner["parent_span_id"]] is rec  # its own origin flow
+        for key in SHAPE:
+            assert seg[key] == untraced["hops"][0][key], key
+        for key in ("hold_p50_s", "hold_p99_s"):
+            assert abs(seg[key] - untraced["hops"][0][key]) <= 0.001, key
+    assert untraced["hops"][0]["order"] == "link"
 
 
 def _join(*paths: Path) -> list[dict[str, Any]]:

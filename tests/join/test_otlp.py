@@ -10,6 +10,8 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
+from hopmeter.core.spans import read_span
+from hopmeter.core.vocab import SpanOutcome
 from hopmeter.errors import OtlpError
 from hopmeter.join.otlp import decode_file, decode_request, export_response, status_body
 from tests.harness.otlp import hop_span, request_of
@@ -49,6 +51,11 @@ def test_a_request_reads_to_spans_with_hopmeters_attributes() -> None:
         [AnyValue(int_value=5), AnyValue(int_value=4)],  # falling
         [AnyValue(int_value=-1), AnyValue(int_value=4)],  # negative
         [AnyValue(int_value=2**40), AnyValue(double_value=2.5)],
+        [AnyValue(bool_value=False), AnyValue(int_value=5)],  # a bool reads as int 0
+        [AnyValue(bool_value=True), AnyValue(int_value=5)],
+        [AnyValue(string_value=""), AnyValue(int_value=5)],  # so does an empty string
+        [AnyValue(), AnyValue(), AnyValue(int_value=7)],  # and nothing at all
+        [AnyValue(int_value=0), AnyValue(bytes_value=b""), AnyValue(int_value=1)],
     ],
 )
 def test_arrays_that_are_not_rising_ints_are_read_exactly(values: list[AnyValue]) -> None:
@@ -63,6 +70,18 @@ def test_arrays_that_are_not_rising_ints_are_read_exactly(values: list[AnyValue]
         getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None for v in values
     ]
     assert view.attrs["odd"] == expected
+
+
+def test_a_timeline_of_booleans_or_empty_strings_is_malformed_as_in_json() -> None:
+    """`[false, 5]` or `["", 5]` as a timeline array is refused over protobuf as it is over
+    JSON, never read as `[0, 5]`."""
+    for first in (AnyValue(bool_value=False), AnyValue(string_value="")):
+        span = hop_span(TRACE, EDGE, t_us=[1, 5], offsets=[1, 5])
+        for kv in span.attributes:
+            if kv.key == "hopmeter.timeline.t_us":
+                kv.value.array_value.values[0].CopyFrom(first)
+        (view,) = decode_request(request_of([span]).SerializeToString())
+        assert read_span(view) is SpanOutcome.MALFORMED
 
 
 def test_large_rising_ints_take_the_fast_path_exactly() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from hopmeter.core.spans import SpanView
 from hopmeter.join import service as service_module
 from hopmeter.join.otlp import decode_request
 from hopmeter.join.service import JoinService
-from tests.harness.otlp import hop_span, request_of
+from tests.harness.otlp import hop_span, join_serve, request_of
 from tests.join.conftest import config
 
 TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
@@ -81,11 +82,14 @@ def test_rejected_spans_are_reported_for_partial_success(tmp_path: Path) -> None
     svc.stop()
 
 
-def test_tick_ends_traces_and_chains_unlinked_ones(tmp_path: Path) -> None:
-    """After the window a trace without parent links is chained by start and written unlinked;
-    at stop what still waits is counted lost."""
+@pytest.mark.parametrize("declared", [False, True])
+def test_tick_ends_traces_and_orders_unlinked_ones(tmp_path: Path, declared: bool) -> None:
+    """After the window a trace without parent links is written unlinked: unordered (no holds
+    observed, a segment_unordered finding counted) unless --order declares its hops' order; at
+    stop what still waits is counted lost."""
     clock = Clock()
-    svc = JoinService(config(tmp_path, window_s=5.0), clock=clock)
+    order = ("edge", "origin") if declared else ()
+    svc = JoinService(config(tmp_path, window_s=5.0, order=order), clock=clock)
     other = bytes.fromhex("aa" * 8)
     svc.accept(
         spans(
@@ -100,10 +104,31 @@ def test_tick_ends_traces_and_chains_unlinked_ones(tmp_path: Path) -> None:
     clock.now = 6.0
     svc.stop()
     (line,) = [orjson.loads(ln) for ln in (tmp_path / "joined.jsonl").read_bytes().splitlines()]
-    assert line["linked"] is False and line["hops"][0]["segment"] == "edge>origin"
+    (seg,) = line["hops"]
     counts = svc.counts()
     assert counts.traces["unlinked"] == 1 and counts.traces["lost"] == 1
-    assert counts.segments == {"true": 0, "false": 1}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in svc.metrics.registry.collect()
+        for s in family.samples
+    }
+    assert line["linked"] is False
+    if declared:
+        assert (seg["segment"], seg["order"]) == ("edge>origin", "declared")
+        assert counts.segments == {"true": 0, "false": 1}
+        assert samples["hopmeter_hold_seconds_count", (("segment", "edge>origin"),)] > 0
+    else:
+        assert (seg["segment"], seg["order"], seg["tokens_aligned"]) == (
+            "edge~origin",
+            "unknown",
+            0,
+        )
+        assert [f["kind"] for f in seg["findings"]] == ["segment_unordered"]
+        assert counts.segments == {"true": 0, "false": 0}
+        kind = (("kind", "segment_unordered"), ("segment", "edge~origin"))
+        assert samples["hopmeter_segment_findings_total", kind] == 1
+        assert ("hopmeter_hold_seconds_count", (("segment", "edge~origin"),)) not in samples
+    assert samples["hopmeter_join_segment_orders_total", (("order", seg["order"]),)] == 1
 
 
 def test_an_unwritable_records_file_is_counted_not_raised(tmp_path: Path) -> None:
@@ -151,3 +176,29 @@ def test_the_service_loads_no_mitmproxy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_stop_with_exporter_connections_open_prints_no_traceback(tmp_path: Path) -> None:
+    """SIGTERM while exporters hold connections open (idle keep-alive, a body half sent, an
+    HTTP/2 connection for gRPC): the service closes them, says goodbye and exits 0, with no
+    traceback on stderr."""
+    with join_serve(tmp_path, grpc_port=True) as join:
+        assert join.grpc_port is not None
+        answered = socket.create_connection(("127.0.0.1", join.port))
+        answered.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n"
+        )
+        assert answered.recv(100).startswith(b"HTTP/1.1 200")
+        idle = socket.create_connection(("127.0.0.1", join.port))
+        half = socket.create_connection(("127.0.0.1", join.port))
+        half.sendall(b"POST /v1/traces HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc")
+        h2c = socket.create_connection(("127.0.0.1", join.grpc_port))
+        h2c.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        assert h2c.recv(100)  # the server's SETTINGS: the connection is being served
+        assert join.proc.stop() == 0
+        for s in (answered, idle, half, h2c):
+            s.close()
+    err = join.proc.output()
+    assert "hopmeter join: stopped" in err
+    assert "Traceback" not in err and "CancelledError" not in err

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from array import array
 
+from hopmeter.core.order import HopOrder
 from hopmeter.core.spans import HopSpan
 from hopmeter.core.timeline import Timeline
-from hopmeter.core.vocab import SpanOutcome, TraceOutcome
+from hopmeter.core.vocab import SegmentOrder, SpanOutcome, TraceOutcome
 from hopmeter.join.window import JoinWindow
 
 T1 = b"\x01" * 16
@@ -96,17 +97,36 @@ def test_tombstones_last_one_window() -> None:
     assert w.add(span(T1, 2, parent=1), 2.5) is SpanOutcome.ACCEPTED
 
 
-def test_spans_without_links_are_chained_by_start_when_the_trace_ends() -> None:
-    """Two spans of one trace with no parent link between them are paired by request start,
-    outermost first, when the window passes, and counted unlinked."""
+def test_spans_without_links_are_unordered_when_nothing_says_their_order() -> None:
+    """Two spans of one trace with no parent link between them, of hops no link or declaration
+    puts in order, leave the window as an unordered pair (listed by hop name), counted
+    unlinked: their request starts do not decide."""
     w = JoinWindow(window_s=1)
-    w.add(span(T1, 2, parent=9, start_ns=10**18 + 1000), 0.0)
-    w.add(span(T1, 1, parent=8, start_ns=10**18), 0.0)
+    w.add(span(T1, 2, parent=9, start_ns=10**18), 0.0)
+    w.add(span(T1, 1, parent=8, start_ns=10**18 + 1000), 0.0)
     assert w.take_ready() == []
     w.expire(1.0)
     (pair,) = w.take_ready()
     assert (pair.outer.hop, pair.inner.hop, pair.linked) == ("hop1", "hop2", False)
+    assert pair.order == SegmentOrder.UNKNOWN
     assert w.traces[TraceOutcome.UNLINKED] == 1
+
+
+def test_unlinked_spans_take_the_order_links_taught_or_the_declared_one() -> None:
+    """A linked pair of two hops teaches their order: a later trace of the same hops without a
+    link is paired in it ("learned"), whatever its spans' starts; a declared order serves hops
+    no link has joined yet."""
+    w = JoinWindow(window_s=1, order=HopOrder(["hop5", "hop4"]))
+    w.add(span(T2, 2), 0.0)
+    w.add(span(T2, 1, parent=2), 0.0)  # hop2 is outer of hop1
+    w.take_ready()
+    w.add(span(T1, 1, parent=8, start_ns=10**18), 0.0)
+    w.add(span(T1, 2, parent=9, start_ns=10**18 + 1000), 0.0)
+    w.add(span(b"\x03" * 16, 4, start_ns=10**18), 0.0)
+    w.add(span(b"\x03" * 16, 5, start_ns=10**18 + 1000), 0.0)
+    w.expire(1.0)
+    got = {(p.outer.hop, p.inner.hop, p.order) for p in w.take_ready()}
+    assert got == {("hop2", "hop1", "learned"), ("hop5", "hop4", "declared")}
 
 
 def test_partly_joined_traces_are_told_apart() -> None:

@@ -277,6 +277,39 @@ class TestHooks:
             other.requestheaders(ctx_flow)
         assert "traceparent" not in ctx_flow.request.headers
 
+    def test_an_incoming_trace_goes_on_with_this_hop_s_span_as_the_parent(
+        self, meter: HopMeter
+    ) -> None:
+        """A request that brings a traceparent leaves with the same trace id and flags and this
+        flow's own span id as the parent; tracestate goes on untouched; the record names the
+        incoming span as its parent."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        flow = sse_flow()
+        client_span = "00f067aa0ba902b7"
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        flow.request.headers["traceparent"] = f"00-{trace_id}-{client_span}-00"
+        flow.request.headers["tracestate"] = "vendor=abc,hopmeter=beacon"
+        stream_through(meter, flow, [SSE, DONE])
+        version, trace, parent, flags = flow.request.headers["traceparent"].split("-")
+        record = rec.results[0].record
+        assert (version, trace, flags) == ("00", trace_id, "00")
+        assert parent == record["span_id"] != client_span
+        assert record["parent_span_id"] == client_span and record["trace_id"] == trace_id
+        assert flow.request.headers["tracestate"] == "vendor=abc,hopmeter=beacon"
+
+    def test_a_made_up_trace_forwards_this_flow_s_span(self, meter: HopMeter) -> None:
+        """A request without trace context gets a new trace whose parent span is this flow's
+        own, and the record has no parent."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        flow = sse_flow()
+        stream_through(meter, flow, [SSE, DONE])
+        _, trace, parent, flags = flow.request.headers["traceparent"].split("-")
+        record = rec.results[0].record
+        assert (trace, parent, flags) == (record["trace_id"], record["span_id"], "01")
+        assert record["parent_span_id"] is None
+
 
 class TestOptions:
     def test_bad_stall_threshold_names_the_option(self) -> None:
@@ -322,6 +355,7 @@ class TestOptions:
                 ],
             )
             assert hm.pairing.hops == {"edge", "origin"} and hm.pairing.by_content
+            assert hm.pairing.order.outer_of("edge", "origin") == (True, "declared")
             tctx.configure(hm, hopmeter_content_pairing=False)  # --no-content-pairing
             assert not hm.pairing.by_content
             tctx.configure(hm, hopmeter_content_pairing=True)

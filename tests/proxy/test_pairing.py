@@ -12,11 +12,16 @@ from hopmeter.core.record import FlowResult
 from hopmeter.proxy.pairing import PARK_TIMEOUT_S, TRACE_DROP_LOG_INTERVAL_S, LiveFlow, Pairing
 
 
-def result(hop: str, t_start: float, trace: str = "t1") -> FlowResult:
+def result(
+    hop: str, t_start: float, trace: str = "t1", span: str = "", parent: str | None = None
+) -> FlowResult:
+    """A finished flow of `trace` (its span `span`, its parent's `parent`), 10 tokens."""
     events = [[0.1 + 0.05 * i, 1, 5 * (i + 1)] for i in range(10)]
     rec: dict[str, Any] = {
         "hop": hop,
         "trace_id": trace,
+        "span_id": span or f"{hop}-{trace}",
+        "parent_span_id": parent,
         "request": {"t_start": t_start},
         "response": {},
         "events": events,
@@ -37,9 +42,9 @@ def test_single_flow_is_written_at_once() -> None:
 def test_inner_first_then_outer_with_hops() -> None:
     """The inner flow is written at once; the outer one carries the segment."""
     p = Pairing()
-    p.start("t1", 0.0)
-    p.start("t1", 0.001)
-    (inner,) = p.finish(result("origin", 0.001))
+    p.start("t1", 0.0, "edge-t1")
+    p.start("t1", 0.001, "origin-t1", "edge-t1")
+    (inner,) = p.finish(result("origin", 0.001, parent="edge-t1"))
     assert inner.record["hop"] == "origin"
     (outer,) = p.finish(result("edge", 0.0))
     assert outer.record["hops"][0]["segment"] == "edge>origin"
@@ -49,10 +54,10 @@ def test_inner_first_then_outer_with_hops() -> None:
 def test_outer_first_waits_for_inner() -> None:
     """An outer flow that finishes first is parked until the inner one finishes."""
     p = Pairing()
-    p.start("t1", 0.0)
-    p.start("t1", 0.001)
+    p.start("t1", 0.0, "edge-t1")
+    p.start("t1", 0.001, "origin-t1", "edge-t1")
     assert p.finish(result("edge", 0.0)) == []
-    out = p.finish(result("origin", 0.001))
+    out = p.finish(result("origin", 0.001, parent="edge-t1"))
     assert [r.record["hop"] for r in out] == ["edge", "origin"]
     assert "hops" in out[0].record
 
@@ -62,8 +67,8 @@ def test_parked_outer_is_written_after_the_timeout() -> None:
     timers: list[Callable[[], None]] = []
     emitted: list[FlowResult] = []
     p = Pairing(schedule=lambda _d, fn: timers.append(fn), emit=emitted.append)
-    p.start("t1", 0.0)
-    p.start("t1", 0.001)
+    p.start("t1", 0.0, "edge-t1")
+    p.start("t1", 0.001, "origin-t1", "edge-t1")
     assert p.finish(result("edge", 0.0)) == []
     timers[0]()
     assert [r.record["hop"] for r in emitted] == ["edge"]
@@ -78,15 +83,76 @@ def test_unrelated_traces_do_not_mix() -> None:
     assert "hops" not in p.finish(result("origin", 0.001, "b"))[0].record
 
 
+def test_two_requests_in_one_trace_pair_each_with_its_own_inner_flow() -> None:
+    """An instrumented client's two calls at once share a trace: each edge flow carries the
+    segment to the origin flow that names it as parent, whatever the request starts say."""
+    p = Pairing()
+    p.start("t1", 0.0, "e1", "client")
+    p.start("t1", 0.001, "e2", "client")
+    p.start("t1", 0.002, "o2", "e2")
+    p.start("t1", 0.003, "o1", "e1")
+    assert p.finish(result("origin", 0.003, span="o1", parent="e1"))[0].record["hop"] == "origin"
+    assert p.finish(result("edge", 0.0, span="e1", parent="client")) == []  # e2's trace goes on
+    assert p.finish(result("origin", 0.002, span="o2", parent="e2"))[0].record["hop"] == "origin"
+    out = p.finish(result("edge", 0.001, span="e2", parent="client"))
+    hops = {r.record["span_id"]: r.record["hops"] for r in out}
+    assert set(hops) == {"e1", "e2"}
+    for span, inner in (("e1", "o1"), ("e2", "o2")):
+        (seg,) = hops[span]
+        assert (seg["segment"], seg["order"], seg["skew_basis"]) == (
+            "edge>origin",
+            "link",
+            "one_clock",
+        )
+        assert seg["inner_flow_id"] is None or inner in str(seg["inner_flow_id"])
+
+
+def test_linked_flows_teach_the_order_of_their_hops() -> None:
+    """A trace whose flows are linked teaches which hop is outer; a later trace of the same two
+    hops without a link (a proxy between them added its own span) is put in that order."""
+    p = Pairing()
+    p.start("t1", 0.0, "e1")
+    p.start("t1", 0.001, "o1", "e1")
+    p.finish(result("origin", 0.001, "t1", span="o1", parent="e1"))
+    p.finish(result("edge", 0.0, "t1", span="e1"))
+    p.start("t2", 1.0, "e2")
+    p.start("t2", 1.001, "o2", "proxy")
+    p.finish(result("origin", 1.001, "t2", span="o2", parent="proxy"))
+    out = p.finish(result("edge", 1.0, "t2", span="e2"))
+    (seg,) = next(r for r in out if "hops" in r.record).record["hops"]
+    assert (seg["segment"], seg["order"]) == ("edge>origin", "learned")
+
+
+def test_unlinked_hops_of_no_known_order_are_written_unordered() -> None:
+    """Two flows of one trace with no link between them and no order known: one unordered pair,
+    with its finding, and no holds."""
+    p = Pairing()
+    p.start("t1", 0.0, "e1")
+    p.start("t1", 0.001, "o1", "proxy")
+    p.finish(result("origin", 0.001, span="o1", parent="proxy"))
+    out = p.finish(result("edge", 0.0, span="e1"))
+    (seg,) = next(r for r in out if "hops" in r.record).record["hops"]
+    assert (seg["segment"], seg["order"], seg["tokens_aligned"]) == ("edge~origin", "unknown", 0)
+    assert [f["kind"] for f in seg["findings"]] == ["segment_unordered"]
+
+
 # -- by content ---------------------------------------------------------------------------------
 
 REPLY = "The answer is forty-two."
 HOPS = frozenset({"edge", "origin"})
 
 
-def reply(hop: str, trace: str, t_start: float, text: str = REPLY, flow_id: str = "") -> FlowResult:
+def reply(
+    hop: str,
+    trace: str,
+    t_start: float,
+    text: str = REPLY,
+    flow_id: str = "",
+    *,
+    parent: str | None = None,
+) -> FlowResult:
     """A finished flow of `text`, fingerprinted as finish_flow does, lasting 0.5 s or so."""
-    base = result(hop, t_start, trace)
+    base = result(hop, t_start, trace, parent=parent)
     fp = fingerprint(text, len(text))
     assert fp is not None
     lag = 0.03 if hop == "edge" else 0.0  # the edge sees each token 10 ms after the origin
@@ -123,22 +189,26 @@ def content_pairing(
         clock=clock or Clock(),
     )
     p.hops = HOPS
+    p.order.declare(["edge", "origin"])  # the listeners, outermost first
     return p, timers, emitted
 
 
-def test_a_dropped_trace_is_paired_by_content() -> None:
+@pytest.mark.parametrize("client_span", [None, "c0ffee0000000001"])
+def test_a_dropped_trace_is_paired_by_content(client_span: str | None) -> None:
     """The origin flow (a trace of its own) and the edge flow are written together: the edge one
-    with hops paired by content and a trace_context_dropped finding, both saying how."""
+    with hops paired by content, in the listeners' order, and a trace_context_dropped finding,
+    both saying how; the same whether the client sent a trace context of its own or not."""
     p, _timers, _emitted = content_pairing()
-    p.start("e1", 10.0)
+    p.start("e1", 10.0, "edge-e1", client_span)
     p.start("o1", 10.02)
     assert p.finish(reply("origin", "o1", 10.02)) == []
-    inner, outer = p.finish(reply("edge", "e1", 10.0))
+    inner, outer = p.finish(reply("edge", "e1", 10.0, parent=client_span))
     (seg,) = outer.record["hops"]
-    assert (seg["segment"], seg["paired_by"], seg["inner_flow_id"]) == (
+    assert (seg["segment"], seg["paired_by"], seg["inner_flow_id"], seg["order"]) == (
         "edge>origin",
         "content",
         "origin-o1",
+        "declared",
     )
     assert seg["request_delay_s"] == pytest.approx(0.02)
     assert [f["kind"] for f in outer.record["findings"]] == ["trace_context_dropped"]
@@ -158,9 +228,9 @@ def test_a_shared_trace_in_a_process_of_two_hops_says_trace() -> None:
     p, _timers, _emitted = content_pairing(
         [LiveFlow(trace_id="x", t_start=10.0, opening="", chars=0)]
     )
-    p.start("t1", 10.0)
-    p.start("t1", 10.02)
-    assert p.finish(reply("origin", "t1", 10.02)) == []
+    p.start("t1", 10.0, "edge-t1")
+    p.start("t1", 10.02, "origin-t1", "edge-t1")
+    assert p.finish(reply("origin", "t1", 10.02, parent="edge-t1")) == []
     inner, outer = p.finish(reply("edge", "t1", 10.0))
     assert outer.record["hops"][0]["paired_by"] == "trace" and not outer.record["findings"]
     assert inner.record["pairing"] == {"paired_by": "trace", "match": "unique", "candidates": 0}

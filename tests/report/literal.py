@@ -2,6 +2,9 @@
 
 rec = flow("edge", T0, [[0.5, 1, 5], ...])   # events: [t_offset_s, tokens, content_offset]
 EDGE, ORIGIN                                  # one trace seen at two hops, the edge holding it
+
+Each record's span id is `span(trace, hop)`; `parent=HOP` names the outer hop's span as its parent,
+as hopmeter's traceparent does.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ def flow(
     figures: dict[str, Any] | None = None,
     findings: list[dict[str, Any]] | None = None,
     hops: list[dict[str, Any]] | None = None,
+    parent: str | None = None,
 ) -> dict[str, Any]:
-    """A hopmeter.flow/1 record with the fields the report reads."""
+    """A hopmeter.flow/1 record with the fields the report reads (`parent`: the outer hop)."""
     rec: dict[str, Any] = {
         "schema": "hopmeter.flow/1",
         "trace_id": trace,
+        "span_id": span(trace, hop),
+        "parent_span_id": None if parent is None else span(trace, parent),
         "flow_id": f"{trace}-{hop}",
         "hop": hop,
         "api": api,
@@ -46,9 +52,16 @@ def flow(
     return rec
 
 
+def span(trace: str | None, hop: str) -> str:
+    """The span id of `hop`'s flow of `trace` in these records."""
+    return f"{trace}-{hop}-span"
+
+
 # The origin sees three tokens 0.1 s apart; the edge (started 1 ms earlier) sees them all at 0.5 s:
 # the segment between them holds the first token 0.399 s, the last 0.2 s.
-ORIGIN = flow("origin", T0 + 0.001, [[0.05, 0, 0], [0.1, 1, 5], [0.2, 1, 9], [0.3, 1, 14]])
+ORIGIN = flow(
+    "origin", T0 + 0.001, [[0.05, 0, 0], [0.1, 1, 5], [0.2, 1, 9], [0.3, 1, 14]], parent="edge"
+)
 EDGE = flow("edge", T0, [[0.5, 0, 0], [0.5, 1, 5], [0.5, 1, 9], [0.501, 1, 14]])
 
 

@@ -223,3 +223,25 @@ def test_the_page_s_lanes_are_drawn_and_explained(tmp_path: Path) -> None:
     text = "".join(section.text)
     assert "body reader got each token" in text and "jitter buffer" in text
     assert "POST /v1/chat/completions" in text  # named by the edge's record, not a page lane
+
+
+def test_token_streams_come_first_worst_first_and_the_rest_is_summed_up(tmp_path: Path) -> None:
+    """A page's own assets (no token) before its replies in time: the replies are drawn first,
+    the one with an error finding before the clean one, and the assets are one collapsed table
+    at the end, not a section each."""
+    from tests.report.literal import T0, flow
+
+    asset = flow("edge", T0, [], trace="asset")
+    asset["request"]["path"] = "/demo/"
+    clean = flow("edge", T0 + 1, [[0.1, 1, 5], [0.2, 1, 9]], trace="clean")
+    broken = flow("edge", T0 + 2, [[0.1, 1, 5]], trace="broken")
+    broken["findings"] = [{"kind": "truncated", "severity": "error", "evidence": {}}]
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (asset, clean, broken)))
+    page = _page(tmp_path, path)
+    assert [s.attrs["id"] for s in page.sections] == ["trace-broken", "trace-clean"]
+    details = [a for tag, a in page.tags if tag == "details"]
+    assert [a.get("class") for a in details] == ["other-flows"]
+    text = "".join(page.text)
+    assert "1 other flows carried no token" in text
+    assert text.index("POST /demo/") > text.index("trace broken")  # listed after the streams

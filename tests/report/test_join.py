@@ -49,7 +49,7 @@ def test_two_records_of_a_trace_make_one_segment() -> None:
 
 def test_three_hops_make_two_segments_outermost_first() -> None:
     """A trace seen at three hops has two segments, in request order whatever the input order."""
-    inner = flow("model", T0 + 0.002, [[0.09, 1, 5], [0.19, 1, 9], [0.29, 1, 14]])
+    inner = flow("model", T0 + 0.002, [[0.09, 1, 5], [0.19, 1, 9], [0.29, 1, 14]], parent="origin")
     (entry,) = join([inner, EDGE, ORIGIN])
     assert [s["segment"] for s in entry["hops"]] == ["edge>origin", "origin>model"]
 
@@ -71,7 +71,7 @@ def test_run_prints_a_line_per_segment(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().out == (
         "t1 edge>origin first_token_hold=399.0ms p50=299.0ms p99=399.0ms max=399.0ms "
         "inner_p99=- wire_p99=- whole_body=no skew=0.0ms findings=- request_delay=1.0ms "
-        "paired_by=trace\n"
+        "paired_by=trace order=link\n"
     )
 
 
@@ -154,6 +154,8 @@ def test_join_entries_name_their_schema_and_segments() -> None:
     def rec(hop: str, t0: float, first: float) -> dict[str, Any]:
         return {
             "trace_id": "ab" * 16,
+            "span_id": hop,
+            "parent_span_id": "edge" if hop == "origin" else None,
             "hop": hop,
             "request": {"t_start": t0},
             "events": [[first + i * 0.1, 1, 4 * (i + 1)] for i in range(5)],
@@ -265,6 +267,8 @@ def _reply(rec: dict[str, Any], trace: str, text: str = "fourteen chars") -> dic
     return {
         **rec,
         "trace_id": trace,
+        "span_id": f"{trace}-span",
+        "parent_span_id": None,  # the gateway's own trace: no link to the other hop
         "flow_id": f"{trace}-{rec['hop']}",
         "fingerprint": fp.as_dict(),
         "response": {**rec["response"], "t_last_byte": last},
@@ -275,13 +279,46 @@ def test_a_dropped_trace_joins_by_content_with_the_same_holds() -> None:
     """Edge and origin records with different trace ids but one reply join as one request,
     paired by content, with the holds the shared trace gives."""
     by_trace = join([ORIGIN, EDGE])[0]["hops"][0]
-    (entry,) = join([_reply(ORIGIN, "o1"), _reply(EDGE, "e1")])
+    (entry,) = join([_reply(ORIGIN, "o1"), _reply(EDGE, "e1")], order=("edge", "origin"))
     assert entry["trace_id"] == "e1" and entry["paired_by"] == "content"
     assert entry["flow_ids"] == ["e1-edge", "o1-origin"]
     (seg,) = entry["hops"]
     assert seg["paired_by"] == "content" and seg["inner_flow_id"] == "o1-origin"
+    assert (seg["order"], by_trace["order"]) == ("declared", "link")
     for key in ("first_token_hold_s", "hold_p50_s", "hold_max_s", "request_delay_s"):
         assert seg[key] == by_trace[key], key
+
+
+def test_unlinked_hops_take_the_order_linked_traces_show_or_none() -> None:
+    """Flows paired by content with nothing else in the input are reported unordered (no holds,
+    a segment_unordered finding); a linked trace of the same hops in the same input puts them
+    in its order; the clocks (here the origin's, 2 s early) never do."""
+    early = {**ORIGIN, "request": {**ORIGIN["request"], "t_start": T0 - 2.0}}
+    pair = [_reply(early, "o1"), _reply(EDGE, "e1")]
+    (alone,) = join(pair, 3.0)
+    (seg,) = alone["hops"]
+    assert (seg["segment"], seg["order"], seg["hold_p50_s"]) == ("edge~origin", "unknown", None)
+    assert [f["kind"] for f in seg["findings"]] == ["segment_unordered"]
+    linked = [flow("edge", T0 + 10, EDGE["events"], trace="t9"), {**ORIGIN, "trace_id": "t9"}]
+    linked[1]["request"] = {**ORIGIN["request"], "t_start": T0 + 10.001}
+    linked[1]["parent_span_id"] = linked[0]["span_id"]
+    entries = join([*pair, *linked], 3.0)
+    learned = next(e for e in entries if e["trace_id"] == "e1")["hops"][0]
+    assert (learned["segment"], learned["order"]) == ("edge>origin", "learned")
+
+
+@pytest.mark.parametrize("value", ["edge", "edge,", "edge,edge"])
+def test_a_bad_order_is_one_line(value: str) -> None:
+    """--order takes two or more distinct hop names; anything else is one line, exit 2."""
+    out = subprocess.run(
+        [*HOPMETER, "join", "--order", value, "x.jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "outermost first, e.g. edge,origin" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_identical_replies_at_once_join_nothing_and_say_so(

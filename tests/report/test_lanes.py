@@ -103,7 +103,8 @@ def test_the_axis_reads_in_ms_or_seconds() -> None:
 def test_a_long_band_draws_a_sample_of_its_runs_and_says_so() -> None:
     """Past MAX_RUNS token runs a band draws every k-th and its title says how many it left out."""
     n = 2 * MAX_RUNS
-    inner = flow("origin", T0 + 0.001, [[0.01 * i, 1, i + 1] for i in range(n)], trace="long")
+    events = [[0.01 * i, 1, i + 1] for i in range(n)]
+    inner = flow("origin", T0 + 0.001, events, trace="long", parent="edge")
     outer = flow("edge", T0, [[0.01 * i + 0.005, 1, i + 1] for i in range(n)], trace="long")
     band = _group(render(build([inner, outer], 0.5)), "segment", "edge&gt;origin")
     assert len(_xs(_path(band, "held"), "H")) == MAX_RUNS

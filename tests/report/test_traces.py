@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from hopmeter.core.fingerprint import fingerprint
+from hopmeter.core.order import HopOrder
 from hopmeter.export.records import read_records
 from hopmeter.report.traces import build, group, severity, stall_threshold
 
@@ -22,10 +23,13 @@ def _rec(
     trace: str = "t1",
     findings: list[dict[str, Any]] | None = None,
     hops: list[dict[str, Any]] | None = None,
+    parent: str | None = None,
 ) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "schema": "hopmeter.flow/1",
         "trace_id": trace,
+        "span_id": f"{trace}-{hop}",
+        "parent_span_id": None if parent is None else f"{trace}-{parent}",
         "flow_id": f"{trace}-{hop}",
         "hop": hop,
         "request": {"method": "POST", "path": "/v1/chat/completions", "t_start": t_start},
@@ -40,7 +44,9 @@ def _rec(
 
 
 # The origin sees three tokens 0.1 s apart; the edge (started 1 ms earlier) sees all at 0.5 s.
-ORIGIN = _rec("origin", T0 + 0.001, [[0.05, 0, 0], [0.1, 1, 5], [0.2, 1, 9], [0.3, 1, 14]])
+ORIGIN = _rec(
+    "origin", T0 + 0.001, [[0.05, 0, 0], [0.1, 1, 5], [0.2, 1, 9], [0.3, 1, 14]], parent="edge"
+)
 EDGE = _rec("edge", T0, [[0.5, 0, 0], [0.5, 1, 5], [0.5, 1, 9], [0.501, 1, 14]])
 
 
@@ -49,6 +55,20 @@ def test_records_of_a_trace_group_together_in_request_order() -> None:
     lone = {**_rec("proxy", T0 + 5, [[0.1, 1, 3]]), "trace_id": None}
     groups = group([ORIGIN, lone, EDGE])
     assert [[r["hop"] for r in g] for g in groups] == [["edge", "origin"], ["proxy"]]
+
+
+def test_two_requests_of_one_trace_are_two_groups_by_their_links() -> None:
+    """An instrumented client's two calls share a trace: each edge record groups with the origin
+    record that names it as parent, outermost first, whatever the request starts say."""
+    second = [
+        {**EDGE, "span_id": "e2", "flow_id": "e2", "request": {**EDGE["request"], "t_start": T0}},
+        {**ORIGIN, "span_id": "o2", "parent_span_id": "e2", "flow_id": "o2"},
+    ]
+    groups = group([ORIGIN, *second, EDGE])
+    assert sorted([r["flow_id"] for r in g] for g in groups) == [
+        ["e2", "o2"],
+        ["t1-edge", "t1-origin"],
+    ]
 
 
 def test_segment_runs_go_from_inner_arrival_to_outer_arrival() -> None:
@@ -183,6 +203,8 @@ def _fingerprinted(rec: dict[str, Any], trace: str) -> dict[str, Any]:
     return {
         **rec,
         "trace_id": trace,
+        "span_id": f"{trace}-span",
+        "parent_span_id": None,  # a trace of its own: no link to the other hop
         "flow_id": f"{trace}-{rec['hop']}",
         "fingerprint": fp.as_dict(),
         "response": {**rec["response"], "t_last_byte": last},
@@ -193,9 +215,13 @@ def test_records_paired_by_content_group_together() -> None:
     """An edge and an origin record with different trace ids but one reply (a gateway dropped
     the trace) are one trace: the band says content and carries the request's way in."""
     edge, origin = _fingerprinted(EDGE, "t-edge"), _fingerprinted(ORIGIN, "t-origin")
-    (g,) = group([origin, edge])
+    (unknown,) = group([origin, edge])
+    (band,) = build(unknown, 0.5).bands  # nothing says which is outer: an unordered band
+    assert (band.segment, band.runs, band.summary["order"]) == ("edge~origin", (), "unknown")
+    order = HopOrder(["edge", "origin"])
+    (g,) = group([origin, edge], order)
     assert [r["hop"] for r in g] == ["edge", "origin"]
-    (band,) = build(g, 0.5).bands
+    (band,) = build(g, 0.5, order).bands
     assert band.summary["paired_by"] == "content"
     assert band.summary["request_delay_s"] == pytest.approx(0.001)
     assert band.request is not None

@@ -14,7 +14,8 @@ its type and bounds here, and a beacon that fails names its first problem (`Beac
     {"schema": "hopmeter.beacon/1", "traceparent": "00-<trace>-<span>-01", "url": "/v1/chat",
      "t0": 1733050000123.4, "status": 200, "headers": 52, "end": 8123, "how": "done",
      "sent": 18230, "rt": [4, 50],
-     "reads": {"t": [..], "bytes": [..], "chars": [..], "shown": [..], "lost": 0, "step": 1},
+     "reads": {"t": [..], "bytes": [..], "chars": [..], "shown": [..], "alone": [..], "lost": 0,
+               "step": 1},
      "stream": {"bytes": 9041, "chars": 718, "shown": 718, "fffd": 0},
      "screen": {"t": [..], "raf": [..], "write": [..], "chars": [..], "tasks": [..],
                 "removed": [..], "fffd": [..], "lost": 0, "step": 1, "slow": 0,
@@ -61,6 +62,9 @@ class Reads:
     bytes: tuple[int, ...]  # of this read (merged reads: since the entry before)
     chars: tuple[int, ...]  # visible characters so far: answer, reasoning and tool arguments
     shown: tuple[int, ...]  # answer characters so far: what the reply's element shows
+    # answer characters so far as a decoder per read makes them (a U+FFFD for each piece of a
+    # character split between reads): `shown` when no read split one
+    alone: tuple[int, ...]
     lost: int  # reads past the snippet's bound, not listed
     step: int  # reads merged into each listed one (1: every read listed)
 
@@ -183,13 +187,15 @@ def _reads(o: Mapping[str, Any]) -> Reads:
     n = len(t)
     chars = _column(o, "reads.chars", n)
     shown = _column(o, "reads.shown", n) if "shown" in o else chars
-    if min(chars, default=0) < 0 or min(shown, default=0) < 0 or min(t, default=0) < 0:
+    alone = _column(o, "reads.alone", n) if "alone" in o else shown
+    if min((*chars, *shown, *alone, *t), default=0) < 0:
         raise BeaconError("beacon reads: times and characters only grow")
     return Reads(
         t_ms=_times(t),
         bytes=tuple(_nonnegative(_column(o, "reads.bytes", n), "reads.bytes")),
         chars=tuple(accumulate(chars)),
         shown=tuple(accumulate(shown)),
+        alone=tuple(accumulate(alone)),
         lost=_count(o, "lost", where="reads", default=0),
         step=max(1, _count(o, "step", MAX_ENTRIES, where="reads", default=1)),
     )

@@ -25,18 +25,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.beacon import Beacon
-from hopmeter.core.client import diagnose_client, evidence, evidence_dict, screen_scale
+from hopmeter.core.client import (
+    ScreenOffsets,
+    diagnose_client,
+    evidence,
+    evidence_dict,
+    screen_offsets,
+)
 from hopmeter.core.detectors import Finding
 from hopmeter.core.figures import weighted_quantiles
-from hopmeter.core.hops import HopView, Segment, align
+from hopmeter.core.hops import HopView, Segment, align, with_suspects
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import FindingKind
 
 BROWSER = "browser"  # the lanes' names, also the segments' ("browser>edge", "screen>browser")
 SCREEN = "screen"
 # The screen shows other than the stream's characters (Markdown hides link URLs and fences, a
-# client decoding chunks alone adds U+FFFD): the alignment of frames to the stream is called
-# approximate when the screen's count is off the stream's by more than this share.
+# page adds text): the alignment of frames to the stream, scaled, is called approximate when
+# the screen's count is off the stream's by more than this share. (U+FFFD a decoder per read
+# adds is placed by the reads, exactly: hopmeter.core.client.screen_offsets.)
 APPROXIMATE_SHARE = 0.02
 
 
@@ -105,13 +112,13 @@ def _read_events(b: Beacon, tokens: _Tokens, *, answer_only: bool = False) -> li
     return out
 
 
-def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], float]:
-    """[t_s, tokens, content_offset] of each frame that showed more of the reply, and the scale
-    from the element's characters to the stream's answer characters."""
+def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], ScreenOffsets]:
+    """[t_s, tokens, content_offset] of each frame that showed more of the reply, and how the
+    element's characters were placed in the stream's (hopmeter.core.client.screen_offsets)."""
     f = b.screen
+    placed = screen_offsets(b)
     if f is None or not f.chars or f.chars[-1] <= 0:
-        return [], 1.0
-    scale = screen_scale(b.stream_shown, f.chars[-1])
+        return [], placed
     r = b.reads
     same = r.shown == r.chars  # no reasoning or tool text: answer characters are the offsets
     # what came before the answer (reasoning) is not painted there: tokens count from its end
@@ -120,8 +127,8 @@ def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], float
     )
     start = reached
     picked: list[tuple[float, int]] = []
-    for t_ms, chars in zip(f.t_ms, f.chars, strict=True):
-        shown = round(chars * scale)
+    for t_ms, at in zip(f.t_ms, placed.offsets, strict=True):
+        shown = round(at)
         if shown <= 0:
             continue
         if same:
@@ -133,7 +140,7 @@ def _screen_events(b: Beacon, tokens: _Tokens) -> tuple[list[list[float]], float
             picked.append((t_ms / 1000, offset))
             reached = offset
     done = tokens.completed([start, *(c for _, c in picked)])
-    return [[t, done[i + 1] - done[i], c] for i, (t, c) in enumerate(picked)], scale
+    return [[t, done[i + 1] - done[i], c] for i, (t, c) in enumerate(picked)], placed
 
 
 def _skew_limits(
@@ -167,7 +174,7 @@ def join_beacon(
     reads = _read_events(b, tokens)
     browser_seg = align(_view(BROWSER, t0, reads), edge, _skew_limits(record, b, received_s))
     skew = browser_seg.skew_s  # this hop's clock minus the page's
-    frames, scale = _screen_events(b, tokens)
+    frames, placed = _screen_events(b, tokens)
     ev = evidence(b)
     findings = tuple(_with_edge_facts(f, record) for f in diagnose_client(ev))
     browser = _browser_section(b, reads, browser_seg, t0 + skew, findings)
@@ -179,14 +186,15 @@ def join_beacon(
         answer = _read_events(b, tokens, answer_only=True)
         screen_seg = align(_view(SCREEN, t0, frames), _view(BROWSER, t0, answer), (0.0, 0.0))
         # a reveal after the stream ended "holds the whole body" too: the client finding says
-        # it, with the right fix (a whole_body_hold's fix would send the reader to the proxies)
-        screen_seg = dataclasses.replace(screen_seg, whole_body=False, findings=())
+        # it, with the right fix (a whole_body_hold's fix would send the reader to the proxies);
+        # a lag below zero (frames aligned wrong) keeps its alignment_suspect finding
+        screen_seg = with_suspects(dataclasses.replace(screen_seg, whole_body=False, findings=()))
         segments = (screen_seg, browser_seg)
         lags = screen_seg.holds_s
         screen = _screen_section(
             b,
             frames,
-            scale=scale,
+            placed=placed,
             first_ms=ev.first_painted_ms,
             lags=lags,
             log_content=log_content,
@@ -243,7 +251,7 @@ def _screen_section(
     b: Beacon,
     frames: list[list[float]],
     *,
-    scale: float,
+    placed: ScreenOffsets,
     first_ms: float | None,
     lags: Sequence[float],
     log_content: bool,
@@ -260,13 +268,18 @@ def _screen_section(
         "chars": f.chars[-1] if f.chars else 0,
         "fffd": max(f.fffd, default=0),
         "plain_text": f.plain,
-        "scale": round(scale, 4),
-        "approximate": _approximate(b.stream_shown, f.chars[-1] if f.chars else 0),
+        "scale": round(placed.scale, 4),
+        "aligned_by": placed.aligned_by,
+        "approximate": placed.aligned_by == "scale"
+        and _approximate(b.stream_shown, f.chars[-1] if f.chars else 0),
         "ttft_s": None if first_ms is None else _r(first_ms / 1000),
         "first_paint_s": None if f.paint_ms is None else _r(f.paint_ms / 1000),
         "first_present_s": None if f.present_ms is None else _r(f.present_ms / 1000),
         "paint_lag_p50_s": _r(p50),
         "paint_lag_p90_s": _r(p90),
+        # lags below zero: in the quantiles above (the alignment_suspect finding on the
+        # screen>browser segment says why), counted, never observed into paint_lag_seconds
+        "paint_lags_negative": sum(1 for x in lags if x < 0),
     }
     if log_content and b.text is not None:
         out["text"] = b.text

@@ -16,6 +16,11 @@ from typing import Any
 from hopmeter.core.figures import weighted_quantiles
 from hopmeter.core.ledger import FLAG_HELD, FLAG_OUT, FLAG_SENT, FlowChunks
 
+# A chunk's read time comes back from the record rounded to the microsecond, so a hold computed
+# from it may be below zero by up to half of that: such a hold is 0. One further below is not a
+# hold (a write stamped before its read): counted, never observed.
+ROUNDING_S = 1e-6
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliverySeen:
@@ -57,6 +62,7 @@ class Delivery:
     own_step_max_cpu_s: float | None
     loop_lag_max_s: float | None
     involuntary_switches: int | None
+    negative_holds: int = 0  # holds (token-weighted, as `holds`) below zero: counted, not kept
 
     def as_dict(self) -> dict[str, Any]:
         """The record's `delivery` section (docs/design.md §4)."""
@@ -72,6 +78,7 @@ class Delivery:
             "hold_p50_s": _r(self.hold_p50_s),
             "hold_p99_s": _r(self.hold_p99_s),
             "hold_max_s": _r(self.hold_max_s),
+            "negative_holds": self.negative_holds,
             "own_steps": self.own_steps,
             "own_step_max_s": _r(self.own_step_max_s),
             "own_step_max_cpu_s": _r(self.own_step_max_cpu_s),
@@ -144,6 +151,7 @@ def summarize(
     rows: list[list[float | None]] = []
     holds: list[tuple[float, int]] = []
     waits: list[tuple[float, float]] = []
+    negative = 0
     unseen = False
     isnan = math.isnan
     # one pass over the columns side by side (a record's chunks: up to 4,096 per flow)
@@ -164,8 +172,11 @@ def summarize(
             t_in = t_in_s + mono0 - skew
             if not held:
                 weight = k if by_tokens else 1
-                if weight:
-                    holds.append((max(0.0, t_write - t_in), weight))
+                hold = t_write - t_in
+                if weight and hold >= -ROUNDING_S:
+                    holds.append((max(0.0, hold), weight))
+                elif weight:
+                    negative += weight
             if waited is not None:
                 waits.append((t_in if held else t_write, waited))
     values = [h for h, _ in holds]
@@ -182,6 +193,7 @@ def summarize(
         hold_p50_s=p50,
         hold_p99_s=p99,
         hold_max_s=max(values) if values else None,
+        negative_holds=negative,
     )
 
 
@@ -194,6 +206,7 @@ def _empty() -> dict[str, Any]:
         "hold_p50_s": None,
         "hold_p99_s": None,
         "hold_max_s": None,
+        "negative_holds": 0,
     }
 
 

@@ -8,22 +8,27 @@ Where the inner hop followed its bytes out (`chunks_out`), that hold splits in t
 hop's own (read -> left its process) and the wire between the hops (left the inner hop -> read
 by the outer one), reported apart.
 
-The same function serves the live case (two listeners of one process, one wall clock) and
-`hopmeter join` on records from separate hosts, where the clocks may disagree: the skew between
-them is bounded by causality (the request reaches the outer hop first; a token leaves the inner hop
-before the outer one sees it) and estimated within those bounds.
+The same function serves the live case (two listeners of one process, one clock: the skew is
+known to be 0) and `hopmeter join` on records from separate hosts, where the clocks may disagree:
+the skew between them is bounded by causality (the request reaches the outer hop first; a token
+leaves the inner hop before the outer one sees it) and estimated within those bounds, and every
+hold says how far the bounds leave it open (`hold_uncertainty_s`). Which hop is the outer one is
+never read from a clock (hopmeter.core.order). A hold that comes out negative all the same (two
+clocks that moved against each other, two views of one clock aligned wrong) is kept in the record
+with a finding that says so and counted, never observed as a hold.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.figures import weighted_quantile, weighted_quantiles
-from hopmeter.core.vocab import FindingKind, PairedBy
+from hopmeter.core.order import Chain, HopOrder, Link, Node, chains
+from hopmeter.core.vocab import FindingKind, PairedBy, SegmentOrder, SkewBasis
 
 # A segment that released its first token after this share of the inner hop's token span had
 # passed held the whole body: nothing, then everything (seed "GPU to pixel").
@@ -60,7 +65,28 @@ SEGMENT_FIXES = {
         "Kong: the OpenTelemetry plugin's propagation (inject w3c); Portkey and other gateways: "
         "check their docs; a proxy of your own: copy traceparent onto the upstream request."
     ),
+    FindingKind.SEGMENT_UNORDERED: (
+        "Nothing said which of these two hops is in front of the other: no parent link joined "
+        "their spans (a proxy between them adds a span of its own, or drops traceparent), no "
+        "linked trace showed their order, none was declared. Declare it: `hopmeter join "
+        "--order OUTER,INNER`; in one process, list the listeners outermost first. Until then "
+        "its holds are not observed."
+    ),
+    FindingKind.CLOCK_SKEW_SUSPECT: (
+        "Durations of this segment came out negative: the two hosts' clocks moved against each "
+        "other during the request (a step, not a slew) or a host's time is wrong. Check NTP or "
+        "chrony on both; these values are counted in hopmeter_negative_durations_total, not "
+        "observed as holds."
+    ),
+    FindingKind.ALIGNMENT_SUSPECT: (
+        "Durations of this segment came out negative although both sides read one clock: its "
+        "two views were aligned by content offsets that do not count the same characters (a "
+        "screen showing text the stream did not carry). They are counted in "
+        "hopmeter_negative_durations_total, not observed."
+    ),
 }
+# Segment findings that are not a segment's pacing: their severity (a segment finding names none).
+SUSPECT_SEVERITY = "warning"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,21 +165,62 @@ class Segment:
     wire_holds_s: tuple[float, ...] = ()  # ... and left the inner hop -> read by the outer one
     paired_by: PairedBy = PairedBy.TRACE
     inner_flow_id: str | None = None  # the inner hop's record, when known
+    order: SegmentOrder = SegmentOrder.LINK  # how `outer>inner` was known (UNKNOWN: unordered)
+    skew_basis: SkewBasis = SkewBasis.CLOCKS_AGREE
+    wire_clipped: int = 0  # wire holds a late out time made negative, counted as 0
+    # inner request start - outer request start, on their own clocks (narrowed by the caller's
+    # upper limit); None: the upper skew bound
+    request_gap_s: float | None = None
+
+    @property
+    def outer_hop(self) -> str:
+        """The outer hop's name ("" for an unordered pair)."""
+        return self.segment.removesuffix(f">{self.inner_hop}") if self.ordered else ""
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the direction is known (an unordered pair has no holds to observe)."""
+        return self.order != SegmentOrder.UNKNOWN
 
     @property
     def request_delay_s(self) -> float | None:
         """From the outer hop seeing the request to the inner hop seeing it, on one clock.
 
         The upper skew bound is the raw difference of the two request starts; the estimated skew
-        takes its share back, so the delay lies between 0 (causality) and upper - lower.
+        takes its share back, so the delay lies between 0 (causality) and upper - lower. Below
+        0 only where the clocks contradict the request's way (counted, `negatives`).
         """
-        upper = self.skew_bounds_s[1]
-        return None if upper is None else max(0.0, upper - self.skew_s)
+        gap = self.skew_bounds_s[1] if self.request_gap_s is None else self.request_gap_s
+        return None if gap is None or not self.ordered else gap - self.skew_s
+
+    @property
+    def hold_uncertainty_s(self) -> tuple[float | None, float | None]:
+        """How far the causal bounds leave each hold open: the true hold lies between hold + lo
+        and hold + hi (0 and 0 on one clock; None: unbounded on that side)."""
+        lower, upper = self.skew_bounds_s
+        if self.skew_basis == SkewBasis.ONE_CLOCK:
+            return (0.0, 0.0)
+        return (
+            None if lower is None else min(0.0, lower - self.skew_s),
+            None if upper is None else max(0.0, upper - self.skew_s),
+        )
+
+    def negatives(self) -> dict[str, int]:
+        """Durations of this segment below zero, by what they are: never observed, counted (the
+        finding's evidence and hopmeter_negative_durations_total both read this)."""
+        out = {"hold": sum(1 for h in self.holds_s if h < 0)}
+        delay, added = self.request_delay_s, self.added_ttft_s
+        out["request_delay"] = int(delay is not None and delay < 0)
+        out["added_ttft"] = int(added is not None and added < 0)
+        return {k: n for k, n in out.items() if n}
 
     @property
     def request_delay_bounds_s(self) -> tuple[float | None, float | None]:
         """What causality allows the request delay to be, whatever the clocks' skew."""
         lower, upper = self.skew_bounds_s
+        if self.skew_basis == SkewBasis.ONE_CLOCK:
+            delay = self.request_delay_s
+            return (delay, delay)
         if upper is None:
             return (None, None)
         return (0.0, None if lower is None else max(0.0, upper - lower))
@@ -175,9 +242,11 @@ class Segment:
             v = weighted_quantile(self.holds_s, w, p)
             return None if v is None else round(v, 6)
 
+        lo, hi = self.hold_uncertainty_s
         out: dict[str, Any] = {
             "segment": self.segment,
             "inner_hop": self.inner_hop,
+            "order": self.order,
             "first_token_hold_s": _r(self.first_token_hold_s),
             "hold_p50_s": _r(median(self.holds_s)),
             "hold_p99_s": q(0.99),
@@ -186,6 +255,8 @@ class Segment:
             "tokens_aligned": len(self.holds_s),
             "skew_s": round(self.skew_s, 6),
             "skew_bounds_s": [None if b is None else round(b, 6) for b in self.skew_bounds_s],
+            "skew_basis": self.skew_basis,
+            "hold_uncertainty_s": [_r(lo), _r(hi)],
             "findings": list(self.findings),
             "paired_by": self.paired_by,
             "inner_flow_id": self.inner_flow_id,
@@ -197,6 +268,8 @@ class Segment:
         out.update(_quantiles("inner_hold", self.inner_holds_s))
         out.update(_quantiles("wire_hold", self.wire_holds_s))
         out["tokens_out"] = len(self.wire_holds_s)
+        if self.wire_clipped:
+            out["wire_holds_clipped"] = self.wire_clipped
         return out
 
 
@@ -287,6 +360,26 @@ def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | N
     return _bounds(outer, inner, _reaching(_token_times(outer), _token_times(inner)))
 
 
+def estimate_skew(lower: float | None, upper: float | None) -> tuple[float, SkewBasis]:
+    """The skew (inner clock - outer clock) taken within causal bounds, and why that one.
+
+    Agreeing clocks when the bounds allow them (hosts kept by NTP, two processes of one host).
+    Bounds that exclude 0 say the clocks disagree for sure: the skew is then the lower bound, at
+    which the segment's fastest token passed without a hold, so every hold is short of the truth
+    by that token's hold alone (a pass-through's tenth of a millisecond), whichever clock is
+    ahead; the request delay carries the rest of the bounds' width. Bounds that contradict each
+    other (a clock stepped during the request): the request's order, as before.
+    """
+    if lower is not None and upper is not None and lower > upper:
+        return upper, SkewBasis.REQUEST_ORDER
+    if (lower is None or lower <= 0.0) and (upper is None or upper >= 0.0):
+        return 0.0, SkewBasis.CLOCKS_AGREE
+    if lower is not None:
+        return lower, SkewBasis.FASTEST_TOKEN
+    assert upper is not None  # upper < 0 and no token aligned: the request's bound
+    return upper, SkewBasis.REQUEST_ORDER
+
+
 def align(
     outer: HopView,
     inner: HopView,
@@ -303,29 +396,34 @@ def align(
     reached = _reaching(out, inner_tokens)  # once, for the bounds and the holds
     lower, upper = _bounds(outer, inner, reached)
     lo, hi = skew_limits
-    if lo is not None and lo == hi:  # one clock: the skew is known, whatever the events say
+    one_clock = lo is not None and lo == hi
+    gap = upper  # the request starts' difference
+    if one_clock:  # one clock: the skew is known, whatever the events say
         lower = upper = lo
     else:
         if lo is not None:
             lower = lo if lower is None else max(lower, lo)
         if hi is not None:
             upper = hi if upper is None else min(upper, hi)
-    skew = 0.0
-    if lower is not None and lower > skew:
-        skew = lower
-    if upper is not None and upper < skew:
-        skew = upper  # contradictory bounds (clock jumps): trust the request order
+        gap = upper
+    if one_clock:
+        skew, basis = float(lo or 0.0), SkewBasis.ONE_CLOCK
+    else:
+        skew, basis = estimate_skew(lower, upper)
     holds: list[float] = []
     own: list[float] = []
     wire: list[float] = []
+    clipped = 0
     inner_outs = _token_outs(inner)
     for t_in, t_out, k, i in reached:
         holds.extend([t_out - (t_in - skew)] * k)
         left = inner_outs[i] if inner_outs else None
         if left is not None:
             own.extend([left - t_in] * k)
-            # a left time seen by a poll may be late by its interval: never below zero
-            wire.extend([max(0.0, t_out - (left - skew))] * k)
+            # a left time seen by a poll may be late by its interval: counted as 0, and counted
+            w = t_out - (left - skew)
+            clipped += k if w < 0 else 0
+            wire.extend([max(0.0, w)] * k)
     first = holds[0] if holds else None
     whole = False
     if inner_tokens and out and first is not None:
@@ -333,7 +431,7 @@ def align(
         if span is None:
             span = inner_tokens[-1][0] - inner_tokens[0][0]
         whole = span >= WHOLE_BODY_MIN_SPAN_S and first >= WHOLE_BODY_SHARE * span
-    return Segment(
+    seg = Segment(
         segment=f"{outer.hop}>{inner.hop}",
         inner_hop=inner.hop,
         holds_s=tuple(holds),
@@ -344,6 +442,58 @@ def align(
         skew_s=skew,
         skew_bounds_s=(lower, upper),
         findings=tuple(_segment_findings(outer, inner, whole, first)),
+        skew_basis=basis,
+        wire_clipped=clipped,
+        request_gap_s=gap,
+    )
+    return with_suspects(seg)
+
+
+def with_suspects(seg: Segment) -> Segment:
+    """`seg` with a finding for its negative durations, if it has any (replacing an earlier one):
+    clock_skew_suspect across clocks, alignment_suspect on one clock."""
+    suspect = (FindingKind.CLOCK_SKEW_SUSPECT, FindingKind.ALIGNMENT_SUSPECT)
+    kept = tuple(f for f in seg.findings if f.get("kind") not in suspect)
+    negatives = seg.negatives()
+    if negatives:
+        kind = suspect[1] if seg.skew_basis == SkewBasis.ONE_CLOCK else suspect[0]
+        evidence: dict[str, Any] = {"negative": negatives}
+        if negatives.get("hold"):
+            evidence["hold_min_s"] = round(min(seg.holds_s), 6)
+        kept += (
+            {
+                "kind": kind,
+                "severity": SUSPECT_SEVERITY,
+                "introduced_by": seg.segment,
+                "evidence": evidence,
+                "fix": SEGMENT_FIXES[kind],
+            },
+        )
+    return dataclasses.replace(seg, findings=kept)
+
+
+def unordered(a: HopView, b: HopView) -> Segment:
+    """Two neighbouring hops whose order nothing told: named `a~b` by hop name, no holds, a
+    `segment_unordered` finding."""
+    first, second = sorted((a.hop, b.hop))
+    name = f"{first}~{second}"
+    finding = {
+        "kind": FindingKind.SEGMENT_UNORDERED,
+        "severity": SUSPECT_SEVERITY,
+        "introduced_by": name,
+        "evidence": {"hops": [first, second]},
+        "fix": SEGMENT_FIXES[FindingKind.SEGMENT_UNORDERED],
+    }
+    return Segment(
+        segment=name,
+        inner_hop="",
+        holds_s=(),
+        first_token_hold_s=None,
+        whole_body=False,
+        skew_s=0.0,
+        skew_bounds_s=(None, None),
+        findings=(finding,),
+        order=SegmentOrder.UNKNOWN,
     )
 
 
@@ -380,12 +530,50 @@ def _segment_findings(
         }
 
 
-def chain(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
-    """Segments between consecutive hops of one trace, outermost first (by request start)."""
-    return chain_views([HopView.from_record(r) for r in records if r.get("events") is not None])
+def node(rec: Mapping[str, Any]) -> Node:
+    """What ordering needs of a record: its hop, span and parent span."""
+    return Node(
+        hop=str(rec.get("hop", "")),
+        span_id=rec.get("span_id") or None,
+        parent_span_id=rec.get("parent_span_id") or None,
+    )
 
 
-def chain_views(views: Iterable[HopView]) -> list[Segment]:
-    """Segments between consecutive views by request start, outermost first."""
-    ordered = sorted(views, key=lambda v: v.t_start)
-    return [align(a, b) for a, b in itertools.pairwise(ordered)]
+def chained(
+    records: Sequence[Mapping[str, Any]],
+    order: HopOrder | None = None,
+    *,
+    one_clock: bool = False,
+) -> list[tuple[Chain, list[tuple[Link, Segment]]]]:
+    """The records of one trace (or one request paired by content) as chains (indexes into
+    `records`), each with its links' segments outermost first: by parent link, else by `order`
+    (hopmeter.core.order). A link to a record without events has no segment. `one_clock`: the
+    records were written by one process, so the skew between them is known to be 0."""
+    views = [HopView.from_record(r) if r.get("events") is not None else None for r in records]
+    limits = (0.0, 0.0) if one_clock else (None, None)
+    out = []
+    for c in chains([node(r) for r in records], order):
+        segs = []
+        for link in c.links:
+            outer, inner = views[link.outer], views[link.inner]
+            if outer is None or inner is None:
+                continue
+            if link.order == SegmentOrder.UNKNOWN:
+                seg = unordered(outer, inner)
+            else:
+                seg = dataclasses.replace(align(outer, inner, limits), order=link.order)
+            flow_id = records[link.inner].get("flow_id")
+            segs.append((link, dataclasses.replace(seg, inner_flow_id=flow_id)))
+        out.append((c, segs))
+    return out
+
+
+def chain(
+    records: Sequence[Mapping[str, Any]],
+    order: HopOrder | None = None,
+    *,
+    one_clock: bool = False,
+) -> list[Segment]:
+    """The segments of the records' chains, outermost first (the longest chain's first)."""
+    found = sorted(chained(records, order, one_clock=one_clock), key=lambda cs: -len(cs[1]))
+    return [s for _, segs in found for _, s in segs]

@@ -21,14 +21,14 @@ trace and whose last dropped it joins into one.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hopmeter.core.fingerprint import Fingerprint, normalise_model
-from hopmeter.core.hops import SEGMENT_FIXES, Segment, chain
+from hopmeter.core.hops import SEGMENT_FIXES, Segment, chained
+from hopmeter.core.order import HopOrder
 from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, PairingMatch, Severity
 
 # Live, both hops read one clock; a record's end mixes mitmproxy's wall-clock start with
@@ -218,22 +218,26 @@ def _result(
     return Matching(groups=groups, outcomes=outcomes)
 
 
-def segments(records: Sequence[Record]) -> list[Segment]:
-    """The segments of one group of records, each saying how its two sides were paired."""
-    views = sorted(
-        (r for r in records if r.get("events") is not None),
-        key=lambda r: float((r.get("request") or {}).get("t_start") or 0.0),
-    )
+def segments(
+    records: Sequence[Record], order: HopOrder | None = None, *, one_clock: bool = False
+) -> list[tuple[tuple[int, ...], list[Segment]]]:
+    """The requests in one group of records, each as its records' indexes outermost first (the
+    first carries the segments) and its segments, each saying how its two sides were paired:
+    in the order of their parent links, else of their hops (hopmeter.core.order), never of
+    their clocks. A trace shared by several requests (an instrumented client's calls at once)
+    is as many requests as its flows' links say; a request seen at one hop has no segment.
+    """
     out = []
-    for seg, (outer, inner) in zip(chain(views), itertools.pairwise(views), strict=True):
-        same = outer.get("trace_id") and outer.get("trace_id") == inner.get("trace_id")
-        out.append(
-            dataclasses.replace(
-                seg,
-                paired_by=PairedBy.TRACE if same else PairedBy.CONTENT,
-                inner_flow_id=inner.get("flow_id"),
+    for c, links in chained(records, order, one_clock=one_clock):
+        segs = []
+        for link, seg in links:
+            outer, inner = records[link.outer], records[link.inner]
+            same = outer.get("trace_id") and outer.get("trace_id") == inner.get("trace_id")
+            segs.append(
+                dataclasses.replace(seg, paired_by=PairedBy.TRACE if same else PairedBy.CONTENT)
             )
-        )
+        if segs:
+            out.append((c.members, segs))
     return out
 
 

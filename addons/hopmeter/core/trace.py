@@ -20,8 +20,12 @@ class TraceContext:
     created: bool = False
 
     def header(self) -> str:
-        """The `traceparent` header value."""
+        """The `traceparent` header value (version 00, whatever version came in)."""
         return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+    def child(self, span_id: str) -> TraceContext:
+        """The context a hop forwards with its own span `span_id` as the parent."""
+        return TraceContext(trace_id=self.trace_id, span_id=span_id, flags=self.flags)
 
 
 def parse_traceparent(value: str) -> TraceContext | None:

@@ -127,6 +127,12 @@ class FindingKind(StrEnum):
     PROXY_FAILED = "proxy_failed"
     # a hook edited a body that had already been streamed to the client (core.passage)
     EDITED_AFTER_STREAMING = "edited_after_streaming"
+    # a pair of hops whose order (which is outer) nothing told: reported, its holds not observed
+    SEGMENT_UNORDERED = "segment_unordered"
+    # negative durations (core.hops): two clocks disagree beyond their causal bounds, or two
+    # views read from one clock were aligned wrong; counted, never observed
+    CLOCK_SKEW_SUSPECT = "clock_skew_suspect"
+    ALIGNMENT_SUSPECT = "alignment_suspect"
     # the page, from its beacon (core.client)
     CLIENT_DECODES_CHUNKS_ALONE = "client_decodes_chunks_alone"
     CLIENT_MISSED_EVENTS = "client_missed_events"
@@ -149,6 +155,26 @@ class PairedBy(StrEnum):
 
     TRACE = "trace"  # the same W3C trace id at both hops
     CONTENT = "content"  # different trace ids: the same reply text, in nested time windows
+
+
+class SegmentOrder(StrEnum):
+    """How a segment's direction (which hop is the outer one) was known: never from a clock
+    (`order` in a `hops` entry; docs/design.md §5)."""
+
+    LINK = "link"  # the inner hop's span is the outer hop's child (traceparent)
+    LEARNED = "learned"  # the same two hops were linked that way in other traces
+    DECLARED = "declared"  # the listeners' order in one process, or `hopmeter join --order`
+    UNKNOWN = "unknown"  # none of these: reported unordered, its holds not observed
+
+
+class SkewBasis(StrEnum):
+    """Where a segment's clock skew estimate comes from (`skew_basis` in a `hops` entry)."""
+
+    ONE_CLOCK = "one_clock"  # both sides read one clock (one process, one page): skew 0
+    CLOCKS_AGREE = "clocks_agree"  # the causal bounds allow agreeing clocks: taken as 0
+    # the bounds exclude agreement: the skew at which the segment's fastest token had no hold
+    FASTEST_TOKEN = "fastest_token"
+    REQUEST_ORDER = "request_order"  # the bounds contradict (a clock stepped): the request's
 
 
 class PairingMatch(StrEnum):
@@ -201,7 +227,7 @@ class TraceOutcome(StrEnum):
 
     JOINED = "joined"  # every span of it was paired with a neighbour hop
     PARTLY_JOINED = "partly_joined"  # some spans paired, some never found theirs
-    UNLINKED = "unlinked"  # several spans, no parent links: chained by start time at the end
+    UNLINKED = "unlinked"  # several spans, no parent links: ordered by hop at the end, if known
     ONE_SIDED = "one_sided"  # one span only: its other hop never arrived within the window
     EVICTED = "evicted"  # pushed out early because the window was at its bound
     LOST = "lost"  # still waiting when the service stopped

@@ -23,11 +23,12 @@ class JoinCounts:
     requests: Mapping[tuple[str, str], int]  # (transport, status) -> requests answered
     spans: Mapping[str, int]  # SpanOutcome -> spans
     traces: Mapping[str, int]  # TraceOutcome -> traces that left the window
-    segments: Mapping[str, int]  # "true" (by parent link) / "false" (by start time) -> segments
+    segments: Mapping[str, int]  # "true" (by parent link) / "false" (by hop order) -> aligned
     out_of_order: int
     window_traces: int
     window_events: int
     window_tombstones: int = 0  # ids of ended traces remembered, so late spans count late
+    orders: Mapping[str, int] | None = None  # SegmentOrder -> segments written
 
 
 class JoinMetrics:
@@ -67,6 +68,13 @@ class JoinMetrics:
             "Segments aligned, by whether the hops were paired by parent link.",
             "linked",
             counts.segments,
+        )
+        yield _by_label(
+            "hopmeter_join_segment_orders",
+            "Segments written, by how their direction was known (link, learned, declared; "
+            "unknown: reported unordered, holds not observed).",
+            "order",
+            counts.orders or {},
         )
         yield CounterMetricFamily(
             "hopmeter_join_out_of_order_spans",

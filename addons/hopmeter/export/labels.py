@@ -38,7 +38,7 @@ BODY_CLIP_REASONS = frozenset(BodyClip)
 # Hop, segment and error-site names come from configuration, not traffic; the cap guards against
 # a misconfiguration (a name per request) turning into a series per request.
 MAX_NAMES_PER_LABEL = 32
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.:>-]{1,64}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:>~-]{1,64}$")  # "~": an unordered pair of hops
 # Model ids recur on every request, so their labels are cached; random ids must not grow memory.
 MAX_CACHED_MODELS = 4096
 

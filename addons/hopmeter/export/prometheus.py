@@ -73,6 +73,10 @@ EVENT_TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)
 # fmt: on
 
 FLOW_LABELS = ("hop", "api", "model", "route")
+# What a negative duration was (`hopmeter_negative_durations_total{what}`): never observed into
+# its histogram, counted here; the record says why (core.hops' suspect findings, the screen's
+# and the delivery's counts).
+NEGATIVE_WHATS = ("hold", "request_delay", "added_ttft", "paint_lag", "own_hold")
 # Labelled children kept by Metrics._child; more than the capped label sets make in practice.
 MAX_CACHED_CHILDREN = 20_000
 # Trace ids are 32 hex digits (W3C); the OpenMetrics exemplar label set is capped at 128 chars.
@@ -286,6 +290,16 @@ class Metrics:
             "Findings attributed to a segment between two hops, by kind.",
             ("segment", "kind"),
         )
+        self.negative = counter(
+            "negative_durations_total",
+            "Measured durations that came out below zero, by what they were (hold, "
+            "request_delay, added_ttft, paint_lag, own_hold): never observed into their "
+            "histograms; the record says why (a clock_skew_suspect or alignment_suspect finding, "
+            "screen.paint_lags_negative, delivery.negative_holds).",
+            ("what",),
+        )
+        for what in NEGATIVE_WHATS:
+            self.negative.labels(what=what)
         self.malformed_events = counter(
             "malformed_events_total",
             "Event payloads hopmeter could not read as their API's format (counted, never fatal).",
@@ -393,6 +407,9 @@ class Metrics:
         if paint_lags:
             values = [(v, 1) for v in (_num(x) for x in paint_lags) if v is not None]
             self.paint_lag.observe(labels, values, exemplar)
+            below = sum(1 for x in paint_lags if _below_zero(x))
+            if below:  # the record's screen.paint_lags_negative says the same count
+                self._child(self.negative, ("paint_lag",)).inc(below)
 
     def beacon(self, outcome: str) -> None:
         """Count what became of one browser beacon (every outcome's series starts at 0)."""
@@ -416,10 +433,14 @@ class Metrics:
         if wait is not None:
             self._child(self.client_wait, labels).observe(wait, exemplar)
         if own_holds:
-            # floats from core.delivery.summarize, one per chunk: compared inline (`_num` per
-            # chunk was a call each); NaN and negatives are dropped as `_num` drops them
+            # floats from core.delivery.summarize, one per chunk, none negative (those are
+            # counted in the section's negative_holds): compared inline (`_num` per chunk was a
+            # call each); NaN is dropped as `_num` drops it
             values = [(v, k) for v, k in own_holds if k > 0 and v >= 0]
             self.own_hold.observe(labels, values, exemplar)
+        below = _num(section.get("negative_holds"))
+        if below:
+            self._child(self.negative, ("own_hold",)).inc(below)
 
     def _observe_pairing(self, hop: str, pairing: object, exemplar: dict[str, str] | None) -> None:
         """Count how a flow was paired across listeners (a record without `pairing`: not)."""
@@ -510,15 +531,19 @@ class Metrics:
 
     def observe_holds(self, segment: str, holds_s: Iterable[float], trace_id: str | None) -> None:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
-        # align's holds are floats; anything else (NaN, negative, not a number) is left out
+        # align's holds are floats; anything else (NaN, not a number) is left out, and negative
+        # ones are counted by observe_segment from the segment itself (Segment.negatives)
         values = [(float(h), 1) for h in holds_s if type(h) in (float, int) and h >= 0]
         self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
 
     def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
         """One segment of one stream: its per-token holds, what it added on the way in (request
-        delay, time to first token) and the findings it introduced."""
+        delay, time to first token) and the findings it introduced. An unordered pair has no
+        holds to observe, only its finding; a negative duration is counted, not observed (its
+        finding in the record says how many)."""
         label = self.segments.label(segment.segment)
-        self.observe_holds(segment.segment, segment.holds_s, trace_id)
+        if segment.ordered:
+            self.observe_holds(segment.segment, segment.holds_s, trace_id)
         for hist, value in (
             (self.request_delay, segment.request_delay_s),
             (self.added_ttft, segment.added_ttft_s),
@@ -526,6 +551,8 @@ class Metrics:
             v = _num(value)
             if v is not None:
                 self._child(hist, (label,)).observe(v, _exemplar(trace_id))
+        for what, n in segment.negatives().items():
+            self._child(self.negative, (what,)).inc(n)
         if f"segment\0{label}" not in self._initialised:  # every kind from 0, as _initialise
             self._initialised.add(f"segment\0{label}")
             for kind in (*FINDING_KINDS, OTHER):
@@ -545,6 +572,11 @@ class Metrics:
     def stream_finished(self) -> None:
         """A response that began streaming has ended, however it ended."""
         self.streams_active.dec()
+
+
+def _below_zero(value: object) -> bool:
+    """A number (not a bool) below zero."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value < 0
 
 
 def _token_events(events: Iterable[Sequence[Any]]) -> list[tuple[float, int]]:

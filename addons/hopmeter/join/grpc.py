@@ -28,7 +28,7 @@ import h2.settings
 
 from hopmeter.errors import OtlpError
 from hopmeter.join import otlp
-from hopmeter.join.http import MAX_BUFFERED, Intake, TooLarge, decompress
+from hopmeter.join.http import MAX_BUFFERED, Connections, Intake, TooLarge, decompress
 
 EXPORT_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 # gRPC servers take 4 MiB by default; a Collector forwards batches as large as it took in, and
@@ -110,6 +110,7 @@ class GrpcReceiver:
         self.intake = intake
         self.max_message = max_message
         self.buffered = 0  # bytes of messages being read now, bounded by MAX_BUFFERED
+        self.connections = Connections()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One h2c connection, until the client goes away."""
@@ -126,6 +127,7 @@ class GrpcReceiver:
         )
         conn.increment_flow_control_window(WINDOW_BYTES)  # the connection's, past the 64 KiB start
         calls: dict[int, _Call] = {}
+        self.connections.add(writer)
         try:
             writer.write(conn.data_to_send())
             while True:
@@ -142,6 +144,7 @@ class GrpcReceiver:
         except (TimeoutError, ConnectionError, h2.exceptions.ProtocolError):
             return
         finally:
+            self.connections.remove()
             for call in calls.values():
                 self.buffered -= len(call.body)
             writer.close()

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import zlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import h11
 
@@ -151,16 +151,20 @@ class HttpReceiver:
         self.intake = intake
         self.max_body = max_body
         self.buffered = 0  # bytes of bodies being read now, bounded by MAX_BUFFERED
+        self.connections = Connections()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: requests in turn until the client closes or a request ends it."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.connections.add(writer)
         try:
             while await self._one(conn, reader, writer):
                 conn.start_next_cycle()
         except (h11.RemoteProtocolError, ConnectionError, TimeoutError):
-            self.intake.answered("http", "bad_http")
+            if not self.connections.closing:
+                self.intake.answered("http", "bad_http")
         finally:
+            self.connections.remove()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -229,6 +233,40 @@ class HttpReceiver:
         writer.write(conn.send(h11.Data(data=reply.body)))
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
+
+
+class Connections:
+    """The connections a receiver serves, so that a stopping service can close them and let each
+    handler end on its own: a handler cancelled by the loop's end leaves a CancelledError
+    traceback on stderr (Python 3.12.1's asyncio reports it from the stream's callback)."""
+
+    def __init__(self) -> None:
+        self._open: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self.closing = False
+
+    def add(self, writer: asyncio.StreamWriter) -> None:
+        """The running handler serves `writer`'s connection."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._open[task] = writer
+
+    def remove(self) -> None:
+        """The running handler is done with its connection."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._open.pop(task, None)
+
+    async def close(self, timeout_s: float) -> None:
+        """Close every connection (each handler reads its end) and wait for the handlers; one
+        still running after `timeout_s` is cancelled."""
+        self.closing = True
+        for writer in list(self._open.values()):
+            writer.close()
+        tasks = list(self._open)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
 
 
 async def _next_event(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from hopmeter.core.hops import align
+from hopmeter.core.hops import Segment, align, unordered
+from hopmeter.core.order import HopOrder
 from hopmeter.core.spans import SpanView, read_span
-from hopmeter.core.vocab import SpanOutcome
+from hopmeter.core.vocab import SegmentOrder, SpanOutcome
 from hopmeter.errors import PortError, UsageError
 from hopmeter.export.join_metrics import JoinCounts, JoinMetrics
 from hopmeter.export.prometheus import Metrics, new_registry
@@ -32,7 +34,7 @@ from hopmeter.export.records import RecordSink
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.join.grpc import CODE_NAMES, GrpcReceiver
 from hopmeter.join.http import HttpReceiver
-from hopmeter.join.window import JoinWindow
+from hopmeter.join.window import JoinWindow, Pair
 from hopmeter.log import get_logger
 
 log = get_logger()
@@ -41,6 +43,7 @@ JOIN_SCHEMA = "hopmeter.join/1"
 TICKS_PER_WINDOW = 10  # the window is checked for ended traces ten times per window...
 MAX_TICK_S = 1.0  # ...and at least once a second
 LISTEN_BACKLOG = 1024  # senders connect in bursts when their batches fire together
+CLOSE_TIMEOUT_S = 2.0  # at a stop, how long handlers of closed connections get to end
 REJECTED_WHY = "hopmeter spans with absurd ids, times or hopmeter.timeline arrays were rejected"
 
 
@@ -55,6 +58,7 @@ class ServeConfig:
     window_s: float
     max_traces: int
     max_events: int
+    order: tuple[str, ...] = ()  # --order: the hops outermost first, for spans no link joins
 
 
 class JoinService:
@@ -62,7 +66,10 @@ class JoinService:
 
     def __init__(self, cfg: ServeConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = JoinWindow(
-            window_s=cfg.window_s, max_traces=cfg.max_traces, max_events=cfg.max_events
+            window_s=cfg.window_s,
+            max_traces=cfg.max_traces,
+            max_events=cfg.max_events,
+            order=HopOrder(cfg.order),
         )
         self.clock = clock
         self.metrics = Metrics(new_registry())
@@ -72,6 +79,7 @@ class JoinService:
         for name in CODE_NAMES.values():
             self.requests["grpc", name] += 0
         self.segments = {"true": 0, "false": 0}
+        self.orders = dict.fromkeys(SegmentOrder, 0)  # segments written, by how ordered
         self.sink = RecordSink.open(cfg.records) if cfg.records else None
         self.lost_records = 0
         JoinMetrics(self.metrics.registry, self.counts)
@@ -99,12 +107,14 @@ class JoinService:
         for pair in self.window.take_ready():
             trace_id = pair.trace_id.hex()
             try:
-                segment = align(pair.outer.view(), pair.inner.view())
+                segment = _segment(pair)
                 self.metrics.observe_segment(segment, trace_id)
             except Exception as exc:  # a bug in measuring must not stop the service
                 self._internal_error("join_align", exc)
                 continue
-            self.segments["true" if pair.linked else "false"] += 1
+            self.orders[pair.order] += 1
+            if segment.ordered:
+                self.segments["true" if pair.linked else "false"] += 1
             line = {
                 "schema": JOIN_SCHEMA,
                 "trace_id": trace_id,
@@ -143,6 +153,7 @@ class JoinService:
             spans={str(k): n for k, n in window.spans.items()},
             traces={str(k): n for k, n in window.traces.items()},
             segments=dict(self.segments),
+            orders={str(k): n for k, n in self.orders.items()},
             out_of_order=window.out_of_order,
             window_traces=window.held_traces,
             window_events=window.held_events,
@@ -165,6 +176,13 @@ class JoinService:
             self.lost_records += 1
             if self.lost_records == 1:
                 log.error("hopmeter join: cannot write joined records", error=str(exc))
+
+
+def _segment(pair: Pair) -> Segment:
+    """The segment of a pair: aligned, or unordered when nothing said which hop is outer."""
+    if pair.order == SegmentOrder.UNKNOWN:
+        return unordered(pair.outer.view(), pair.inner.view())
+    return dataclasses.replace(align(pair.outer.view(), pair.inner.view()), order=pair.order)
 
 
 def run(cfg: ServeConfig) -> int:
@@ -192,9 +210,11 @@ def run(cfg: ServeConfig) -> int:
 async def _serve(service: JoinService, cfg: ServeConfig, metrics: MetricsServer | None) -> None:
     http = HttpReceiver(service)
     servers = [await _listen(http.serve, cfg.http, "--listen")]
+    receivers: list[HttpReceiver | GrpcReceiver] = [http]
     where = [f"OTLP/HTTP on http://{_show(servers[0])}/v1/traces"]
     if cfg.grpc is not None:
         grpc = GrpcReceiver(service)
+        receivers.append(grpc)
         servers.append(await _listen(grpc.serve, cfg.grpc, "--grpc"))
         where.append(f"OTLP/gRPC on {_show(servers[1])}")
     if metrics is not None:
@@ -214,6 +234,8 @@ async def _serve(service: JoinService, cfg: ServeConfig, metrics: MetricsServer 
     finally:
         for server in servers:
             server.close()
+        for receiver in receivers:  # exporters keep connections open: each handler ends itself
+            await receiver.connections.close(CLOSE_TIMEOUT_S)
         service.stop()
         _say_goodbye(service)
 

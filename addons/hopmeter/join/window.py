@@ -1,11 +1,12 @@
 """The join window: hopmeter spans of one trace kept for a bounded time, paired as they arrive.
 
-Pairing follows the span tree, not start times: hopmeter forwards its own span id in
+Pairing follows the span tree, never start times: hopmeter forwards its own span id in
 `traceparent`, so the inner hop's span is the outer hop's child whatever the clocks of their
 hosts say. A pair is ready the moment its second span arrives, in either order (an inner span
-before its outer one is counted out of order). A trace whose spans have no parent link between
-them (an instrumented proxy between two hops adds its own span) is chained by start time, as
-`hopmeter join` does with files, when it leaves the window.
+before its outer one is counted out of order). Every link teaches the window which hop is in
+front of which; spans of a trace that no link joins (an instrumented proxy between two hops adds
+its own span) are put in that order, or the order declared (`--order`), when the trace leaves the
+window, as `hopmeter join` does with files; where neither says, they are an unordered pair.
 
 Memory is bounded by the window and by named limits, never by traffic: at most `max_traces`
 traces and `max_events` timeline events are held (the oldest traces leave early, counted), and
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from itertools import pairwise
 
+from hopmeter.core.order import HopOrder, Node, chains
 from hopmeter.core.spans import HopSpan
-from hopmeter.core.vocab import SpanOutcome, TraceOutcome
+from hopmeter.core.vocab import SegmentOrder, SpanOutcome, TraceOutcome
 
 WINDOW_S = 30.0  # above the SDK's 5 s batch delay plus a Collector's 20 s of retries
 # Traces held at once: ~7 KB each with two 200-event spans (bench/results), so ~1.4 GB at most.
@@ -43,7 +44,8 @@ class Pair:
     trace_id: bytes
     outer: HopSpan
     inner: HopSpan
-    linked: bool  # by parent link (False: chained by start time)
+    linked: bool  # by parent link (False: put in order by their hops, or unordered)
+    order: SegmentOrder = SegmentOrder.LINK  # UNKNOWN: nothing said which is outer
 
 
 @dataclass(slots=True)
@@ -52,6 +54,7 @@ class _Trace:
     spans: dict[bytes, HopSpan] = field(default_factory=dict)
     waiting: dict[bytes, list[HopSpan]] = field(default_factory=dict)  # children by parent id
     paired: set[bytes] = field(default_factory=set)  # span ids in at least one pair
+    unlinked: bool = False  # some pair was made without a link
     events: int = 0
 
 
@@ -65,8 +68,10 @@ class JoinWindow:
         max_traces: int = MAX_TRACES,
         max_events: int = MAX_EVENTS,
         max_tombstones: int = MAX_TOMBSTONES,
+        order: HopOrder | None = None,
     ) -> None:
         self.window_s = window_s
+        self.order = order or HopOrder()  # declared (--order), and learned from every link
         self.max_traces = max_traces
         self.max_events = max_events
         self.max_tombstones = max_tombstones
@@ -132,10 +137,19 @@ class JoinWindow:
         return SpanOutcome.ACCEPTED
 
     def _pair(
-        self, tid: bytes, trace: _Trace, outer: HopSpan, inner: HopSpan, *, linked: bool
+        self,
+        tid: bytes,
+        trace: _Trace,
+        outer: HopSpan,
+        inner: HopSpan,
+        *,
+        linked: bool,
+        order: SegmentOrder = SegmentOrder.LINK,
     ) -> None:
         trace.paired.update((outer.span_id, inner.span_id))
-        self._ready.append(Pair(tid, outer, inner, linked))
+        if linked:
+            self.order.learn(outer.hop, inner.hop)
+        self._ready.append(Pair(tid, outer, inner, linked, order))
 
     def take_ready(self) -> list[Pair]:
         """The pairs completed since the last call, in the order they completed."""
@@ -163,11 +177,12 @@ class JoinWindow:
         """Count how a trace ended (`early`: why it left before its window passed)."""
         self.held_events -= trace.events
         spans = list(trace.spans.values())
-        if len(spans) > 1 and not trace.paired and early is None:
-            for outer, inner in pairwise(sorted(spans, key=lambda s: s.start_ns)):
-                self._pair(tid, trace, outer, inner, linked=False)
+        linked = bool(trace.paired)
+        if len(spans) > 1 and len(trace.paired) < len(spans) and early is None:
+            self._order_the_rest(tid, trace, spans)
+        if trace.paired and not linked:
             self.traces[TraceOutcome.UNLINKED] += 1
-        elif len(trace.paired) == len(spans) > 1:
+        elif linked and len(trace.paired) == len(spans) and not trace.unlinked:
             self.traces[TraceOutcome.JOINED] += 1
         elif early is not None:
             self.traces[early] += 1
@@ -176,6 +191,16 @@ class JoinWindow:
         else:
             self.traces[TraceOutcome.ONE_SIDED] += 1
         self._bury(tid, now)
+
+    def _order_the_rest(self, tid: bytes, trace: _Trace, spans: list[HopSpan]) -> None:
+        """Pair the spans no link joined, by the order of their hops (hopmeter.core.order)."""
+        nodes = [Node(s.hop, s.span_id, s.parent_span_id) for s in spans]
+        for c in chains(nodes, self.order):
+            for link in c.links:
+                if link.order != SegmentOrder.LINK:
+                    trace.unlinked = True
+                    outer, inner = spans[link.outer], spans[link.inner]
+                    self._pair(tid, trace, outer, inner, linked=False, order=link.order)
 
     def _bury(self, tid: bytes, now: float) -> None:
         step = self.window_s / TOMBSTONE_GENERATIONS

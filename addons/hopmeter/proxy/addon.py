@@ -133,7 +133,11 @@ class HopMeter:
             "hopmeter_chaos_seed", int, 0, "Seed for --chaos (0 = a new seed per flow)."
         )
         loader.add_option(
-            "hopmeter_trace_header", bool, True, "Add a W3C traceparent to requests that have none."
+            "hopmeter_trace_header",
+            bool,
+            True,
+            "Forward a W3C traceparent naming this flow's span as the parent (the incoming "
+            "trace id kept, a new one for a request that has none; tracestate untouched).",
         )
         loader.add_option(
             "hopmeter_fingerprint_key_env",
@@ -180,6 +184,9 @@ class HopMeter:
             # listeners of two or more hops: flows pair by reply content where a trace id is lost
             hops = frozenset(self.listener_names.get(m, opts.hopmeter_hop) for m in opts.mode)
             self.pairing.hops = hops if opts.hopmeter_content_pairing else frozenset()
+            # where no parent link says which hop is outer: the listeners as declared, outermost
+            # first
+            self.pairing.order.declare([*self.listener_names.values(), opts.hopmeter_hop])
         if "hopmeter_fingerprint_key_env" in updated:
             self.fingerprint_key = _fingerprint_key(opts.hopmeter_fingerprint_key_env)
         if "hopmeter_chaos" in updated:
@@ -337,18 +344,19 @@ class HopMeter:
         try:
             spec = flow.client_conn.proxy_mode.full_spec
             listener = self.listener_names.get(spec, ctx.options.hopmeter_hop)
-            trace = self._trace(flow)
+            trace, span_id = self._trace(flow)
             state = FlowState(
                 mono0=mono0,
                 skew_s=max(0.0, wall0 - flow.request.timestamp_start),
                 listener=listener,
                 hop=listener,
                 trace=trace,
-                span_id=trace.span_id if trace.created else secrets.token_hex(8),
+                span_id=span_id,
                 passage=FlowPassage(request_buffered_by=self.passage.buffer_request(flow)),
             )
             self.live[flow.id] = (flow, state)
-            self.pairing.start(trace.trace_id, flow.request.timestamp_start)
+            parent = None if trace.created else trace.span_id
+            self.pairing.start(trace.trace_id, flow.request.timestamp_start, span_id, parent)
             if self.tokenizer_load is not None:
                 self.tokenizer_load.start()  # once; at once after the first time
             traffic_started(self.after_patterns)  # the first flow's call acts; then a flag read
@@ -512,17 +520,20 @@ class HopMeter:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().call_soon(passage.close_client, flow)
 
-    def _trace(self, flow: http.HTTPFlow) -> TraceContext:
+    def _trace(self, flow: http.HTTPFlow) -> tuple[TraceContext, str]:
+        """The flow's trace context as it came (made up when none came) and its own span id,
+        which goes on in `traceparent` as the next hop's parent (W3C Trace Context: the trace id
+        and flags kept, the parent-id replaced, as Envoy and nginx's OpenTelemetry module do);
+        `tracestate` is passed on untouched."""
         incoming = flow.request.headers.get("traceparent")
         parsed = parse_traceparent(incoming) if incoming else None
-        if parsed is not None:
-            return parsed
-        created = TraceContext(
-            trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8), flags="01", created=True
+        own = secrets.token_hex(8)
+        trace = parsed or TraceContext(
+            trace_id=secrets.token_hex(16), span_id=own, flags="01", created=True
         )
         if ctx.options.hopmeter_trace_header:
-            flow.request.headers["traceparent"] = created.header()
-        return created
+            flow.request.headers["traceparent"] = trace.child(own).header()
+        return trace, own
 
     def _finish(self, flow: http.HTTPFlow, ended: Ended) -> None:
         """Stamp the end now; build the record after this hook has returned.

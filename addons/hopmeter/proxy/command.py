@@ -76,7 +76,10 @@ def add_parser(sub: Any) -> None:
         help="carry each flow's token timeline in its span, for `hopmeter join` (default on)",
     )
     p.add_argument(
-        "--no-trace-header", action="store_true", help="do not add a traceparent header to requests"
+        "--no-trace-header",
+        action="store_true",
+        help="do not add or rewrite traceparent (by default it goes on with this hop's span as "
+        "the parent)",
     )
     p.add_argument(
         "--fingerprint-key-env",

@@ -1,9 +1,13 @@
 """Live pairing of the flows one request makes through several listeners of this process.
 
-By trace: the outermost flow of a trace (the one whose request started first) is written last,
-with a `hops` section, once every other flow of the trace has finished: the inner flows usually
-finish first (the inner hop sees the end of the body before the outer one), so the wait is short;
-a bounded timeout writes it without waiting longer.
+By trace: hopmeter forwards `traceparent` with each flow's own span id, so an inner flow names
+the outer one as its parent. A flow whose parent is not a flow of this process (the outermost of
+its request) is written last, with a `hops` section, once every other flow of its trace has
+finished: the inner flows usually finish first (the inner hop sees the end of the body before the
+outer one), so the wait is short; a bounded timeout writes it without waiting longer. The
+segments follow the parent links (hopmeter.core.order), so an instrumented client's calls that
+share one trace pair each with its own inner flows; where no link joins two flows of a request,
+the listeners' order (outermost first) or what links taught says which is outer, never a clock.
 
 By content, when this process has listeners of two or more hops (`hops`): a gateway between them
 that drops `traceparent` gives the inner flow a trace of its own, so a trace that closes seen at
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from hopmeter.core.fingerprint import Fingerprint
-from hopmeter.core.hops import Segment, chain
+from hopmeter.core.hops import Segment, chained
 from hopmeter.core.matching import (
     LIVE_SLACK_S,
     match_records,
@@ -35,7 +39,9 @@ from hopmeter.core.matching import (
     with_findings,
     without_content,
 )
+from hopmeter.core.order import HopOrder
 from hopmeter.core.record import FlowResult
+from hopmeter.core.vocab import SegmentOrder
 from hopmeter.log import get_logger
 
 log = get_logger()
@@ -74,9 +80,17 @@ class LiveFlow:
 
 @dataclass(slots=True)
 class _Trace:
-    live_starts: list[float] = field(default_factory=list)  # request starts of flows in flight
+    # flows in flight: their key (span id) -> (request start, parent span id)
+    live: dict[str, tuple[float, str | None]] = field(default_factory=dict)
+    spans: set[str] = field(default_factory=set)  # span ids of this trace's flows here
     done: list[FlowResult] = field(default_factory=list)
-    parked: FlowResult | None = None
+    parked: list[FlowResult] = field(default_factory=list)  # outermost flows that ended first
+    timer: bool = False  # a timeout is set for the parked ones
+
+
+def _key(span_id: object, t_start: float) -> str:
+    """A flow's key in its trace: its span id (a record read from elsewhere may have none)."""
+    return span_id if isinstance(span_id, str) and span_id else f"@{t_start!r}"
 
 
 @dataclass(slots=True)
@@ -144,6 +158,9 @@ class Pairing:
         self._in_flight = in_flight
         self._clock = clock
         self.hops: frozenset[str] = frozenset()  # this process's hops: content pairing at 2+
+        # which hop is outer where no parent link says: the listeners' order, and what links
+        # between the same hops showed
+        self.order = HopOrder()
         self._pending: list[_Unit] = []
         self._recheck = False  # a recheck timer is set
         self._logged: dict[str, tuple[float, int]] = {}  # segment -> (last line, since then)
@@ -158,36 +175,45 @@ class Pairing:
         """Whether flows are paired by content too (listeners of two or more hops)."""
         return len(self.hops) > 1
 
-    def start(self, trace_id: str, t_start: float) -> None:
-        """A flow of `trace_id` began (its request started at `t_start`)."""
+    def start(
+        self, trace_id: str, t_start: float, span_id: str = "", parent_span_id: str | None = None
+    ) -> None:
+        """A flow of `trace_id` began (its request started at `t_start`; its own span and its
+        parent's, as it forwarded and received them in `traceparent`)."""
         trace = self._traces.get(trace_id)
         if trace is None:
             trace = self._traces[trace_id] = _Trace()
             while len(self._traces) > MAX_TRACES:
                 self._traces.popitem(last=False)
-        trace.live_starts.append(t_start)
+        key = _key(span_id, t_start)
+        trace.live[key] = (t_start, parent_span_id)
+        trace.spans.add(key)
 
     def finish(self, result: FlowResult) -> list[FlowResult]:
         """A flow finished: the records that can be written now, in order."""
-        trace_id = result.record.get("trace_id")
+        rec = result.record
+        trace_id = rec.get("trace_id")
         trace = self._traces.get(trace_id) if isinstance(trace_id, str) else None
         if trace is None or not isinstance(trace_id, str):
             return self._lone(result)
-        t_start = result.record["request"]["t_start"]
-        if t_start in trace.live_starts:
-            trace.live_starts.remove(t_start)
+        t_start = rec["request"]["t_start"]
+        if trace.live.pop(_key(rec.get("span_id"), t_start), None) is None:
+            # started without its span id: known by its request start
+            key = next((k for k, (t, _) in trace.live.items() if t == t_start), None)
+            if key is not None:
+                del trace.live[key]
         trace.done.append(result)
-        if trace.live_starts:
-            outer_first = t_start < min(trace.live_starts) and trace.parked is None
-            if outer_first:
-                # the outer flow ended first: wait for the inner ones before writing it
-                trace.parked = result
-                if self._schedule is not None:
+        if trace.live:
+            if rec.get("parent_span_id") not in trace.spans:
+                # the outermost flow of its request ended first: wait for the inner ones
+                trace.parked.append(result)
+                if self._schedule is not None and not trace.timer:
+                    trace.timer = True
                     self._schedule(PARK_TIMEOUT_S, lambda: self._expire(trace_id))
                 return []
             if self.by_content:
                 return []  # the whole trace is decided together when it closes
-            return [] if result is trace.parked else [result]
+            return [result]
         if self.by_content:
             self._traces.pop(trace_id)
             self._wait(trace.done)
@@ -202,13 +228,26 @@ class Pairing:
 
     def _close(self, trace_id: str, last: FlowResult) -> list[FlowResult]:
         trace = self._traces.pop(trace_id)
-        out = [r for r in (trace.parked, last) if r is not None]
+        out = [*trace.parked, last]
         if len(trace.done) < 2:
             return out
-        outer = min(trace.done, key=lambda r: r.record["request"]["t_start"])
-        segments = chain([r.record for r in trace.done])
-        with_hops = attach(outer, segments)
-        return [with_hops if r is outer else r for r in out] if outer in out else out
+        return self._with_hops(out, trace.done)
+
+    def _with_hops(self, out: list[FlowResult], done: list[FlowResult]) -> list[FlowResult]:
+        """`out` with each request's outermost record carrying the segments of its chain."""
+        heads: dict[int, FlowResult] = {}
+        for c, links in chained([r.record for r in done], self.order, one_clock=True):
+            segs = [s for _, s in links]
+            self._learn(segs)
+            if segs:
+                heads[id(done[c.head])] = attach(done[c.head], segs)
+        return [heads.get(id(r), r) for r in out]
+
+    def _learn(self, segs: Iterable[Segment]) -> None:
+        """Remember the order of hops that parent links joined."""
+        for s in segs:
+            if s.order == SegmentOrder.LINK:
+                self.order.learn(s.outer_hop, s.inner_hop)
 
     def drain(self) -> None:
         """Write every parked and pending record now (the proxy is stopping)."""
@@ -222,7 +261,10 @@ class Pairing:
 
     def _expire(self, trace_id: str) -> None:
         trace = self._traces.get(trace_id)
-        if trace is None or trace.parked is None:
+        if trace is None:
+            return
+        trace.timer = False
+        if not trace.parked:
             return
         if self.by_content:  # what finished of the trace waits as one request
             self._traces.pop(trace_id)
@@ -230,10 +272,10 @@ class Pairing:
             for r in self._hand_out():
                 self._send(r)
             return
-        parked, trace.parked = trace.parked, None
-        trace.done.remove(parked)
-        segments = chain([r.record for r in [parked, *trace.done]])
-        self._send(attach(parked, segments))
+        parked, trace.parked = trace.parked, []
+        for r in self._with_hops(parked, trace.done):
+            self._send(r)
+        trace.done = [r for r in trace.done if r not in parked]
 
     def _send(self, result: FlowResult) -> None:
         if self._emit is not None:
@@ -316,7 +358,7 @@ class Pairing:
         for trace_id, trace in self._traces.items():
             live += [
                 LiveFlow(trace_id=trace_id, t_start=t, opening="", chars=0)
-                for t in trace.live_starts
+                for t, _ in trace.live.values()
                 if (trace_id, t) not in seen
             ]
         return live
@@ -341,18 +383,22 @@ class Pairing:
             self._turns.append(partial(self._with_segments, [out[i] for i in refs]))
 
     def _with_segments(self, group: list[FlowResult]) -> list[FlowResult]:
-        """One paired request's records, the outermost (first) with its segments, inner flows
+        """One paired group's records, each request's outermost with its segments, inner flows
         first as they finished."""
-        segs = segments([r.record for r in group])
-        dropped = trace_dropped(segs)
-        with_hops = attach(group[0], segs)
-        if dropped:
-            with_hops = dataclasses.replace(
-                with_hops, record=with_findings(with_hops.record, dropped)
-            )
-            for f in dropped:
-                self._log_dropped(f["evidence"]["segment"])
-        return sorted([with_hops, *group[1:]], key=lambda r: -_start(r))
+        out = list(group)
+        for members, segs in segments([r.record for r in group], self.order, one_clock=True):
+            self._learn(segs)
+            head = members[0]
+            dropped = trace_dropped(segs)
+            with_hops = attach(group[head], segs)
+            if dropped:
+                with_hops = dataclasses.replace(
+                    with_hops, record=with_findings(with_hops.record, dropped)
+                )
+                for f in dropped:
+                    self._log_dropped(f["evidence"]["segment"])
+            out[head] = with_hops
+        return sorted(out, key=lambda r: -_start(r))
 
     def _log_dropped(self, segment: str) -> None:
         """One line per segment, then one per TRACE_DROP_LOG_INTERVAL_S saying how many more."""

@@ -199,11 +199,11 @@ class HopView(FlowObserver):
         """Write hopmeter's HTML report of these flows (@marked, @all, "~marker red_circle")."""
         from hopmeter.report.fleet import summarise  # noqa: PLC0415 - only when asked
         from hopmeter.report.html import render  # noqa: PLC0415
-        from hopmeter.report.traces import build, group, stall_threshold  # noqa: PLC0415
+        from hopmeter.report.traces import stall_threshold, traces_of  # noqa: PLC0415
 
         records = self._records(flows, "hopmeter.report")
         threshold = stall_threshold(records)
-        traces = [build(recs, threshold) for recs in group(records)]
+        traces = traces_of(records, threshold)
         page = render(summarise(records, traces), traces, threshold_s=threshold, max_traces=200)
         out = Path(path).expanduser()
         try:

@@ -17,7 +17,7 @@ from hopmeter.export.records import read_records
 from hopmeter.report.fleet import summarise
 from hopmeter.report.html import render as render_html
 from hopmeter.report.text import render as render_text
-from hopmeter.report.traces import build, group, stall_threshold
+from hopmeter.report.traces import stall_threshold, traces_of
 
 # Traces drawn in one HTML file; past this the worst are drawn and the rest counted. A trace's
 # lanes are ~100 KB of SVG at most (events are capped per record), so the file stays openable.
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     threshold = args.stall_threshold or stall_threshold(records)
-    traces = [build(recs, threshold) for recs in group(records)]
+    traces = traces_of(records, threshold)
     fleet = summarise(records, traces)
     if not args.quiet:
         sys.stdout.write(render_text(fleet, traces))

@@ -1,5 +1,9 @@
 """The report as one self-contained HTML page: fleet summary on top, then each trace's lanes.
 
+Token streams come first, worst first (then in time order); the flows that carried no token
+(a page's own assets, a health check, a favicon) are summed up in one collapsed table at the end,
+so that a `--browser` run opens with its replies, not with `GET /demo/`.
+
 Nothing is fetched: CSS and SVG are inline and the page runs no script; a Content-Security-Policy
 says so to the browser, so even a string that escaped escaping could not load or run anything.
 Every string from a record goes through `_e` (control characters made visible, then HTML-escaped).
@@ -248,23 +252,56 @@ def _show(value: object, fmt: Any) -> str:
     return str(fmt(value)) if fmt is not None else str(value)
 
 
+def is_stream(trace: Trace) -> bool:
+    """Whether any hop of the trace saw a token."""
+    return any(lane.marks for lane in trace.lanes)
+
+
+def _badness(t: Trace) -> tuple[int, int, float]:
+    """Worst first: the worst finding's severity, then more hops, then earlier."""
+    w = t.worst()
+    return (3 if w is None else severity_rank(w), -len(t.lanes), t.t0)
+
+
 def _pick(traces: Sequence[Trace], max_traces: int) -> list[Trace]:
-    """At most `max_traces`, the worst first when some must go; shown in time order."""
-    if len(traces) <= max_traces:
-        return list(traces)
+    """At most `max_traces` token streams, worst first."""
+    return sorted((t for t in traces if is_stream(t)), key=_badness)[: max(0, max_traces)]
 
-    def badness(t: Trace) -> tuple[int, float]:
-        w = t.worst()
-        return (3 if w is None else severity_rank(w), -len(t.lanes))
 
-    keep = sorted(traces, key=badness)[: max(0, max_traces)]
-    return sorted(keep, key=lambda t: t.t0)
+def _others(traces: Sequence[Trace], max_rows: int) -> str:
+    """The flows that carried no token, in one collapsed table (worst first)."""
+    rest = sorted((t for t in traces if not is_stream(t)), key=_badness)
+    if not rest:
+        return ""
+    rows = []
+    for t in rest[: max(0, max_rows)]:
+        rec, worst = t.outer, t.worst()
+        req, resp = rec.get("request") or {}, rec.get("response") or {}
+        rows.append(
+            [
+                f"{req.get('method', '')} {req.get('path', '')}",
+                resp.get("status", "-"),
+                " > ".join(lane.hop for lane in t.lanes),
+                ms(_get(rec, "figures.duration_s")),
+                "-" if worst is None else f"{worst.get('kind')} ({severity(worst)})",
+            ]
+        )
+    left = len(rest) - len(rows)
+    more = f'<p class="muted">{left} more not listed (--max-traces).</p>' if left else ""
+    found = sum(1 for t in rest if t.worst() is not None)
+    return (
+        f'<details class="other-flows"><summary>{len(rest)} other flows carried no token '
+        f"(page assets and the like){f', {found} with findings' if found else ''}</summary>"
+        + _table(("request", "status", "hops", "duration", "worst finding"), rows, "others")
+        + more
+        + "</details>"
+    )
 
 
 def render(fleet: Fleet, traces: Sequence[Trace], *, threshold_s: float, max_traces: int) -> str:
     """The whole page."""
     shown = _pick(traces, max_traces)
-    left = len(traces) - len(shown)
+    left = sum(1 for t in traces if is_stream(t)) - len(shown)
     note = f'<p class="muted">{left} more traces not drawn (--max-traces).</p>' if left else ""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
@@ -276,5 +313,6 @@ def render(fleet: Fleet, traces: Sequence[Trace], *, threshold_s: float, max_tra
         + _fleet(fleet)
         + "".join(_trace(t, threshold_s) for t in shown)
         + note
+        + _others(traces, max_traces)
         + "</body></html>\n"
     )

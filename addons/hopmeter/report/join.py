@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from hopmeter.argtypes import positive_int, positive_seconds
+from hopmeter.core.hops import node
 from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments
+from hopmeter.core.order import HopOrder
 from hopmeter.core.vocab import PairedBy, PairingMatch
 from hopmeter.errors import UsageError
 from hopmeter.join.files import OTEL_EXTRA, read_flows
@@ -33,28 +35,37 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def join(
-    records: Iterable[dict[str, Any]], max_skew_s: float = JOIN_SLACK_S
+    records: Iterable[dict[str, Any]],
+    max_skew_s: float = JOIN_SLACK_S,
+    order: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """One entry per request seen at two or more hops: {trace_id, paired_by, flow_ids, hops}.
+    """One entry per request seen at two or more hops: {trace_id, paired_by, flow_ids, hops}
+    (a trace an instrumented client shared between calls is one entry per call).
 
     `trace_id` is the outermost flow's; `paired_by` is "content" when any segment's two sides
-    carried different trace ids.
+    carried different trace ids. Which hop is outer comes from the parent links, else from the
+    order those links show between the same hops anywhere in the input, else from `order`
+    (hops outermost first, `--order`); else the pair is reported unordered.
     """
     recs = [r for r in records if r.get("events") is not None]
+    groups = [[recs[i] for i in refs] for refs in match_records(recs, max_skew_s).groups]
+    hop_order = HopOrder(order)
+    for group in groups:
+        hop_order.learn_links([node(r) for r in group])
     out = []
-    for refs in match_records(recs, max_skew_s).groups:
-        group = [recs[i] for i in refs]
-        segs = [s.as_dict() for s in segments(group)]
-        by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
-        out.append(
-            {
-                "schema": JOIN_SCHEMA,
-                "trace_id": group[0].get("trace_id"),
-                "paired_by": PairedBy.CONTENT if by_content else PairedBy.TRACE,
-                "flow_ids": [r.get("flow_id") for r in group],
-                "hops": segs,
-            }
-        )
+    for group in groups:
+        for members, found in segments(group, hop_order):
+            segs = [s.as_dict() for s in found]
+            by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
+            out.append(
+                {
+                    "schema": JOIN_SCHEMA,
+                    "trace_id": group[members[0]].get("trace_id"),
+                    "paired_by": PairedBy.CONTENT if by_content else PairedBy.TRACE,
+                    "flow_ids": [group[i].get("flow_id") for i in members],
+                    "hops": segs,
+                }
+            )
     return out
 
 
@@ -85,6 +96,15 @@ def add_parser(sub: Any) -> None:
         help="how far the hosts' clocks may disagree: flows without a shared trace id pair by "
         "their reply only when their times agree within it (default 1)",
     )
+    p.add_argument(
+        "--order",
+        type=hop_list,
+        default=(),
+        metavar="HOP,HOP,...",
+        help="the hops' order, outermost first (e.g. edge,origin): for flows of one request that "
+        "no parent link joins and no linked trace puts in order; without it they are reported "
+        "unordered",
+    )
     serve = p.add_argument_group("as a service (--serve)")
     serve.add_argument(
         "--serve", action="store_true", help="receive spans over OTLP and join them live"
@@ -111,6 +131,16 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def hop_list(value: str) -> tuple[str, ...]:
+    """`--order`'s hops, outermost first: names separated by commas, none twice."""
+    hops = tuple(h.strip() for h in value.split(","))
+    if len(hops) < 2 or not all(hops) or len(set(hops)) != len(hops):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give two or more hop names, outermost first, e.g. edge,origin"
+        )
+    return hops
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.1f}ms"
 
@@ -127,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-skew must be 0 or more seconds, e.g. --max-skew 0.5")
     skipped: Counter[str] = Counter()
     records = list(read_flows(args.files, skipped))
-    joined = join(records, args.max_skew)
+    joined = join(records, args.max_skew, args.order)
     for entry in joined:
         if args.json:
             sys.stdout.buffer.write(orjson.dumps(entry) + b"\n")
@@ -142,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                 f"wire_p99={_ms(seg.get('wire_hold_p99_s'))} "
                 f"whole_body={'yes' if seg['whole_body'] else 'no'} "
                 f"skew={_ms(seg['skew_s'])} findings={kinds} "
-                f"request_delay={_ms(seg['request_delay_s'])} paired_by={seg['paired_by']}"
+                f"request_delay={_ms(seg['request_delay_s'])} paired_by={seg['paired_by']} "
+                f"order={seg['order']}"
             )
     unsure = ambiguous(records, args.max_skew)
     if unsure:
@@ -186,5 +217,6 @@ def _serve(args: argparse.Namespace) -> int:
         window_s=args.window,
         max_traces=args.max_traces,
         max_events=args.max_events,
+        order=args.order,
     )
     return service.run(cfg)

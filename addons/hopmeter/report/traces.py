@@ -1,8 +1,11 @@
 """Records grouped into traces, and the lanes picture's data measured from them.
 
-A trace is every record that shares a trace id, or was paired by its reply's fingerprint where a
-hop dropped the trace id (hopmeter.core.matching): the same stream seen at one or more hops. Its
-lanes are ordered outermost first (the hop whose request started first is nearest the client).
+A trace is every record of one request: sharing a trace id and joined by parent links (an
+instrumented client's calls in one trace are separate requests), or paired by its reply's
+fingerprint where a hop dropped the trace id (hopmeter.core.matching): the same stream seen at one
+or more hops. Its lanes are ordered outermost first by those links, else by the order linked
+traces showed for the same hops (hopmeter.core.order), never by the clocks; two lanes whose order
+nothing told are drawn with an unordered band between them.
 Between two neighbouring lanes lies a segment; aligning the two records' events by
 `content_offset` gives, for each token event, when the inner hop saw it and when the outer hop did:
 the run between is the time the segment held it (docs/design.md §5). Where the inner hop followed
@@ -28,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.browser import BROWSER, SCREEN
-from hopmeter.core.hops import HopView, align, events_out
+from hopmeter.core.hops import HopView, align, events_out, node, unordered
 from hopmeter.core.matching import JOIN_SLACK_S, match_records
-from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, Severity
+from hopmeter.core.order import HopOrder, chains
+from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, SegmentOrder, Severity
 
 Record = Mapping[str, Any]
 
@@ -43,6 +47,9 @@ SEGMENT_SEVERITY: Mapping[str, Severity] = {
     FindingKind.WHOLE_BODY_HOLD: Severity.ERROR,
     FindingKind.SEGMENT_BATCHING: Severity.WARNING,
     FindingKind.TRACE_CONTEXT_DROPPED: Severity.WARNING,
+    FindingKind.SEGMENT_UNORDERED: Severity.WARNING,
+    FindingKind.CLOCK_SKEW_SUSPECT: Severity.WARNING,
+    FindingKind.ALIGNMENT_SUSPECT: Severity.WARNING,
 }
 
 
@@ -153,15 +160,42 @@ def stall_threshold(records: Iterable[Record]) -> float:
     return DEFAULT_STALL_THRESHOLD_S
 
 
-def group(records: Iterable[Record]) -> list[list[Record]]:
-    """Records of one request together, by time: sharing a trace id, or paired by their reply
-    where a hop dropped it (a record without either is its own trace)."""
+def group(records: Iterable[Record], order: HopOrder | None = None) -> list[list[Record]]:
+    """Records of one request together, outermost first, groups by time: sharing a trace id and
+    joined by parent links, or paired by their reply where a hop dropped it (a record without
+    either is its own trace). Where no link says which hop is outer, `order` (default: the order
+    the input's linked traces show) does."""
     recs = list(records)
     matching = match_records(recs, JOIN_SLACK_S)
     grouped = {i for refs in matching.groups for i in refs}
-    groups = [sorted((recs[i] for i in refs), key=_t_start) for refs in matching.groups]
+    by_match = [[recs[i] for i in refs] for refs in matching.groups]
+    if order is None:
+        order = learned_order(by_match)
+    groups = [
+        [g[i] for i in c.members] for g in by_match for c in chains([node(r) for r in g], order)
+    ]
     groups += [[rec] for i, rec in enumerate(recs) if i not in grouped]
     return sorted(groups, key=lambda g: _t_start(g[0]))
+
+
+def traces_of(records: Sequence[Record], threshold_s: float) -> list[Trace]:
+    """Every request's trace in `records`, hops in the order their links (and, where none, the
+    order the input's linked traces show) say."""
+    order = learned_order(match_groups(records))
+    return [build(g, threshold_s, order) for g in group(records, order)]
+
+
+def match_groups(records: Sequence[Record]) -> list[list[Record]]:
+    """The records matching puts together (a trace id, or one reply at several hops)."""
+    return [[records[i] for i in refs] for refs in match_records(records, JOIN_SLACK_S).groups]
+
+
+def learned_order(groups: Iterable[Sequence[Record]]) -> HopOrder:
+    """The order of hops the parent links among these records show."""
+    order = HopOrder()
+    for g in groups:
+        order.learn_links([node(r) for r in g])
+    return order
 
 
 def _t_start(rec: Record) -> float:
@@ -213,16 +247,26 @@ def browser_lanes(rec: Record) -> list[Record]:
     return out
 
 
-def build(records: Sequence[Record], threshold_s: float) -> Trace:
-    """The trace of records that share one trace id (outermost first; a page's screen and
-    reader lanes, when its beacon was joined, outside the hop it talked to)."""
-    recs = sorted(records, key=_t_start)
-    recs = [*browser_lanes(recs[0]), *recs]
+def build(records: Sequence[Record], threshold_s: float, order: HopOrder | None = None) -> Trace:
+    """The trace of the records of one request (outermost first by their parent links, else by
+    `order`; a page's screen and reader lanes, when its beacon was joined, outside the hop it
+    talked to)."""
+    found = chains([node(r) for r in records], order)
+    main = max(found, key=lambda c: len(c.members))
+    seq = [*main.members, *(i for i in range(len(records)) if i not in main.members)]
+    known = {(link.outer, link.inner) for link in main.links if link.order != SegmentOrder.UNKNOWN}
+    ordered = [(a, b) in known for a, b in itertools.pairwise(seq)]
+    recs = [records[i] for i in seq]
+    page = browser_lanes(recs[0])
+    ordered = [True] * len(page) + ordered
+    recs = [*page, *recs]
     t0 = _t_start(recs[0])
     bands: list[Band] = []
     shift = [0.0]  # each lane's clock minus the outermost one's
-    for outer, inner in itertools.pairwise(recs):
-        band, skew = _band(outer, inner, t0, shift[-1])
+    for (outer, inner), known_order in zip(itertools.pairwise(recs), ordered, strict=True):
+        band, skew = (
+            _band(outer, inner, t0, shift[-1]) if known_order else (_unordered(outer, inner), 0.0)
+        )
         bands.append(band)
         shift.append(shift[-1] + skew)
     lanes = tuple(_lane(rec, t0, s, threshold_s) for rec, s in zip(recs, shift, strict=True))
@@ -267,6 +311,12 @@ def _lane(rec: Record, t0: float, shift: float, threshold_s: float) -> Lane:
         quiet_s=quiet,
         runs=tuple(runs),
     )
+
+
+def _unordered(a: Record, b: Record) -> Band:
+    """The band between two lanes whose order nothing told: no runs, its unordered segment."""
+    seg = unordered(HopView.from_record(a), HopView.from_record(b))
+    return Band(segment=seg.segment, runs=(), summary=seg.as_dict(), live=False)
 
 
 def _offsets_only(rec: Record) -> HopView:

@@ -97,9 +97,12 @@
     if (!best || !best.requestStart) return null;
     return [tick(best.requestStart - t0), best.responseStart ? tick(best.responseStart - t0) : null];
   };
-  // What a correct reader makes of the bytes: characters so far after each read.
+  // What a correct reader makes of the bytes: characters so far after each read. And the answer
+  // characters a reader decoding each read alone would show (a U+FFFD for each piece of a
+  // character split between reads): what aligns the screen of such a page with its reads.
   Reply.prototype.decode = function () {
     var dec = new TextDecoder(), p = parser(), chars = [], shown = [], all = 0, sh = 0, bad = 0;
+    var pa = parser(), alone = [], al = 0, split = false;
     for (var i = 0; i < this.bufs.length; i++) {
       var texts = p(dec.decode(this.bufs[i], { stream: true }));
       for (var j = 0; j < texts.length; j++) {
@@ -107,11 +110,14 @@
         all += k[0]; bad += k[1];
         if (texts[j][0]) sh += k[0];
       }
-      chars.push(all); shown.push(sh);
+      var ta = pa(new TextDecoder().decode(this.bufs[i]));
+      for (j = 0; j < ta.length; j++) if (ta[j][0]) al += count(ta[j][1])[0];
+      chars.push(all); shown.push(sh); alone.push(al);
+      if (al !== sh) split = true;
     }
-    while (chars.length < this.rt.length) { chars.push(all); shown.push(sh); } // past 8 MiB
+    while (chars.length < this.rt.length) { chars.push(all); shown.push(sh); alone.push(al); } // past 8 MiB
     this.bufs = null;
-    return { chars: chars, shown: shown, all: all, shown_all: sh, fffd: bad };
+    return { chars: chars, shown: shown, alone: split ? alone : null, all: all, shown_all: sh, fffd: bad };
   };
 
   function tick(ms) { return Math.round(ms * 10); } // 0.1 ms, the page clock's grain
@@ -145,6 +151,7 @@
       chars: deltas(keep(dec.chars, rstep)), lost: this.lost, step: rstep,
     };
     if (dec.shown_all !== dec.all) reads.shown = deltas(keep(dec.shown, rstep));
+    if (dec.alone) reads.alone = deltas(keep(dec.alone, rstep));
     var screen = null;
     if (this.el) {
       var idx = keep(layout.map(function (_, i) { return i; }), fstep);
