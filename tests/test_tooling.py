@@ -22,7 +22,7 @@ REACHED_BY_INTEGRATION: dict[str, tuple[str, ...]] = {
     # `hopmeter upstream`'s flags and errors; the command every integration test starts
     "upstream/command.py": ("tests/test_cli.py", "tests/probe/test_command.py"),
     # `hopmeter demo`, end to end
-    "upstream/demo.py": ("tests/test_cli.py",),
+    "demo/command.py": ("tests/test_cli.py",),
     # the synthetic upstream, behind every scenario through the proxy and nginx
     "upstream/server.py": (
         "tests/integration/test_scenarios.py",

@@ -25,7 +25,7 @@ COMMANDS = (
     "hopmeter.report.join",
     "hopmeter.report.command",
     "hopmeter.probe.command",
-    "hopmeter.upstream.demo",
+    "hopmeter.demo.command",
 )
 
 

@@ -37,7 +37,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from hopmeter.upstream.browser_demo import CHROMIUM_FLAGS, stop_chromium
+from hopmeter.demo.chat_page import CHROMIUM_FLAGS, stop_chromium
 
 CHROMIUM = os.environ.get("HOPMETER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 # the demo's headless flags (a fresh profile, nothing fetched in the background, a fixed window),

@@ -8,8 +8,8 @@ from importlib.resources import files
 
 import pytest
 
+from hopmeter.demo.chat_page import CLIENTS, chromium_path, clients_from
 from hopmeter.errors import UsageError
-from hopmeter.upstream.browser_demo import CLIENTS, chromium_path, clients_from
 
 
 def test_clients_are_all_or_a_list_of_known_ones() -> None:

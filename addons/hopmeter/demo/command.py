@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.headless and not args.browser:
         raise UsageError("--headless works with --browser: hopmeter demo --browser --headless")
     if args.browser:
-        from hopmeter.upstream.browser_demo import run_browser_demo  # noqa: PLC0415
+        from hopmeter.demo.chat_page import run_browser_demo  # noqa: PLC0415
 
         port = args.port or _free_port()
         return asyncio.run(

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from hopmeter.core.record import FlowResult, summary_line
+from hopmeter.demo.command import wait_port
 from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.proxy.config import ProxyConfig
-from hopmeter.upstream.demo import wait_port
 from hopmeter.upstream.server import UpstreamServer
 
 # The clients of the demo page (hopmeter/data/browser/demo.js), in the order ?client=all runs.
