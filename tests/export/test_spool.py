@@ -5,6 +5,7 @@ pipes nobody reads, /dev/full, a tmpfs that fills up."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -39,10 +40,8 @@ def stalled_pipe() -> Iterator[tuple[int, int]]:
     fcntl.fcntl(w, F_SETPIPE_SZ, 4096)
     yield r, w
     for fd in (r, w):
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def read_all(fd: int, until: int) -> bytes:
