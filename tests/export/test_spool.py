@@ -233,3 +233,21 @@ def test_abandon_counts_what_could_not_be_written_as_shutdown(
     assert left == 200 and counts.lost[SHUTDOWN] == 201
     assert counts.queued_bytes == 0 and counts.queued_lines == 0 and counts.written == 0
     assert spool.abandon() == 0
+
+
+def test_a_writer_that_dies_of_a_bug_counts_every_line_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the writer thread fails for a reason of its own, what it held and every line after are
+    counted lost (`error`) instead of waiting in a queue nobody empties."""
+    spool = Spool.open_path(str(tmp_path / "r.jsonl"))
+
+    def broken(batch: object) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(spool, "_write", broken)
+    counts = Counts("records", 1 << 20)
+    spool.put(counts, line(1))
+    assert spool.wait(10)  # the thread ended
+    assert not spool.put(counts, line(2))
+    assert counts.lost["error"] == 2 and counts.queued_bytes == 0 and counts.queued_lines == 0
