@@ -165,6 +165,20 @@ def test_close_says_nothing_when_nothing_was_lost(tmp_path: Path) -> None:
     assert said == []
 
 
+def test_close_is_done_once(fifo: tuple[str, int]) -> None:
+    """A second close (the runner's, after the addon's) neither waits nor says the losses again."""
+    path, _r = fifo
+    outlets = Outlets(queue_bytes=100)
+    outlet = outlets.open("log", path)
+    for _ in range(10):
+        outlet.put(b"x" * 99 + b"\n")
+    said: list[str] = []
+    outlets.close(time.monotonic(), say=said.append)
+    assert len(said) == 1
+    assert outlets.close(time.monotonic() + 60, say=said.append) == 0
+    assert len(said) == 1
+
+
 def test_a_new_bound_applies_to_every_output(fifo: tuple[str, int]) -> None:
     """Changing the bound changes it for the outputs open and for those opened later."""
     path, _r = fifo

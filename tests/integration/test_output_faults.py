@@ -424,3 +424,20 @@ def test_join_serve_reopens_its_records_on_sighup(tmp_path: Path) -> None:
     assert first["trace_id"] == "a1" * 16 and second["trace_id"] == "b2" * 16
     (old,) = (tmp_path / "join.jsonl.1").read_bytes().splitlines()
     assert orjson.loads(old)["trace_id"] == "a1" * 16
+
+
+def test_a_bad_queue_size_is_one_line_and_earlier_log_lines_are_written() -> None:
+    """`--set hopmeter_output_queue=lots` stops the proxy before it starts with one line naming
+    the option; a line logged before it (the metrics warning) is still written, though the
+    master never ran."""
+    result = subprocess.run(
+        [*HOPMETER, "run", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{free_port()}",
+         "--metrics", f"0.0.0.0:{free_port()}", "--set", "hopmeter_output_queue=lots"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "hopmeter: hopmeter_output_queue 'lots': expected a size in bytes, e.g. 65536, 64KiB "
+        "or 8MiB"
+    ]
+    assert "the metrics endpoint listens beyond this host" in result.stdout

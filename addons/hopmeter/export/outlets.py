@@ -74,6 +74,7 @@ class Outlets:
         self._said_lost: dict[tuple[str, str], int] = {}
         self._said_at: float | None = None
         self._said_reopen: dict[str, str | None] = {}
+        self.closed = False
 
     def open(self, output: str, target: str) -> Outlet:
         """An outlet for `output` to `target` ("-" standard output, STDERR, else a path opened
@@ -172,7 +173,11 @@ class Outlets:
         clock: Callable[[], float] = time.monotonic,
     ) -> int:
         """Write what is queued until `deadline` (on `clock`), give up on the rest (counted
-        `shutdown`), and `say` what was lost over the run if anything was; the lines given up."""
+        `shutdown`), and `say` what was lost over the run if anything was; the lines given up.
+        Once only: a second call does nothing."""
+        if self.closed:
+            return 0
+        self.closed = True
         spools = [*self._spools.values(), *self._retired]
         _wait(lambda: all(s.drained() for s in spools), deadline, clock)
         lost = {

@@ -23,7 +23,7 @@ from hopmeter.proxy.config import ProxyConfig
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.master import LeanMaster, LeanOptions
-from hopmeter.proxy.outlets import OutputQueues, QueuedTermLog
+from hopmeter.proxy.outlets import FLUSH_FLOOR_S, OutputQueues, QueuedTermLog
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S, wait_for_quiet
@@ -165,6 +165,8 @@ async def run_proxy(
         if cfg.extra:
             opts.set(*cfg.extra)
     except exceptions.OptionsError as exc:
+        # the master never runs, nor its `done`: write what was logged so far (a warning)
+        queues.outlets.close(time.monotonic() + FLUSH_FLOOR_S)
         raise UsageError(str(exc)) from None
     if metrics.metrics is not None:
         metrics.metrics.registry.register(ProcessCounters(relay.counts))
