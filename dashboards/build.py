@@ -533,6 +533,41 @@ STREAM_HEALTH = [
         ],
     ),
     Panel(
+        "Output lines lost by output and reason",
+        "Lines hopmeter could not write, per second: records, the console's JSON lines, log "
+        "lines. queue_full: the reader of that output (a log agent, a pipe, a disk) is slower "
+        "than the traffic and its queue filled; enospc / edquot: the disk is full (written "
+        "again once it has room); epipe: its reader is gone; shutdown: still queued at exit. "
+        "Streams are never held for an output (0 when nothing is lost).",
+        "short",
+        [
+            Target(
+                f"sum by (output, reason) (rate(hopmeter_output_lost_lines_total[{RI}])) "
+                f"or vector(0)",
+                "{{output}} {{reason}}",
+            )
+        ],
+    ),
+    Panel(
+        "Output lines written by output",
+        "Lines per second each output wrote: records, the console's JSON lines, log lines; "
+        "beside the lost ones above, the share an output keeps up with.",
+        "short",
+        [
+            Target(
+                f"sum by (output) (rate(hopmeter_output_written_lines_total[{RI}]))",
+                "{{output}}",
+            )
+        ],
+    ),
+    Panel(
+        "Output queues: bytes waiting",
+        "Bytes of lines each output holds now, waiting for its writer (bounded per output by "
+        "hopmeter_output_queue, 8 MiB by default). Near the bound, lines are being dropped.",
+        "bytes",
+        [Target("sum by (output) (hopmeter_output_queued_bytes)", "{{output}}")],
+    ),
+    Panel(
         "Events and tokens per second by hop",
         "Events dispatched (role preludes, pings and [DONE] included) against the tokens they "
         "carried. Many events per token is framing overhead; far fewer is coalescing.",

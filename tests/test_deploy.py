@@ -37,8 +37,8 @@ def tool(name: str, package: str) -> str:
     """The path of a command-line tool, from the test's own environment first; fail without it."""
     beside = Path(sys.executable).parent / name
     found = str(beside) if beside.exists() else shutil.which(name)
-    if found is None and name == "nginx" and Path("/usr/sbin/nginx").exists():
-        found = "/usr/sbin/nginx"
+    if found is None and name in ("nginx", "logrotate") and Path(f"/usr/sbin/{name}").exists():
+        found = f"/usr/sbin/{name}"
     if found is None:
         pytest.fail(f"{name} is not installed: .ci/run installs it ({package})")
     return found
@@ -380,6 +380,36 @@ def test_yaml_files_pass_yamllint() -> None:
     """yamllint (deploy/yamllint.yaml) finds nothing in deploy/ and the Grafana provisioning."""
     run(tool("yamllint", "PyPI yamllint"), "--strict", "-c", str(DEPLOY / "yamllint.yaml"),
         "deploy", "dashboards/provisioning")  # fmt: skip
+
+
+# --- logrotate --------------------------------------------------------------------------------
+LOGROTATE = DEPLOY / "logrotate" / "hopmeter"
+
+
+def test_logrotate_snippet_parses_and_rotates_by_create_and_sighup(tmp_path: Path) -> None:
+    """logrotate reads the snippet without an error; each file is rotated by moving it and
+    creating a new one, never copytruncate, and its postrotate signals the pid file's process
+    with SIGHUP; the pid files are the ones the documented commands write."""
+    result = run(tool("logrotate", "Debian package logrotate"), "--debug", "--state",
+                 str(tmp_path / "state"), str(LOGROTATE))  # fmt: skip
+    assert "error" not in result.stderr.lower(), result.stderr
+    text = LOGROTATE.read_text()
+    blocks = re.findall(r"^(/\S+) \{(.*?)^\}", text, re.MULTILINE | re.DOTALL)
+    assert [path for path, _ in blocks] == [
+        "/var/log/hopmeter/records.jsonl",
+        "/var/log/hopmeter/joined.jsonl",
+    ]
+    commands = {
+        parse_hopmeter(shlex.split(line.strip().removeprefix("#").strip())[1:]).records: line
+        for line in text.splitlines()
+        if line.strip().startswith("#   hopmeter ")
+    }
+    for path, body in blocks:
+        directives = [line.strip() for line in body.splitlines() if line.strip()]
+        assert "create" in directives and "copytruncate" not in directives
+        (pid,) = re.findall(r'kill -HUP "\$\(cat (\S+)\)"', body)
+        args = parse_hopmeter(shlex.split(commands[path].strip().removeprefix("#").strip())[1:])
+        assert args.pid_file == pid
 
 
 # --- nginx ------------------------------------------------------------------------------------

@@ -37,14 +37,23 @@ def flow(hop: str, ttft: float, itl: float, kinds: tuple[str, ...] = ()) -> Flow
     return FlowResult(record=rec, figures=None, tokens=None)
 
 
-def test_json_line_has_figures_and_no_content(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
-    """--json prints one object per flow with figures and finding kinds, never the content."""
-    Console("json", 0).observe(flow("edge", 0.2, 0.02, ("stall",)))
-    line = capsysbinary.readouterr().out
+def test_json_line_has_figures_and_no_content() -> None:
+    """--json hands one object per flow, a whole line, to its writer: figures and finding kinds,
+    never the content."""
+    lines: list[bytes] = []
+    Console("json", 0, lines.append).observe(flow("edge", 0.2, 0.02, ("stall",)))
+    (line,) = lines
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
     doc = orjson.loads(line)
     assert doc == flow_json(flow("edge", 0.2, 0.02, ("stall",)).record)
     assert doc["findings"] == ["stall"] and doc["ttft_s"] == 0.2
     assert b"secret reply" not in line
+
+
+def test_json_mode_without_a_writer_is_refused() -> None:
+    """A json console with nowhere to write is a programming error, raised when it is built."""
+    with pytest.raises(ValueError, match="somewhere to write"):
+        Console("json", 0)
 
 
 def test_window_summary_per_hop() -> None:

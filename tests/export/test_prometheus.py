@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hopmeter.export import prometheus
 from hopmeter.export.labels import MAX_NAMES_PER_LABEL
+from hopmeter.export.outlets import OutputState
 from hopmeter.export.prometheus import (
     FLOW_LABELS,
     GAP_BUCKETS_S,
@@ -723,3 +724,28 @@ def test_an_unordered_pair_observes_no_hold(registry: CollectorRegistry) -> None
     kind = {"segment": "edge~origin", "kind": "segment_unordered"}
     assert value(registry, "hopmeter_segment_findings_total", **kind) == 1
     assert not [s for s in samples(registry) if s[0].startswith("hopmeter_hold_seconds")]
+
+
+def test_outputs_are_exposed_by_output_and_reason(registry: CollectorRegistry) -> None:
+    """What the watched outputs wrote, lost (by reason) and hold now is read at each scrape;
+    the families exist, empty, before any output is watched."""
+    metrics = Metrics(registry)
+    names = set(exported_names(registry))
+    assert {"hopmeter_output_lost_lines_total", "hopmeter_output_written_lines_total",
+            "hopmeter_output_queued_bytes"} <= names  # fmt: skip
+    states = [
+        OutputState(output="records", written=5, lost={"queue_full": 0, "enospc": 3},
+                    queued_bytes=120),
+        OutputState(output="log", written=9, lost={"queue_full": 2}, queued_bytes=0),
+    ]  # fmt: skip
+    metrics.watch_outputs(lambda: states)
+    assert (
+        value(registry, "hopmeter_output_lost_lines_total", output="records", reason="enospc") == 3
+    )
+    assert (
+        value(registry, "hopmeter_output_lost_lines_total", output="log", reason="queue_full") == 2
+    )
+    assert value(registry, "hopmeter_output_written_lines_total", output="log") == 9
+    assert value(registry, "hopmeter_output_queued_bytes", output="records") == 120
+    states[0] = OutputState(output="records", written=6, lost={"queue_full": 1}, queued_bytes=0)
+    assert value(registry, "hopmeter_output_written_lines_total", output="records") == 6

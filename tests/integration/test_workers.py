@@ -127,6 +127,40 @@ def test_sigterm_to_the_parent_drains_every_worker(tmp_path: Path) -> None:
     assert b"data: [DONE]" in b"".join(got)
 
 
+def test_sighup_to_the_parent_makes_every_worker_reopen_its_records(tmp_path: Path) -> None:
+    """SIGHUP to the parent named by --pid-file is passed on to both workers: neither stops, and
+    every flow after it is recorded in the new file at the path, every flow before in the moved
+    one, each exactly once."""
+    pid_file = tmp_path / "run.pid"
+    with demo_path(tmp_path, "--workers", "2", "--quiet", "--pid-file", str(pid_file)) as path:
+        assert pid_file.read_text() == f"{path.proxy.popen.pid}\n"
+
+        def flows(n: int) -> None:
+            for _ in range(n):
+                r = httpx.post(
+                    f"{path.url}/v1/chat/completions",
+                    json={"stream": True},
+                    headers={"x-hopmeter-scenario": "tokens=3;rate=500", "connection": "close"},
+                )
+                assert r.status_code == 200
+
+        flows(FLOWS)
+        before = read_records(path.records, FLOWS)
+        moved = tmp_path / "records.jsonl.1"
+        path.records.rename(moved)
+        path.proxy.popen.send_signal(signal.SIGHUP)
+        # each worker says it reopened: then every flow after goes to the new file
+        wait_for(lambda: path.proxy.output().count("(SIGHUP)") == 2, what="both workers reopen")
+        flows(FLOWS)
+        after = read_records(path.records, FLOWS)
+        assert path.proxy.popen.poll() is None
+        assert path.proxy.stop(signal.SIGTERM) == 0
+    assert len(read_records(moved, FLOWS)) == FLOWS and len(after) == FLOWS
+    ids = [r["flow_id"] for r in [*before, *after]]
+    assert len(set(ids)) == 2 * FLOWS
+    assert not pid_file.exists()
+
+
 @needs_ss
 def test_a_single_process_listens_with_a_deep_accept_queue(tmp_path: Path) -> None:
     """asyncio's default backlog (100) overflows when a few hundred clients connect at once: the

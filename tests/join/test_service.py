@@ -15,6 +15,7 @@ from hopmeter.join import service as service_module
 from hopmeter.join.otlp import decode_request
 from hopmeter.join.service import JoinService
 from tests.harness.otlp import hop_span, join_serve, request_of
+from tests.harness.procs import wait_for
 from tests.join.conftest import config
 
 TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
@@ -138,6 +139,47 @@ def test_an_unwritable_records_file_is_counted_not_raised(tmp_path: Path) -> Non
     svc.settle()
     svc.stop()
     assert svc.lost_records == 1 and svc.segments["true"] == 1
+
+
+def test_reopen_writes_the_next_joined_lines_to_a_new_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the records file is moved away, reopen (SIGHUP) sends the next joined line to a new
+    file at the path; the one before stays in the moved file; the written lines are counted."""
+    svc = JoinService(config(tmp_path))
+    other = bytes.fromhex("cc" * 16)
+    svc.accept(spans(hop_span(TRACE, EDGE), hop_span(TRACE, ORIGIN, hop="origin", parent=EDGE)))
+    svc.settle()
+    wait_for(lambda: svc.outlets.states()[0].written == 1, what="the first line")
+    (tmp_path / "joined.jsonl").rename(tmp_path / "joined.jsonl.1")
+    with caplog.at_level("WARNING", logger="hopmeter"):
+        svc.reopen()
+    assert f"reopening {tmp_path / 'joined.jsonl'} (SIGHUP)" in caplog.text
+    svc.accept(spans(hop_span(other, EDGE), hop_span(other, ORIGIN, hop="origin", parent=EDGE)))
+    svc.settle()
+    svc.stop()
+    (old,) = (tmp_path / "joined.jsonl.1").read_bytes().splitlines()
+    (new,) = (tmp_path / "joined.jsonl").read_bytes().splitlines()
+    assert orjson.loads(old)["trace_id"] == TRACE.hex()
+    assert orjson.loads(new)["trace_id"] == other.hex()
+    samples = {
+        (s.name, tuple(s.labels.items())): s.value
+        for family in svc.metrics.registry.collect()
+        for s in family.samples
+    }
+    assert samples["hopmeter_output_written_lines_total", (("output", "records"),)] == 2
+
+
+def test_a_loss_is_said_by_the_next_tick(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A joined line that could not be written is said by the next tick, with its reason."""
+    svc = JoinService(config(tmp_path, records="/dev/full"))
+    svc.accept(spans(hop_span(TRACE, EDGE), hop_span(TRACE, ORIGIN, hop="origin", parent=EDGE)))
+    svc.settle()
+    wait_for(lambda: svc.lost_records == 1, what="the failed write")
+    with caplog.at_level("WARNING", logger="hopmeter"):
+        svc.tick()
+    assert "records 1 lines (enospc 1)" in caplog.text
+    svc.stop()
 
 
 def test_a_bug_reading_one_span_loses_only_that_span(

@@ -13,6 +13,7 @@ from hopmeter.proxy.config import (
     check_port_free,
     listen_addresses,
     mode_listen_address,
+    parse_bytes,
     parse_hostport,
     parse_listener,
     parse_seconds,
@@ -170,3 +171,24 @@ def test_zero_is_allowed_where_it_means_off() -> None:
     assert parse_seconds("0", "hopmeter_summary_interval", zero_ok=True) == 0.0
     with pytest.raises(UsageError, match="0 or more seconds"):
         parse_seconds("-2", "hopmeter_summary_interval", zero_ok=True)
+
+
+# -- sizes given as text -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("65536", 65536), ("64KiB", 65536), ("64k", 65536), ("8MiB", 8 << 20), (" 1 GB ", 1 << 30),
+     ("1.5KiB", 1536)],
+)  # fmt: skip
+def test_sizes_read_as_bytes(text: str, size: int) -> None:
+    """A number of bytes, or K, M, G (binary) with or without B or iB."""
+    assert parse_bytes(text, "hopmeter_output_queue") == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "", "lots", "nan", "inf", "8 XiB", "0.5"])
+def test_bad_sizes_name_the_option_and_an_example(text: str) -> None:
+    """Zero, less than a byte, non-finite, unreadable or unknown units are one error naming the
+    option."""
+    with pytest.raises(UsageError, match=r"^hopmeter_output_queue .*e\.g\. 65536, 64KiB or 8MiB$"):
+        parse_bytes(text, "hopmeter_output_queue")

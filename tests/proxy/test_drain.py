@@ -4,10 +4,12 @@ connection refused, a second signal) is in tests/integration/test_sidecar.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.test import taddons, tflow
 
+from hopmeter.export.outlets import Outlets
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from hopmeter.proxy.readiness import Readiness
@@ -66,6 +68,30 @@ def test_a_second_signal_stops_without_waiting() -> None:
             assert not tctx.master.should_exit.is_set()  # still waiting for the flow
             drain.signal()
             await asyncio.wait_for(tctx.master.should_exit.wait(), 5)
+            assert drain.task is not None
+            drain.task.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_outputs_flush_by_the_drains_deadline_and_at_once_on_a_second_signal() -> None:
+    """The drain hands its deadline (start + timeout) to the outputs, which write what they hold
+    until then; a second signal moves it to now (the outputs' floor still applies)."""
+
+    async def main() -> None:
+        meter, outlets = HopMeter(), Outlets()
+        drain = Drain(meter, outlets=outlets)
+        with taddons.context(meter, drain, Proxyserver()) as tctx:
+            tctx.configure(drain, hopmeter_drain_timeout="7")
+            tctx.configure(meter, hopmeter_hop="edge")
+            meter.requestheaders(tflow.tflow())  # in flight: the drain waits
+            before = time.monotonic()
+            drain.signal()
+            await asyncio.sleep(0)
+            assert outlets.flush_by is not None
+            assert before + 7 <= outlets.flush_by <= time.monotonic() + 7
+            drain.signal()
+            assert outlets.flush_by <= time.monotonic()
             assert drain.task is not None
             drain.task.cancel()
 

@@ -19,6 +19,7 @@ from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.browser import BrowserMeter
 from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.guard import UpstreamGuard
+from hopmeter.proxy.outlets import OutputQueues
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.runner import (
@@ -28,6 +29,7 @@ from hopmeter.proxy.runner import (
     quiet_mitmproxy_logs,
 )
 from hopmeter.proxy.ui import HopView
+from tests.harness.procs import wait_for
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -36,9 +38,10 @@ DONE = b"data: [DONE]\n\n"
 def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
     """The list is the HopMeter addon, the upstream guard (it reads the tap HopMeter installs)
     and the readiness check, then browser measuring, metrics, records, console, spans and what
-    mitmweb shows, each with that same HopMeter; nothing that changes the whole process is in
-    it (the drain, which takes the signals, is `hopmeter run`'s alone)."""
-    meter, guard, readiness, *outputs = default_addons()
+    mitmweb shows, each with that same HopMeter, and last the owner of the outputs' queues that
+    metrics, records and console share; nothing that changes the whole process is in it (the
+    drain, which takes the signals, is `hopmeter run`'s alone)."""
+    meter, guard, readiness, *outputs, queues = default_addons()
     assert type(meter) is HopMeter
     assert (type(guard), type(readiness)) == (UpstreamGuard, Readiness)
     assert guard.meter is meter and guard.readiness is readiness
@@ -52,7 +55,9 @@ def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
         HopView,
     ]
     assert all(o.meter is meter for o in outputs)
-    everything = [meter, guard, readiness, *outputs]
+    assert type(queues) is OutputQueues
+    assert all(o.outlets is queues.outlets for o in outputs[1:4])
+    everything = [meter, guard, readiness, *outputs, queues]
     assert not any(isinstance(a, FreezeAtStart | Drain) for a in everything)
 
 
@@ -60,7 +65,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
     """Loaded together and configured, each output that has somewhere to write observes the
     meter, and one streamed flow reaches the records file and the metrics."""
     addons = default_addons()
-    meter, _guard, _readiness, _browser, metrics, records, console, _otel, _view = addons
+    meter, _guard, _readiness, _browser, metrics, records, console, _otel, _view, _queues = addons
     path = tmp_path / "records.jsonl"
     with taddons.context(*addons) as tctx:
         tctx.options.update(
@@ -81,7 +86,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
         for chunk in (SSE, DONE, b""):
             tap(chunk)
         meter.response(flow)
-        (line,) = path.read_bytes().splitlines()
+        (line,) = wait_for(lambda: path.read_bytes().splitlines(), what="the record")
         assert orjson.loads(line)["hop"] == "edge"
         assert metrics.metrics is not None
         flows = metrics.metrics.registry.get_sample_value(
@@ -97,7 +102,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
         )
         assert flows == 1.0
         tctx.master.addons.trigger(hooks.DoneHook())
-        assert records.sink is None and records not in meter.observers  # the file is closed
+        assert records.outlet is None and records not in meter.observers  # the file is closed
 
 
 @pytest.fixture

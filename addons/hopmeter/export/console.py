@@ -2,14 +2,17 @@
 
 One line per finished flow — hop, api, model, status, TTFB, TTFT, inter-token latency p50/p99,
 max gap, tokens, findings worst first — as text through the log, or as one JSON object per line on
-stdout (`--json`); and every `--summary-interval` seconds a compact summary of the window.
+stdout (`--json`); and every `--summary-interval` seconds a compact summary of the window. Neither
+is written here: the text goes to the log (under `hopmeter run`, a queued handler), the JSON
+line to the `write` given (an outlet's `put`, hopmeter.export.outlets), so printing never makes
+a stream wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -50,9 +53,18 @@ def flow_json(rec: dict[str, Any]) -> dict[str, Any]:
 class Console:
     """An observer of finished flows that prints them and summarises each window."""
 
-    def __init__(self, mode: str = "text", interval_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        mode: str = "text",
+        interval_s: float = 60.0,
+        write: Callable[[bytes], None] | None = None,
+    ) -> None:
+        """`write` takes each JSON line (needed in "json" mode), and must not wait."""
+        if mode == "json" and write is None:
+            raise ValueError("the console's json mode needs somewhere to write its lines")
         self.mode = mode
         self.interval_s = interval_s
+        self.write = write
         self._window: list[tuple[str, float | None, float | None]] = []  # (hop, ttft, itl p50)
         self._dropped = 0
         self._findings: Counter[str] = Counter()
@@ -65,9 +77,8 @@ class Console:
             pass  # the upstream guard's log says it, once per cause per interval, not per flow
         elif self.mode == "text":
             log.info(summary_line(rec))
-        elif self.mode == "json":
-            sys.stdout.buffer.write(orjson.dumps(flow_json(rec)) + b"\n")
-            sys.stdout.flush()
+        elif self.mode == "json" and self.write is not None:
+            self.write(orjson.dumps(flow_json(rec)) + b"\n")
         if self.mode == "off" or self.interval_s <= 0:
             return  # no summary will ever empty the window: keep nothing
         fig = rec.get("figures") or {}

@@ -22,7 +22,12 @@ from itertools import pairwise
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
@@ -45,6 +50,7 @@ from hopmeter.export.labels import (
     status_class,
     vocabulary_label,
 )
+from hopmeter.export.outlets import OutputState
 
 # Tables read better as rows than as one item per line.
 # fmt: off
@@ -104,6 +110,48 @@ class ProcessCounters:
             for key, count in counts.items():
                 family.add_metric([key], count)
             yield family
+
+
+class OutputFamilies:
+    """`hopmeter_output_*`: what each output (records, console, log) wrote, lost and holds now,
+    read from the outputs it watches at each scrape (hopmeter.export.outlets.Outlets.states)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._reads: list[Callable[[], Iterable[OutputState]]] = []
+        registry.register(self)
+
+    def watch(self, read: Callable[[], Iterable[OutputState]]) -> None:
+        """Also expose the outputs `read` returns."""
+        self._reads.append(read)
+
+    def collect(self) -> Iterator[Metric]:
+        lost = CounterMetricFamily(
+            "hopmeter_output_lost_lines",
+            "Lines an output (records, console, log) could not write, by reason: queue_full "
+            "(its queue was full: the reader or disk is slower than the traffic), the error of a "
+            "failed write (enospc, epipe, eio, ...), shutdown (still queued at exit).",
+            labels=("output", "reason"),
+        )
+        written = CounterMetricFamily(
+            "hopmeter_output_written_lines",
+            "Lines an output (records, console, log) wrote.",
+            labels=("output",),
+        )
+        queued = GaugeMetricFamily(
+            "hopmeter_output_queued_bytes",
+            "Bytes of lines an output holds now, waiting to be written (bounded per output by "
+            "hopmeter_output_queue).",
+            labels=("output",),
+        )
+        for read in self._reads:
+            for state in read():
+                for reason, n in state.lost.items():
+                    lost.add_metric((state.output, reason), n)
+                written.add_metric((state.output,), state.written)
+                queued.add_metric((state.output,), state.queued_bytes)
+        yield lost
+        yield written
+        yield queued
 
 
 def new_registry() -> CollectorRegistry:
@@ -311,6 +359,7 @@ class Metrics:
             "flow_cap (hopmeter_keep_body) or total_cap (hopmeter_keep_body_total).",
             ("hop", "reason"),
         )
+        self.outputs = OutputFamilies(registry)
 
     # --- observing ------------------------------------------------------------------------------
     def observe_flow(
@@ -560,6 +609,10 @@ class Metrics:
         for finding in segment.findings:
             kind = vocabulary_label(finding.get("kind"), FINDING_KINDS)
             self._child(self.segment_findings, (label, kind)).inc(1, _exemplar(trace_id))
+
+    def watch_outputs(self, read: Callable[[], Iterable[OutputState]]) -> None:
+        """Expose what the outputs `read` returns (`hopmeter_output_*`)."""
+        self.outputs.watch(read)
 
     def internal_error(self, where: str) -> None:
         """Count one error inside hopmeter's measuring code, by site."""

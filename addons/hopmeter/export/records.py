@@ -1,6 +1,7 @@
-"""Flow records as JSON lines: written as flows finish (`RecordSink`), read back (`read_records`).
+"""Flow records as JSON lines, read back (`read_records`).
 
-A record is one line, flushed as it is written, so a reader (or a crash) loses nothing.
+They are written one line per record as flows finish, by the records output's writer thread
+(hopmeter.export.outlets), each line whole: a reader never sees half a record.
 """
 
 from __future__ import annotations
@@ -8,40 +9,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from hopmeter.core.record import SCHEMA
 from hopmeter.errors import HopmeterError
-
-
-class RecordSink:
-    """Appends one JSON line per record and flushes it, so a reader (or a crash) loses nothing."""
-
-    def __init__(self, stream: BinaryIO, *, owned: bool) -> None:
-        self._stream = stream
-        self._owned = owned
-
-    @classmethod
-    def open(cls, path: str) -> RecordSink:
-        """Open `path` for appending ("-" means stdout); raises OSError if it cannot be written."""
-        if path == "-":
-            return cls(sys.stdout.buffer, owned=False)
-        return cls(open(path, "ab"), owned=True)
-
-    def write(self, line: bytes) -> None:
-        """Write one record line and flush it; raises OSError when the file cannot take it."""
-        self._stream.write(line)
-        self._stream.flush()
-
-    def close(self) -> None:
-        """Flush and close (stdout is only flushed)."""
-        try:
-            self._stream.flush()
-        finally:
-            if self._owned:
-                self._stream.close()
 
 
 def read_records(paths: Iterable[str]) -> Iterator[dict[str, Any]]:

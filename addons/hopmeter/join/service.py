@@ -6,7 +6,9 @@ answer, observed into `hopmeter_hold_seconds{segment}` and `hopmeter_segment_fin
 written as one joined line (`hopmeter.join/1`: the trace id and its segment, as
 `hopmeter join --json` writes them). One event loop does it all: decoding is CPU-bound and
 threads would not add throughput; more throughput is more instances, sharded by trace id
-(docs/fleet.md).
+(docs/fleet.md). The joined lines and the log lines are written off the loop, each by its
+output's thread (hopmeter.export.outlets): a full disk or a stalled reader costs lines, counted
+on /metrics, never the receivers' time. SIGHUP reopens the records file (after a rotation).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import signal
 import sys
 import time
@@ -29,8 +32,8 @@ from hopmeter.core.spans import SpanView, read_span
 from hopmeter.core.vocab import SegmentOrder, SpanOutcome
 from hopmeter.errors import PortError, UsageError
 from hopmeter.export.join_metrics import JoinCounts, JoinMetrics
+from hopmeter.export.outlets import STDERR, LineLogHandler, Outlets
 from hopmeter.export.prometheus import Metrics, new_registry
-from hopmeter.export.records import RecordSink
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.join.grpc import CODE_NAMES, GrpcReceiver
 from hopmeter.join.http import HttpReceiver
@@ -45,6 +48,7 @@ MAX_TICK_S = 1.0  # ...and at least once a second
 LISTEN_BACKLOG = 1024  # senders connect in bursts when their batches fire together
 CLOSE_TIMEOUT_S = 2.0  # at a stop, how long handlers of closed connections get to end
 REJECTED_WHY = "hopmeter spans with absurd ids, times or hopmeter.timeline arrays were rejected"
+FLUSH_S = 5.0  # at stop, the joined lines still queued get this long to be written
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,8 +84,9 @@ class JoinService:
             self.requests["grpc", name] += 0
         self.segments = {"true": 0, "false": 0}
         self.orders = dict.fromkeys(SegmentOrder, 0)  # segments written, by how ordered
-        self.sink = RecordSink.open(cfg.records) if cfg.records else None
-        self.lost_records = 0
+        self.outlets = Outlets()
+        self.records = self.outlets.open("records", cfg.records) if cfg.records else None
+        self.metrics.watch_outputs(self.outlets.states)
         JoinMetrics(self.metrics.registry, self.counts)
 
     # -- Intake ----------------------------------------------------------------------------------
@@ -121,7 +126,8 @@ class JoinService:
                 "linked": pair.linked,
                 "hops": [segment.as_dict()],
             }
-            self._write(orjson.dumps(line) + b"\n")
+            if self.records is not None:
+                self.records.put(orjson.dumps(line) + b"\n")
 
     def answered(self, transport: str, status: str) -> None:
         """Count one request answered."""
@@ -135,15 +141,26 @@ class JoinService:
         except Exception as exc:  # the service goes on; the counter says something is wrong
             self._internal_error("join_expire", exc)
         self.settle()
+        for line in self.outlets.report(time.monotonic()):  # a loss, at most once a minute
+            log.warning(line)
+
+    def reopen(self) -> None:
+        """Open the records file again at its path (SIGHUP, after a rotation)."""
+        for path in self.outlets.reopen():
+            log.warning(f"hopmeter join: reopening {path} (SIGHUP)")
 
     def stop(self) -> None:
-        """End every trace still waiting (counted lost) and close the records."""
+        """End every trace still waiting (counted lost), write what is queued (for FLUSH_S at
+        most) and say what could not be."""
         self.window.close(self.clock())
         self.settle()
-        if self.sink is not None:
-            with contextlib.suppress(OSError):  # lines it could not take are counted already
-                self.sink.close()
-            self.sink = None
+        self.outlets.close(time.monotonic() + FLUSH_S, say=log.error)
+
+    @property
+    def lost_records(self) -> int:
+        """Joined lines that could not be written (hopmeter_output_lost_lines_total)."""
+        records = self.records
+        return records.counts.lost_total() if records is not None else 0
 
     def counts(self) -> JoinCounts:
         """A snapshot of the counters (read by the metrics endpoint's thread)."""
@@ -167,16 +184,6 @@ class JoinService:
             "hopmeter join: internal error, the service goes on", where=where, error=repr(exc)
         )
 
-    def _write(self, line: bytes) -> None:
-        if self.sink is None:
-            return
-        try:
-            self.sink.write(line)
-        except OSError as exc:
-            self.lost_records += 1
-            if self.lost_records == 1:
-                log.error("hopmeter join: cannot write joined records", error=str(exc))
-
 
 def _segment(pair: Pair) -> Segment:
     """The segment of a pair: aligned, or unordered when nothing said which hop is outer."""
@@ -199,11 +206,16 @@ def run(cfg: ServeConfig) -> int:
     except PortError:
         service.stop()
         raise
+    # the service owns this process: its log lines (warnings and errors, as before) go to
+    # standard error through an output of its own, never written by the loop
+    handler = LineLogHandler(service.outlets.open("log", STDERR), logging.WARNING)
+    logging.getLogger("hopmeter").addHandler(handler)
     try:
         asyncio.run(_serve(service, cfg, server))
     finally:
         if server is not None:
             server.close()
+        logging.getLogger("hopmeter").removeHandler(handler)
     return 0
 
 
@@ -225,6 +237,8 @@ async def _serve(service: JoinService, cfg: ServeConfig, metrics: MetricsServer 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stopping.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):  # no SIGHUP
+        loop.add_signal_handler(signal.SIGHUP, service.reopen)
     every_s = min(MAX_TICK_S, cfg.window_s / TICKS_PER_WINDOW)
     try:
         while not stopping.is_set():

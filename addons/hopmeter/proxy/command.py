@@ -12,6 +12,7 @@ from hopmeter.argtypes import positive_int, positive_seconds, seconds
 from hopmeter.core.vocab import EventLoop
 from hopmeter.env import bind_env, source
 from hopmeter.errors import UsageError
+from hopmeter.pidfile import ignore_hangup, pid_file
 from hopmeter.proxy.config import (
     ProxyConfig,
     check_port_free,
@@ -156,6 +157,13 @@ def add_parser(sub: Any) -> None:
         "past them (the same bytes at less CPU) are not installed; mitmproxy's classes stay as "
         "they are",
     )
+    p.add_argument(
+        "--pid-file",
+        default="",
+        metavar="PATH",
+        help="write the process id here (with --workers, the parent's), for `kill -HUP` after "
+        "a log rotation: SIGHUP reopens the --records file (deploy/logrotate/hopmeter)",
+    )
     p.add_argument("--verbose", action="store_true", help="mitmproxy's own connection logs too")
     p.add_argument(
         "--loop",
@@ -244,10 +252,12 @@ def check_ports(cfg: ProxyConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`hopmeter run`: one proxy process, or `--workers N` of them."""
-    if args.workers > 1 and args.worker_index is None:
-        return _run_workers(args)
-    factory = loop_factory(args.loop)  # uvloop missing: one line before anything starts
-    return asyncio.run(_run(args), loop_factory=factory)
+    ignore_hangup()  # until the loop's handler reopens the records on it
+    with pid_file(args.pid_file if args.worker_index is None else ""):
+        if args.workers > 1 and args.worker_index is None:
+            return _run_workers(args)
+        factory = loop_factory(args.loop)  # uvloop missing: one line before anything starts
+        return asyncio.run(_run(args), loop_factory=factory)
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -83,6 +83,26 @@ def parse_seconds(value: str, option: str, *, zero_ok: bool = False) -> float:
     return seconds
 
 
+# Units a size option may carry (binary, as `ls -h` and Kubernetes' Ki/Mi read them).
+BYTE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
+              "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gib": 1024**3}  # fmt: skip
+
+
+def parse_bytes(value: str, option: str) -> int:
+    """A size option's value in bytes: `65536`, `64KiB`, `8MiB` (K, M and G are binary); a
+    clear error otherwise."""
+    text = value.strip().lower().replace(" ", "")
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = BYTE_UNITS.get(text[len(digits) :])
+    try:
+        size = float(digits) * unit if unit is not None else math.nan
+    except ValueError:
+        size = math.nan
+    if not math.isfinite(size) or size < 1:
+        raise UsageError(f"{option} {value!r}: expected a size in bytes, e.g. 65536, 64KiB or 8MiB")
+    return int(size)
+
+
 def check_port_free(host: str, port: int, what: str) -> None:
     """Fail early, with the fix, when a port is taken (mitmproxy would only log and exit)."""
     if port == 0:

@@ -10,7 +10,8 @@ The first SIGTERM or SIGINT:
    `Connection: close` (HTTP/1), so each connection closes after its current response;
 3. waits until no flow is in flight (nor a WebSocket open), or `hopmeter_drain_timeout`
    seconds, then stops the master; the HopMeter addon records what is still in flight as ended
-   `shutdown`.
+   `shutdown`, and the outputs write what they hold until the same deadline
+   (hopmeter.proxy.outlets: past it, what is left is counted lost and said).
 A second signal stops at once, with the same records.
 """
 
@@ -23,6 +24,7 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.errors import UsageError
+from hopmeter.export.outlets import Outlets
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
 from hopmeter.proxy.config import parse_seconds
@@ -44,9 +46,12 @@ DEFAULT_DRAIN_TIMEOUT_S = 20.0
 class Drain:
     """Graceful drain on the first SIGTERM/SIGINT; an immediate stop on the second."""
 
-    def __init__(self, meter: HopMeter, readiness: Readiness | None = None) -> None:
+    def __init__(
+        self, meter: HopMeter, readiness: Readiness | None = None, outlets: Outlets | None = None
+    ) -> None:
         self.meter = meter
         self.readiness = readiness
+        self.outlets = outlets  # told the drain's deadline, to write what they hold by then
         self.draining = False
         self.task: asyncio.Task[None] | None = None
         self.idle_closed = 0
@@ -75,6 +80,8 @@ class Drain:
         """The event loop's handler for SIGTERM and SIGINT."""
         if self.draining:
             log.warning("hopmeter: second signal: stopping now; flows in flight end as shutdown")
+            if self.outlets is not None:
+                self.outlets.flush_by = time.monotonic()
             ctx.master.shutdown()
             return
         self.draining = True
@@ -103,6 +110,8 @@ class Drain:
 
     async def _drain(self, started_s: float) -> None:
         timeout_s = self.timeout_s
+        if self.outlets is not None:
+            self.outlets.flush_by = started_s + timeout_s
         ctx.options.update(server=False)  # Proxyserver closes the listening sockets
         self._close_idle()
         log.warning(

@@ -169,13 +169,19 @@ class LeanMaster(master.Master):
     loader, so they run where they run in `mitmdump -s "$(hopmeter --addon-path)"`, before the
     addons that read or edit a finished flow (modify_body, save, ...)."""
 
-    def __init__(self, opts: options.Options, scripts: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        opts: options.Options,
+        log: termlog.TermLog | None = None,
+        scripts: Sequence[Any] = (),
+    ) -> None:
         # What Master.__init__ builds, with LeanAddonManager, and without the legacy log-event
-        # handler (each log record woke the loop and walked every addon's deprecated add_log hook)
+        # handler (each log record woke the loop and walked every addon's deprecated add_log hook);
+        # `log` stands in for mitmproxy's TermLog (hopmeter run's writes its lines off the loop)
         self.options = opts
         self.commands = command.CommandManager(self)
         self.addons = LeanAddonManager(self)
-        self._termlog_addon = termlog.TermLog()
+        self._termlog_addon = log if log is not None else termlog.TermLog()
         self.addons.add(self._termlog_addon)
         self.log = mitmlog.Log(self)
         self._legacy_log_events = mitmlog.LegacyLogEvents(self)  # never installed

@@ -4,6 +4,8 @@ Each owns its options (declared in `load`, checked and applied in `configure`, a
 addons do), builds its exporter from hopmeter.export, and is an observer of the HopMeter addon
 (hopmeter.export.FlowObserver) while it has somewhere to write. The HopMeter addon guards every
 call into them: an output that fails is counted as an internal error and the flow goes on.
+Records and the console's JSON lines are handed to an outlet (hopmeter.proxy.outlets): written by
+a thread, dropped and counted when their queue is full, never waited for.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from hopmeter.errors import OtelConfigError, PortError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.export.console import MODES as CONSOLE_MODES
 from hopmeter.export.console import Console
+from hopmeter.export.outlets import STDOUT, Outlet, Outlets
 from hopmeter.export.prometheus import Metrics, new_registry
-from hopmeter.export.records import RecordSink
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon import HopMeter
@@ -38,12 +40,13 @@ PAINT_SEGMENT = f"{SCREEN}>{BROWSER}"  # its holds are the paint lags
 
 
 class RecordsOutput(FlowObserver):
-    """Appends one JSON line per finished flow to `hopmeter_records` ("-" = stdout)."""
+    """Appends one JSON line per finished flow to `hopmeter_records` ("-" = stdout), through
+    its outlet: what cannot be written is counted there (`hopmeter_output_lost_lines_total`)."""
 
-    def __init__(self, meter: HopMeter) -> None:
+    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
         self.meter = meter
-        self.sink: RecordSink | None = None
-        self.lost = 0  # records that could not be written
+        self.outlets = outlets
+        self.outlet: Outlet | None = None
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -61,7 +64,7 @@ class RecordsOutput(FlowObserver):
         if not path:
             return
         try:
-            self.sink = RecordSink.open(path)
+            self.outlet = self.outlets.open("records", path)
         except OSError as exc:
             raise exceptions.OptionsError(
                 f"cannot write records to {path}: {exc.strerror}; pick a writable path with "
@@ -70,45 +73,29 @@ class RecordsOutput(FlowObserver):
         self.meter.add_observer(self)
 
     def observe(self, result: FlowResult) -> None:
-        """Write the record; a failing file is said once and counted from then on."""
-        if self.sink is None:
-            return
-        try:
-            self.sink.write(orjson.dumps(result.record) + b"\n")
-        except OSError as exc:
-            self.lost += 1
-            if self.lost == 1:
-                log.error(
-                    "hopmeter: ERROR cannot write records; every record from now on is lost "
-                    "until the file is writable again",
-                    path=ctx.options.hopmeter_records,
-                    error=str(exc),
-                )
+        """Queue the record's line (its writer writes it)."""
+        if self.outlet is not None:
+            self.outlet.put(orjson.dumps(result.record) + b"\n")
 
     def done(self) -> None:
         self._close()
-        if self.lost:
-            log.error(
-                "hopmeter: records were lost", lost=self.lost, path=ctx.options.hopmeter_records
-            )
 
     def _close(self) -> None:
         self.meter.remove_observer(self)
-        sink, self.sink = self.sink, None
-        if sink is not None:
-            try:
-                sink.close()
-            except OSError as exc:  # the last lines were still buffered: a full disk, say
-                self.lost += 1
-                log.error("hopmeter: ERROR closing the records file", error=str(exc))
+        outlet, self.outlet = self.outlet, None
+        if outlet is not None:
+            self.outlets.release(outlet)
 
 
 class ConsoleOutput(FlowObserver):
-    """A line (or a JSON object) per finished flow, and a summary every so often."""
+    """A line (or a JSON object) per finished flow, and a summary every so often: the text
+    through the log, the JSON lines on standard output through an outlet."""
 
-    def __init__(self, meter: HopMeter) -> None:
+    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
         self.meter = meter
+        self.outlets = outlets
         self.console: Console | None = None
+        self.outlet: Outlet | None = None
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -142,7 +129,9 @@ class ConsoleOutput(FlowObserver):
             raise exceptions.OptionsError(str(exc)) from None
         running = self.console is not None and self.console.started
         self._stop()
-        self.console = Console(mode, interval_s)
+        if mode == "json":
+            self.outlet = self.outlets.open("console", STDOUT)
+        self.console = Console(mode, interval_s, self.outlet.put if self.outlet else None)
         self.meter.add_observer(self)
         if running:
             self.console.start()
@@ -164,15 +153,21 @@ class ConsoleOutput(FlowObserver):
         if self.console is not None:
             self.console.stop()
             self.console = None
+        outlet, self.outlet = self.outlet, None
+        if outlet is not None:
+            self.outlets.release(outlet)
 
 
 class MetricsOutput(FlowObserver):
     """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`, with
     /healthz and, given the proxy's `readiness`, /readyz beside them."""
 
-    def __init__(self, meter: HopMeter, readiness: Readiness | None = None) -> None:
+    def __init__(
+        self, meter: HopMeter, readiness: Readiness | None = None, outlets: Outlets | None = None
+    ) -> None:
         self.meter = meter
         self.readiness = readiness
+        self.outlets = outlets  # its outputs' losses and queues are on /metrics
         self.metrics: Metrics | None = None
         self.server: MetricsServer | None = None
 
@@ -191,6 +186,8 @@ class MetricsOutput(FlowObserver):
         spec = ctx.options.hopmeter_metrics.strip()
         if self.metrics is None:
             self.metrics = Metrics(new_registry())
+            if self.outlets is not None:
+                self.metrics.watch_outputs(self.outlets.states)
         self.meter.add_observer(self)
         if spec.lower() in ("", "off", "none"):
             return

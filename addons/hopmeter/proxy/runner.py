@@ -24,6 +24,7 @@ from hopmeter.proxy.drain import Drain
 from hopmeter.proxy.fastpath import relay
 from hopmeter.proxy.guard import UpstreamGuard
 from hopmeter.proxy.master import LeanMaster, LeanOptions
+from hopmeter.proxy.outlets import FLUSH_FLOOR_S, OutputQueues, QueuedTermLog
 from hopmeter.proxy.outputs import ConsoleOutput, MetricsOutput, OtelOutput, RecordsOutput
 from hopmeter.proxy.readiness import Readiness
 from hopmeter.proxy.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S, wait_for_quiet
@@ -35,19 +36,26 @@ from hopmeter.proxy.ui import HopView
 TCP_TIMEOUT_MARGIN_S = 60
 
 
-def default_addons() -> list[Any]:
+def default_addons(queues: OutputQueues | None = None) -> list[Any]:
     """The addons hopmeter runs, in order (`hopmeter run` and `mitmdump -s` load the same):
     the measuring addon, the upstream guard (after it: it reads the stream tap the measuring
     addon installs), the readiness check, browser measuring (idle unless `hopmeter_browser`),
     then the outputs that observe the measuring addon, then what mitmweb and the console show
-    (idle elsewhere)."""
+    (idle elsewhere), and last the owner of the outputs' queues (its `done` writes what the
+    others' `done` left queued). `queues` is the runner's, when it routes its log through them."""
     meter = HopMeter()
     readiness = Readiness()
+    queues = queues if queues is not None else OutputQueues()
+    outlets = queues.outlets
     outputs = [
-        MetricsOutput(meter, readiness),
-        *(output(meter) for output in (RecordsOutput, ConsoleOutput, OtelOutput, HopView)),
+        MetricsOutput(meter, readiness, outlets),
+        RecordsOutput(meter, outlets),
+        ConsoleOutput(meter, outlets),
+        OtelOutput(meter),
+        HopView(meter),
     ]
-    return [meter, UpstreamGuard(meter, readiness), readiness, BrowserMeter(meter), *outputs]
+    guard = UpstreamGuard(meter, readiness)
+    return [meter, guard, readiness, BrowserMeter(meter), *outputs, queues]
 
 
 class FreezeAtStart:
@@ -103,16 +111,22 @@ async def run_proxy(
     """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down).
 
     The first signal drains (hopmeter.proxy.drain): no new connections, the flows in flight
-    finish within the drain timeout; a second one stops at once.
+    finish within the drain timeout; a second one stops at once. SIGHUP reopens the records
+    file at its path (after a rotation) and never stops the proxy. Every line the process writes
+    (records, console, mitmproxy's and hopmeter's log) goes through the outputs' queues
+    (hopmeter.proxy.outlets), so a stalled standard output or a full disk never holds a stream.
     """
     opts = LeanOptions()  # reads of immutable option values without deep copies
-    # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master)
-    addons = default_addons()
+    queues = OutputQueues()
+    # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.master); its log
+    # lines written by the `log` output's thread, never by the loop; hopmeter's own addons where
+    # `mitmdump -s` has them
+    addons = default_addons(queues)
     meter, readiness, metrics = addons[0], addons[2], addons[4]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
     assert isinstance(metrics, MetricsOutput)
-    master = LeanMaster(opts, scripts=addons)  # where `mitmdump -s` has them
-    drain = Drain(meter, readiness)
+    master = LeanMaster(opts, QueuedTermLog(queues.outlets), scripts=addons)
+    drain = Drain(meter, readiness, queues.outlets)
     relays = relay.Relay(meter.relay_failed)
     master.addons.add(drain, FreezeAtStart(meter), relays)
     try:
@@ -156,6 +170,8 @@ async def run_proxy(
         if cfg.extra:
             opts.set(*cfg.extra)
     except exceptions.OptionsError as exc:
+        # the master never runs, nor its `done`: write what was logged so far (a warning)
+        queues.outlets.close(time.monotonic() + FLUSH_FLOOR_S)
         raise UsageError(str(exc)) from None
     if cfg.relay and opts.hopmeter_relay:
         # a streamed HTTP/1 body's reads moved past mitmproxy's layers, mitmproxy's per-read
@@ -169,6 +185,8 @@ async def run_proxy(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, drain.signal)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):  # no SIGHUP
+        loop.add_signal_handler(signal.SIGHUP, queues.reopen)
     if on_master is not None:
         on_master(master)
     if before is not None:

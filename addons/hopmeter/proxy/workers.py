@@ -38,8 +38,9 @@ def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_
     """Start `workers` copies of `hopmeter run ARGV`, forward signals, return the worst status.
 
     Every signal is forwarded (the first makes each worker drain, a second stops them at once);
-    a worker still running `stop_timeout_s` after the first is killed. A worker that fails (a
-    port, a bad option) stops the others.
+    a worker still running `stop_timeout_s` after the first is killed. SIGHUP is forwarded too,
+    and stops nothing: each worker reopens its records file. A worker that fails (a port, a bad
+    option) stops the others.
     """
     # Each worker in a session of its own: a Ctrl-C in the terminal reaches the parent only, and
     # the parent forwards it once (a worker that got it twice would stop without draining).
@@ -60,8 +61,16 @@ def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(sig)
 
+    def forward_hangup(sig: int, _frame: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(sig)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, forward_hangup)
     status = 0
     failed: set[int] = set()
     while any(p.poll() is None for p in procs):

@@ -126,6 +126,13 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help=f"how long a trace waits for its other hops (default {WINDOW_S:g})",
     )
+    serve.add_argument(
+        "--pid-file",
+        default="",
+        metavar="PATH",
+        help="write the process id here, for `kill -HUP` after a log rotation: SIGHUP reopens "
+        "the --records file (deploy/logrotate/hopmeter)",
+    )
     serve.add_argument("--max-traces", type=positive_int, default=MAX_TRACES, metavar="N")
     serve.add_argument("--max-events", type=positive_int, default=MAX_EVENTS, metavar="N")
     p.set_defaults(func=run)
@@ -191,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from hopmeter.pidfile import ignore_hangup, pid_file  # noqa: PLC0415 - only for --serve
     from hopmeter.proxy.config import parse_hostport  # noqa: PLC0415 - pure, no mitmproxy
 
     try:
@@ -219,4 +227,6 @@ def _serve(args: argparse.Namespace) -> int:
         max_events=args.max_events,
         order=args.order,
     )
-    return service.run(cfg)
+    ignore_hangup()  # until the service's loop handles it (reopening its records)
+    with pid_file(args.pid_file):
+        return service.run(cfg)
