@@ -10,7 +10,7 @@ made here as the snippet makes them (delta-coded 0.1 ms ticks) for replies of th
 demo's 120 tokens at 50/s, a 700-token reply, and the largest that fits the 64 KiB a beacon may
 carry (the snippet merges neighbours past it). CPU
 time per call (time.thread_time), median of many rounds. The rate bound of the beacon endpoint
-(hopmeter.proxy.browser.RATE_PER_S) is chosen against these numbers.
+(hopmeter.proxy.addon.browser_meter.RATE_PER_S) is chosen against these numbers.
 """
 
 from __future__ import annotations

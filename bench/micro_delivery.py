@@ -7,12 +7,12 @@
    followed, median of (followed - plain): what the stream callable does in either case (stamp,
    queue the chunk) plus mitmproxy's write to the client's transport; followed adds the chunk
    list, arming the connection's counter and the counting write wrapper
-   (hopmeter.proxy.client_conn.ConnTracker). Once on a stand-in transport that does the selector
+   (hopmeter.proxy.delivery.conn.ConnTracker). Once on a stand-in transport that does the selector
    transport's checks without the send() (the wrapper alone), once on a real loopback socket.
 2. One look at a connection's queues (ConnTracker.poll): with nothing queued (no system call),
    and with a chunk in the kernel's queue (one SIOCOUTQNSD ioctl).
 3. Looks per chunk for a reader that keeps up: 400 chunks, 5 ms apart, written through a real
-   transport to a socket a thread drains, with the real poller (hopmeter.proxy.delivery).
+   transport to a socket a thread drains, with the real poller (hopmeter.proxy.delivery.lane).
 4. Timing one measuring step (two monotonic reads and one thread_time), paid once per batch.
 
 Per event, the total is 1 + 2 × 3 (with the poller's timers) + 4, with one chunk per measuring
@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
 from hopmeter.core.ledger import END, OUT, new_chunk
-from hopmeter.proxy.client_conn import ConnTracker
-from hopmeter.proxy.delivery import Delivery, FlowOut
+from hopmeter.proxy.delivery.conn import ConnTracker
+from hopmeter.proxy.delivery.lane import Delivery, FlowOut
 
 EVENTS = 5000  # per round
 ROUNDS = 41

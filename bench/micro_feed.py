@@ -13,7 +13,7 @@ plain path; "4 events per chunk" is what a busy proxy reads when several events 
 Anthropic rows feed Anthropic's token event (`event: content_block_delta` and its data line).
 The two rows under the tap add mitmproxy's write of the chunk to a stand-in client transport
 (through an asyncio StreamWriter, as mitmproxy writes), without and with the chunk followed out
-to the client (hopmeter.proxy.delivery): their difference is what the extra timestamps cost per
+to the client (hopmeter.proxy.delivery.lane): their difference is what the extra timestamps cost per
 event on the stream's path; the looks at the queues that follow are timed in
 bench/micro_delivery.py.
 """
@@ -48,10 +48,10 @@ from hopmeter.core.meter import FlowMeter
 from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.vocab import Api
-from hopmeter.proxy.tokenizers import load_counter
+from hopmeter.proxy.addon.tokenizers import load_counter
 
 if TYPE_CHECKING:
-    from hopmeter.proxy.tap import ResponseTap
+    from hopmeter.proxy.addon.tap import ResponseTap
 
 EVENTS_PER_FLOW = 400
 FLOWS = 10  # 4,000 events per round: short rounds, so best-of filters out other work
@@ -134,7 +134,7 @@ def feed_coalesced(general: bool = False) -> Callable[[int], object]:
 
 def new_tap() -> ResponseTap:
     """A ResponseTap with a meter, as responseheaders leaves it."""
-    from hopmeter.proxy.tap import FlowState, MeasureQueue, ResponseTap  # noqa: PLC0415 - heavy
+    from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap  # noqa: PLC0415 - heavy
 
     fields = FlowState.__dataclass_fields__
     kwargs: dict[str, Any] = {"mono0": time.monotonic(), "skew_s": 0.0, "listener": "proxy"}
@@ -159,8 +159,8 @@ def tap_written(followed: bool) -> Callable[[int], object]:
     FlowOut arms the connection's counter and the write goes through the counting wrapper."""
     from micro_delivery import FRAMED, StandInTransport, stand_in_writer  # noqa: PLC0415
 
-    from hopmeter.proxy.client_conn import ConnTracker  # noqa: PLC0415 - heavy
-    from hopmeter.proxy.delivery import FlowOut  # noqa: PLC0415
+    from hopmeter.proxy.delivery.conn import ConnTracker  # noqa: PLC0415 - heavy
+    from hopmeter.proxy.delivery.lane import FlowOut  # noqa: PLC0415
 
     t = new_tap()
     writer = stand_in_writer(StandInTransport())

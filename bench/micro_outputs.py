@@ -44,8 +44,8 @@ from mitmproxy.addons.termlog import TermLogHandler
 
 from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow, summary_line
 from hopmeter.export.outlets import Outlets
-from hopmeter.proxy.outlets import QueuedTermLogHandler
-from hopmeter.proxy.tokenizers import load_counter
+from hopmeter.proxy.addon.outlets import QueuedTermLogHandler
+from hopmeter.proxy.addon.tokenizers import load_counter
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EVENTS = 175  # the bench soak's flows are shorter; the cost matrix's streams carry ~175-325

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.tokens import TokenCounter
 from hopmeter.core.vocab import Api, TokenSource
-from hopmeter.proxy.tokenizers import make_counter
+from hopmeter.proxy.addon.tokenizers import make_counter
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -97,10 +97,10 @@ SAMPLE_HZ = 250
 # Inclusive categories: a sample counts in a category when its stack holds the frame (or, for
 # "a > b", frame b called directly from frame a). Function names with a file-path fragment.
 CATEGORIES: list[tuple[str, str]] = [
-    ("tap: ResponseTap.__call__ (stamp and queue)", "ResponseTap.__call__@proxy/tap.py"),
+    ("tap: ResponseTap.__call__ (stamp and queue)", "ResponseTap.__call__@proxy/addon/tap.py"),
     (
         "measuring, 1 ms later: MeasureQueue.measure",
-        "MeasureQueue.measure@proxy/tap.py",
+        "MeasureQueue.measure@proxy/addon/tap.py",
     ),
     ("  FlowMeter.feed", "FlowMeter.feed@core/meter.py"),
     (
@@ -119,12 +119,12 @@ CATEGORIES: list[tuple[str, str]] = [
         "OpenAIChatParser.parse_object@core/apis/openai.py > __init__@<string>",
     ),
     ("    FlowMeter._on_delta", "FlowMeter._on_delta@core/meter.py"),
-    ("per flow: requestheaders", "HopMeter.requestheaders@proxy/addon.py"),
-    ("per flow: responseheaders", "HopMeter.responseheaders@proxy/addon.py"),
-    ("per flow: record, figures, detectors (_complete)", "HopMeter._complete@proxy/addon.py"),
+    ("per flow: requestheaders", "HopMeter.requestheaders@proxy/addon/meter.py"),
+    ("per flow: responseheaders", "HopMeter.responseheaders@proxy/addon/meter.py"),
+    ("per flow: record, figures, detectors (_complete)", "HopMeter._complete@proxy/addon/meter.py"),
     ("  finish_flow (tokens, figures, detectors)", "finish_flow@core/record.py"),
-    ("  metrics observe", "MetricsOutput.observe@proxy/outputs.py"),
-    ("  record write and console line", "HopMeter._emit@proxy/addon.py"),
+    ("  metrics observe", "MetricsOutput.observe@proxy/addon/outputs.py"),
+    ("  record write and console line", "HopMeter._emit@proxy/addon/meter.py"),
     ("bare addon: responseheaders", "StreamAll.responseheaders@bench/bare_addon.py"),
     (
         "mitmproxy: HTTP/1 parsing and layers",

@@ -115,7 +115,7 @@ def test_later_checks_name_the_variable_too(
     """A value that parses but cannot work (checked when the proxy is configured) is named by
     its variable in the one-line error."""
     from hopmeter.errors import UsageError
-    from hopmeter.proxy.command import proxy_config
+    from hopmeter.proxy.run.command import proxy_config
 
     args = parse(["run"], {variable: value})
     with pytest.raises(UsageError, match="^" + message.replace("(", r"\(")):

@@ -14,7 +14,7 @@ TESTS = ROOT / "tests"
 # "Tests"). A module listed here has no test file of its own; if it gets one, drop it from here.
 REACHED_BY_INTEGRATION: dict[str, tuple[str, ...]] = {
     # `hopmeter run`'s flags and errors, and `--workers N`
-    "proxy/command.py": ("tests/test_cli.py", "tests/integration/test_workers.py"),
+    "proxy/run/command.py": ("tests/test_cli.py", "tests/integration/test_workers.py"),
     # the script plain mitmdump loads (`hopmeter --addon-path`)
     "proxy/mitmdump/script.py": ("tests/test_cli.py", "tests/integration/test_faults.py"),
     # `hopmeter report`: the text and HTML reports from real records
@@ -135,9 +135,9 @@ def test_the_command_line_imports_no_mitmproxy() -> None:
 
 def test_the_check_sees_a_banned_import() -> None:
     """The import check names the library and the module that loaded it (it can fail)."""
-    assert _loaded_by(["hopmeter.proxy.config", "hopmeter.proxy.addon"], ["mitmproxy"]) == (
-        "mitmproxy (by hopmeter.proxy.addon)"
-    )
+    assert _loaded_by(
+        ["hopmeter.proxy.run.config", "hopmeter.proxy.addon.meter"], ["mitmproxy"]
+    ) == ("mitmproxy (by hopmeter.proxy.addon.meter)")
 
 
 def test_ruff_lint_and_format_pass() -> None:

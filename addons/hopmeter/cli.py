@@ -20,7 +20,7 @@ from hopmeter.errors import HopmeterError
 
 # The modules of the commands, in the order `--help` lists them; "run" is the first's.
 COMMANDS = (
-    "hopmeter.proxy.command",
+    "hopmeter.proxy.run.command",
     "hopmeter.upstream.command",
     "hopmeter.report.join",
     "hopmeter.report.command",

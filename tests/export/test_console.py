@@ -100,7 +100,7 @@ HANDLERS = """
 import asyncio, logging
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
-from hopmeter.proxy.runner import drop_legacy_log_events
+from hopmeter.proxy.run.runner import drop_legacy_log_events
 
 async def main():
     DumpMaster(options.Options(), with_termlog=True, with_dumper=False)

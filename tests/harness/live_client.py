@@ -21,7 +21,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.vocab import EventLoop
-from hopmeter.proxy.loops import loop_factory
+from hopmeter.proxy.run.loops import loop_factory
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """mitmproxy options act the same through `hopmeter run` and mitmdump with hopmeter loaded.
 
-`hopmeter run` builds its own master (hopmeter.proxy.master), which skips per flow the addons
+`hopmeter run` builds its own master (hopmeter.proxy.run.master), which skips per flow the addons
 whose options keep their defaults. Each case starts both as real processes in front of one echo
 upstream, sends the same requests and compares what the client got, what the upstream saw, the
 files mitmproxy wrote and the records hopmeter wrote.

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hopmeter.proxy.listen import LISTEN_BACKLOG
+from hopmeter.proxy.run.listen import LISTEN_BACKLOG
 from tests.harness.procs import demo_path, free_port, read_records, wait_for
 
 pytestmark = pytest.mark.integration

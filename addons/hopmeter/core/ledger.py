@@ -3,7 +3,7 @@
 The stream callable stamps when a chunk was *read*; mitmproxy then writes it to the client's
 transport in the same synchronous step. What happens next is the client's side: the transport's
 user-space buffer drains as the kernel takes the bytes, and the kernel's send queue drains as the
-client's TCP window lets it send. The proxy layer (hopmeter.proxy.delivery) counts the bytes
+client's TCP window lets it send. The proxy layer (hopmeter.proxy.delivery.lane) counts the bytes
 written to the client's transport and samples the two queues (the buffer's length and Linux's
 SIOCOUTQNSD); this module turns those byte counts into per-chunk times, with no clock and no
 socket of its own (docs/design.md §4, "delivery").

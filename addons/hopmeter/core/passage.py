@@ -1,5 +1,5 @@
 """Findings about how the proxy itself moved a flow: mitmproxy failing on it, or a hook editing a
-body that had already gone to the client (hopmeter.proxy.passage watches for both)."""
+body that had already gone to the client (hopmeter.proxy.addon.passage watches for both)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The stream's own counts come first (token ids, logprobs, TGI's `token`); then a tokenizer on the
 event's text; then an estimate from the text's shape (`estimate_tokens`). When the stream ends with
 a usage total, per-event counts are scaled to it (`reconcile`). Tokenizers are built outside the
-core (hopmeter.proxy.tokenizers reads their vocabularies); here a counter is anything with
+core (hopmeter.proxy.addon.tokenizers reads their vocabularies); here a counter is anything with
 `count(text)` and a `source`.
 """
 

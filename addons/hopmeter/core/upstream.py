@@ -2,8 +2,8 @@
 
 A reverse proxy whose upstream cannot be reached answers for it, as nginx and Envoy do: 502 when
 the connection fails (refused, DNS, TLS), 504 when the upstream does not connect or does not
-answer in time. The proxy layer (hopmeter.proxy.guard) names the cause; this module turns it into
-the record's `upstream_error` and a finding with the fix (docs/design.md §4, §7).
+answer in time. The proxy layer (hopmeter.proxy.addon.guard) names the cause; this module
+turns it into the record's `upstream_error` and a finding with the fix (docs/design.md §4, §7).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from hopmeter.core.record import FlowResult, summary_line
 from hopmeter.demo.command import wait_port
 from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.config import ProxyConfig
+from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.upstream.server import UpstreamServer
 
 # The clients of the demo page (hopmeter/data/browser/demo.js), in the order ?client=all runs.
@@ -81,7 +81,7 @@ def clients_from(value: str) -> list[str]:
 async def run_browser_demo(*, records: str, port: int, headless: str) -> int:
     """Serve the demo page through a browser-measuring proxy until stopped (or, headless, until
     every asked reply's record was written); one line per reply."""
-    from hopmeter.proxy.runner import quiet_mitmproxy_logs, run_proxy  # noqa: PLC0415 - heavy
+    from hopmeter.proxy.run.runner import quiet_mitmproxy_logs, run_proxy  # noqa: PLC0415 - heavy
 
     wanted = clients_from(headless) if headless else []
     browser_bin = chromium_path() if headless else ""

@@ -17,7 +17,7 @@ from hopmeter.core.record import FlowResult, summary_line
 from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.probe.http import post_stream
-from hopmeter.proxy.config import ProxyConfig
+from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.upstream.server import UpstreamServer
 
 SAMPLES: list[tuple[str, str, str, dict[str, Any]]] = [
@@ -106,7 +106,7 @@ def _free_port() -> int:
 
 async def run_demo(records: str = "") -> int:
     """Run the samples through a real proxy and print one line per measured flow."""
-    from hopmeter.proxy.runner import quiet_mitmproxy_logs, run_proxy  # noqa: PLC0415 - heavy
+    from hopmeter.proxy.run.runner import quiet_mitmproxy_logs, run_proxy  # noqa: PLC0415 - heavy
 
     upstream = UpstreamServer()
     up_port = await upstream.start("127.0.0.1", 0)

@@ -139,7 +139,7 @@ def _upstream_answered(rec: dict[str, Any]) -> bool:
     """The proxy answered in place of a failed upstream: no response, and a named cause.
 
     Under a flood of failures (the model server is down) a line per flow would bury everything
-    else; hopmeter.proxy.guard logs the first of each cause and then one line per interval.
+    else; hopmeter.proxy.addon.guard logs the first of each cause and then one line per interval.
     """
     return "response" not in rec and "upstream_error" in rec
 

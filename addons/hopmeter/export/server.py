@@ -1,7 +1,7 @@
 """The metrics endpoint: serves a registry on /metrics, /healthz and /readyz, in a daemon thread.
 
 /healthz is liveness only: the process answers. /readyz asks the `ready` callable it was given
-(the proxy's cached view of its upstreams, hopmeter.proxy.readiness): 200 when ready, 503 with
+(the proxy's cached view of its upstreams, hopmeter.proxy.addon.readiness): 200 when ready, 503 with
 the reason when not. Neither ever waits on the upstream.
 
 /metrics speaks OpenMetrics when the scraper asks for it (so trace-id exemplars show) and the

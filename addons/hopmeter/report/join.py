@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from hopmeter.argtypes import positive_int, positive_seconds
+from hopmeter.argtypes import parse_hostport, positive_int, positive_seconds
 from hopmeter.core.hops import node
 from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments
 from hopmeter.core.order import HopOrder
@@ -199,7 +199,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from hopmeter.pidfile import ignore_hangup, pid_file  # noqa: PLC0415 - only for --serve
-    from hopmeter.proxy.config import parse_hostport  # noqa: PLC0415 - pure, no mitmproxy
 
     try:
         from hopmeter.join import service  # noqa: PLC0415 - the otel extra, only for --serve

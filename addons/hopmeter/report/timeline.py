@@ -1,7 +1,7 @@
 """One response as text: the verdict, findings with their fixes, figures, then one row per event.
 
-What mitmweb and the mitmproxy console show in hopmeter's content view (hopmeter.proxy.ui), and
-what a flow's comment says. It is built from the flow's record (the times, tokens and findings
+What mitmweb and the mitmproxy console show in hopmeter's content view (hopmeter.proxy.addon.ui),
+and what a flow's comment says. It is built from the flow's record (the times, tokens and findings
 measured live) and its stored body, read again with the core's own parsers for each event's text:
 a flow saved to a file and opened later renders the same, with nothing of the live proxy left.
 mitmweb draws a view as plain text (it ignores syntax highlighting), so stalls and bursts are

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopmeter.argtypes import check_port_free, parse_hostport
 from hopmeter.errors import UsageError
-from hopmeter.proxy.config import check_port_free, parse_hostport
 
 
 def add_parser(sub: Any) -> None:

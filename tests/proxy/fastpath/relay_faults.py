@@ -27,9 +27,9 @@ from typing import Any
 from mitmproxy.proxy.events import DataReceived
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
 
+from hopmeter.proxy.addon.tap import ResponseTap
 from hopmeter.proxy.fastpath import framing, relay
 from hopmeter.proxy.fastpath.relay import BodyRelay, ReadShortcut
-from hopmeter.proxy.tap import ResponseTap
 
 ARM_AT = 3  # the first reads go through: the client has events before the fault
 SLOW_HOOK_S = 0.4

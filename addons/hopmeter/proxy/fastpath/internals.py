@@ -2,7 +2,7 @@
 
 mitmproxy gives addons no way to the client's socket, to a connection's layers or to its
 per-read steps; hopmeter's fast paths (relay, backpressure, framing) and its delivery lane
-(hopmeter.proxy.client_conn) reach them by private names. Every import of such a name is in this
+(hopmeter.proxy.delivery.conn) reach them by private names. Every import of such a name is in this
 module (ruff's banned-api rule keeps them out of the rest of hopmeter.proxy), and every function
 whose code the fast paths repeat or lean on is fingerprinted at start by
 hopmeter.proxy.fastpath.gate. The names read were checked in mitmproxy 12.3.1 and h11 0.16.0.
@@ -30,6 +30,7 @@ from mitmproxy.proxy.layers.http._http1 import (
     make_body_reader,
 )
 from mitmproxy.proxy.layers.http._http2 import Http2Server
+from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
 
 __all__ = [
@@ -48,7 +49,9 @@ __all__ = [
     "HttpStream",
     "Layer",
     "NextLayer",
+    "ProxyMode",
     "ResponseData",
+    "ReverseMode",
     "SendData",
     "TimeoutWatchdog",
     "chunk_header_re",

@@ -88,7 +88,6 @@ from hopmeter.proxy.fastpath.internals import (
     connection_handlers,
     layers_to_http,
 )
-from hopmeter.proxy.tap import ResponseTap
 
 log = get_logger()
 
@@ -141,7 +140,11 @@ PROXY_DEBUG = "proxy_debug"  # proxy_debug logs every event in every layer
 LAYERS = "layers"  # a layer on the path is still being decided or does more than pass events on
 UNLOCATED = "unlocated"  # the connection's handler, HTTP layer, writer or stream was not found
 VERSION = "version"  # the fast paths are off: mitmproxy, h11 or Python not as read (fastpath.gate)
-DECLINED = (TLS, NOT_HTTP1, PROXY_DEBUG, LAYERS, UNLOCATED, VERSION)
+# the stream callable is not one the relay may call in mitmproxy's place (hopmeter's own tap has
+# `relay_safe`: it never raises and starts no task; another addon's callable, or hopmeter's tap
+# chained after one or keeping a copy of the body, goes through mitmproxy's layers)
+CALLABLE = "callable"
+DECLINED = (TLS, NOT_HTTP1, PROXY_DEBUG, LAYERS, UNLOCATED, VERSION, CALLABLE)
 # What a fault in the relay did: /metrics' `outcome` label.
 LEFT = "left_to_mitmproxy"  # nothing of the read was delivered: mitmproxy's layers moved it
 CUT = "cut"  # the client's connection was ended with a reset, the record says ended "error"
@@ -397,6 +400,7 @@ class BodyRelay:
         "sid",
         "store_option",
         "stream",
+        "tap",
         "writer",
     )
 
@@ -418,6 +422,7 @@ class BodyRelay:
         self.flow = flow
         # mitmproxy's objects, read by private names below (checked against mitmproxy's code):
         self.response: Any = flow.response
+        self.tap: Any = getattr(flow.response, "stream", None)  # armed with it (`relay_safe`)
         self.http_layer = http_layer
         self.h1: Any = h1
         self.sid: Any = h1.stream_id
@@ -497,7 +502,7 @@ class BodyRelay:
             stream.server_state.__func__ is not _STREAM_BODY
             or self.http_layer.streams.get(self.sid) is not stream
             or self.flow.response is not response
-            or type(self.response.stream) is not ResponseTap
+            or self.response.stream is not self.tap
             or self.server.response is None
             or self.server.stream_id != self.sid
             or self.store_option.value is True
@@ -573,6 +578,8 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
     DECLINED)."""
     if flow.client_conn.tls or flow.server_conn.tls:
         return TLS
+    if flow.response is None or not getattr(flow.response.stream, "relay_safe", False):
+        return CALLABLE
     if handler is None or not isinstance(getattr(handler, "transports", None), dict):
         return UNLOCATED  # no live connection handler for this client
     options = handler.layer.context.options

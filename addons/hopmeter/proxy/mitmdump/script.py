@@ -1,5 +1,5 @@
 """Entry for plain mitmproxy: `mitmdump -s "$(hopmeter --addon-path)" --set hopmeter_hop=edge`."""
 
-from hopmeter.proxy.runner import default_addons
+from hopmeter.proxy.addon.chain import default_addons
 
 addons = default_addons()

@@ -1,0 +1,309 @@
+"""One small addon per place a finished flow goes: records, the console, Prometheus, OpenTelemetry.
+
+Each owns its options (declared in `load`, checked and applied in `configure`, as mitmproxy's own
+addons do), builds its exporter from hopmeter.export, and is an observer of the HopMeter addon
+(hopmeter.export.FlowObserver) while it has somewhere to write. The HopMeter addon guards every
+call into them: an output that fails is counted as an internal error and the flow goes on.
+Records and the console's JSON lines are handed to an outlet (hopmeter.proxy.addon.outlets):
+written by a thread, dropped and counted when their queue is full, never waited for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from mitmproxy import ctx, exceptions
+from mitmproxy.addonmanager import Loader
+
+from hopmeter.argtypes import parse_hostport, parse_seconds
+from hopmeter.core.browser import BROWSER, SCREEN
+from hopmeter.core.record import FlowResult
+from hopmeter.errors import OtelConfigError, PortError, UsageError
+from hopmeter.export import FlowObserver
+from hopmeter.export.console import MODES as CONSOLE_MODES
+from hopmeter.export.console import Console
+from hopmeter.export.outlets import STDOUT, Outlet, Outlets
+from hopmeter.export.prometheus import Metrics, new_registry
+from hopmeter.export.server import MetricsServer, serve
+from hopmeter.log import get_logger
+from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.readiness import Readiness
+
+if TYPE_CHECKING:
+    from hopmeter.export.otel import OtelExporter
+
+log = get_logger()
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PAINT_SEGMENT = f"{SCREEN}>{BROWSER}"  # its holds are the paint lags
+
+
+class RecordsOutput(FlowObserver):
+    """Appends one JSON line per finished flow to `hopmeter_records` ("-" = stdout), through
+    its outlet: what cannot be written is counted there (`hopmeter_output_lost_lines_total`)."""
+
+    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
+        self.meter = meter
+        self.outlets = outlets
+        self.outlet: Outlet | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_records",
+            str,
+            "",
+            'Append one JSON line per finished flow to this file ("-" = stdout).',
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_records" not in updated:
+            return
+        self._close()
+        path = ctx.options.hopmeter_records
+        if not path:
+            return
+        try:
+            self.outlet = self.outlets.open("records", path)
+        except OSError as exc:
+            raise exceptions.OptionsError(
+                f"cannot write records to {path}: {exc.strerror}; pick a writable path with "
+                f"--records"
+            ) from exc
+        self.meter.add_observer(self)
+
+    def observe(self, result: FlowResult) -> None:
+        """Queue the record's line (its writer writes it)."""
+        if self.outlet is not None:
+            self.outlet.put(orjson.dumps(result.record) + b"\n")
+
+    def done(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        self.meter.remove_observer(self)
+        outlet, self.outlet = self.outlet, None
+        if outlet is not None:
+            self.outlets.release(outlet)
+
+
+class ConsoleOutput(FlowObserver):
+    """A line (or a JSON object) per finished flow, and a summary every so often: the text
+    through the log, the JSON lines on standard output through an outlet."""
+
+    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
+        self.meter = meter
+        self.outlets = outlets
+        self.console: Console | None = None
+        self.outlet: Outlet | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_console",
+            str,
+            "text",
+            'Per-flow console output: "text" (a line per flow), "json" (an object per line on '
+            'stdout) or "off".',
+            choices=CONSOLE_MODES,
+        )
+        loader.add_option(
+            "hopmeter_summary_interval",
+            str,  # seconds as text: mitmproxy's --set cannot set a float option
+            "60",
+            "Seconds between compact console summaries (0 = none; e.g. 60 or 500ms).",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_console" not in updated and "hopmeter_summary_interval" not in updated:
+            return
+        mode = ctx.options.hopmeter_console
+        if mode not in CONSOLE_MODES:  # `choices` shows in mitmproxy's UIs; nothing enforces it
+            raise exceptions.OptionsError(
+                f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
+            )
+        try:
+            interval_s = parse_seconds(
+                ctx.options.hopmeter_summary_interval, "hopmeter_summary_interval", zero_ok=True
+            )
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        running = self.console is not None and self.console.started
+        self._stop()
+        if mode == "json":
+            self.outlet = self.outlets.open("console", STDOUT)
+        self.console = Console(mode, interval_s, self.outlet.put if self.outlet else None)
+        self.meter.add_observer(self)
+        if running:
+            self.console.start()
+
+    def running(self) -> None:
+        if self.console is not None:
+            self.console.start()
+
+    def observe(self, result: FlowResult) -> None:
+        """Print the flow's line and count it in the window's summary."""
+        if self.console is not None:
+            self.console.observe(result)
+
+    def done(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        self.meter.remove_observer(self)
+        if self.console is not None:
+            self.console.stop()
+            self.console = None
+        outlet, self.outlet = self.outlet, None
+        if outlet is not None:
+            self.outlets.release(outlet)
+
+
+class MetricsOutput(FlowObserver):
+    """Observes every finished flow into Prometheus metrics served on `hopmeter_metrics`, with
+    /healthz and, given the proxy's `readiness`, /readyz beside them."""
+
+    def __init__(
+        self, meter: HopMeter, readiness: Readiness | None = None, outlets: Outlets | None = None
+    ) -> None:
+        self.meter = meter
+        self.readiness = readiness
+        self.outlets = outlets  # its outputs' losses and queues are on /metrics
+        self.metrics: Metrics | None = None
+        self.server: MetricsServer | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_metrics",
+            str,
+            "127.0.0.1:9464",
+            'Prometheus endpoint HOST:PORT (/metrics, /healthz, /readyz), or "off".',
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "hopmeter_metrics" not in updated:
+            return
+        self._stop()
+        spec = ctx.options.hopmeter_metrics.strip()
+        if self.metrics is None:
+            self.metrics = Metrics(new_registry())
+            if self.outlets is not None:
+                self.metrics.watch_outputs(self.outlets.states)
+        self.meter.add_observer(self)
+        if spec.lower() in ("", "off", "none"):
+            return
+        try:
+            host, port = parse_hostport(spec, "hopmeter_metrics")
+        except UsageError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        if host not in LOOPBACK:
+            log.warning(
+                "hopmeter: WARNING the metrics endpoint listens beyond this host; it "
+                "exposes traffic volumes and model names",
+                address=f"{host}:{port}",
+            )
+        try:
+            ready = self.readiness.answer if self.readiness is not None else None
+            self.server = serve(self.metrics, host, port, ready)
+        except PortError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+
+    def done(self) -> None:
+        self.meter.remove_observer(self)
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def observe(self, result: FlowResult) -> None:
+        """One finished flow, and the holds of each segment when it is a trace's outermost."""
+        if self.metrics is None:
+            return
+        paint = next((s.holds_s for s in result.segments if s.segment == PAINT_SEGMENT), None)
+        self.metrics.observe_flow(
+            result.record,
+            gaps=result.figures.gaps if result.figures is not None else None,
+            event_tokens=result.tokens.per_event if result.tokens is not None else None,
+            own_holds=result.delivery.holds if result.delivery is not None else None,
+            paint_lags=paint,
+        )
+        trace_id = result.record.get("trace_id")
+        for seg in result.segments:
+            self.metrics.observe_segment(seg, trace_id)
+
+    def internal_error(self, where: str) -> None:
+        """A measuring bug was caught."""
+        if self.metrics is not None:
+            self.metrics.internal_error(where)
+
+    def beacon(self, outcome: str) -> None:
+        """A browser beacon was joined, refused or missed."""
+        if self.metrics is not None:
+            self.metrics.beacon(outcome)
+
+    def stream_started(self) -> None:
+        """A response started."""
+        if self.metrics is not None:
+            self.metrics.stream_started()
+
+    def stream_finished(self) -> None:
+        """A response ended, however."""
+        if self.metrics is not None:
+            self.metrics.stream_finished()
+
+
+class OtelOutput(FlowObserver):
+    """One OpenTelemetry span per finished flow, to `hopmeter_otel_endpoint` over OTLP/HTTP."""
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        self.exporter: OtelExporter | None = None
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "hopmeter_otel_endpoint",
+            str,
+            "",
+            "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
+            "(needs `pip install hopmeter[otel]`).",
+        )
+        loader.add_option(
+            "hopmeter_otel_timeline",
+            bool,
+            True,
+            "Carry each flow's token timeline in its span (what `hopmeter join` needs to align "
+            "hops from spans); false keeps spans small.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if updated & {"hopmeter_otel_endpoint", "hopmeter_otel_timeline"}:
+            self._set(ctx.options.hopmeter_otel_endpoint.strip())
+
+    def observe(self, result: FlowResult) -> None:
+        """Export the flow's span (batched on the exporter's own thread)."""
+        if self.exporter is not None:
+            self.exporter.observe(result)
+
+    def done(self) -> None:
+        self._set("")
+
+    def _set(self, endpoint: str) -> None:
+        self.meter.remove_observer(self)
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+        if not endpoint:
+            return
+        try:
+            from hopmeter.export.otel import OtelExporter  # noqa: PLC0415 - an optional extra
+        except ImportError as exc:
+            raise exceptions.OptionsError(
+                f"hopmeter_otel_endpoint needs the OpenTelemetry extra: pip install "
+                f"'hopmeter[otel]' ({exc})"
+            ) from None
+        try:
+            self.exporter = OtelExporter(endpoint, timeline=ctx.options.hopmeter_otel_timeline)
+        except OtelConfigError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        self.meter.add_observer(self)

@@ -1,0 +1,468 @@
+"""What mitmproxy's users keep with hopmeter loaded: bodies saved, their own stream callables,
+their edits, and honest records of mitmproxy's own failures (README, "In plain mitmproxy").
+
+hopmeter streams a response to measure it without holding it. mitmproxy keeps no copy of a
+streamed body, runs one stream callable per message, and applies an edit only to a body it
+buffered. So, per flow (`FlowPassage`, decided by `Passage` when the headers come):
+
+- another addon's stream callable is **chained**: it runs first, on every chunk, and hopmeter
+  measures what it returns, the bytes as they leave (`PassageTap`);
+- a body that `modify_body` (or `hopmeter_buffer`, a flow filter) matches is **left to mitmproxy
+  to buffer**, so the edit applies, and is measured whole as mitmproxy delivers it; in plain
+  mitmproxy (`hopmeter_stream=streams`) so is a response of known length that is no event
+  stream, as mitmproxy would have it (a script's `response` hook may edit it); `hopmeter run`
+  streams every other response (`all`);
+- the bytes the client got are **kept** (`BodyCopy`), up to `hopmeter_keep_body` per flow and
+  `hopmeter_keep_body_total` over the streams open at once, and given to mitmproxy as the
+  response's content when the stream ends, so `-w`, export, replay and mitmweb have them; past a
+  bound the copy keeps what fits and the record and the flow say so;
+- an edit a `response` hook makes to a body that was already streamed cannot reach the client:
+  the record says so (`edited_after_streaming`), with the fix.
+
+mitmproxy's own failures are never recorded as complete: an HTTP/1 1xx response (103 Early
+Hints), which mitmproxy 12 takes for the final response (the client then waits for a reply that
+never comes), and a crash of mitmproxy's layers on the flow's connection ("mitmproxy has
+crashed!": HTTP/1 trailers, a stream callable that raised), which leaves the client waiting. Both
+end the flow as `error` with the cause in the record, and close the client's connection so the
+client can tell.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import flowfilter, http
+from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
+from mitmproxy.utils import human
+
+from hopmeter.core.passage import edited_after_streaming, proxy_failed
+from hopmeter.core.vocab import SEVERITY_ORDER, BodyClip
+from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES
+from hopmeter.errors import UsageError
+from hopmeter.log import get_logger
+from hopmeter.proxy.addon.failures import answer_and_close
+from hopmeter.proxy.addon.tap import ResponseTap
+
+log = get_logger()
+
+# Who moved a response's body to the client (`mitmproxy.stream` in the record).
+HOPMETER = "hopmeter"  # hopmeter's stream callable (the default: no section in the record)
+CHAINED = "chained"  # another addon's stream callable, then hopmeter's
+BUFFERED = "buffered"  # not streamed: mitmproxy read it whole, ran its hooks, then sent it
+# another addon, loaded after hopmeter, set its own stream callable over hopmeter's: nothing of
+# the body was measured (load hopmeter last: `-s yours.py -s "$(hopmeter --addon-path)"`)
+REPLACED = "replaced"
+
+# Why a body was left to mitmproxy to buffer (`buffered_by`).
+BY_MODIFY_BODY = "modify_body"  # a modify_body spec matches the flow: the edit must apply
+BY_FILTER = "hopmeter_buffer"  # the user's filter matches
+NOT_A_STREAM = "not_a_stream"  # plain mitmproxy: a body of known length that is no event stream
+
+# What became of the body copy (`body_clipped`)
+FLOW_CAP = BodyClip.FLOW_CAP
+TOTAL_CAP = BodyClip.TOTAL_CAP
+
+# `hopmeter_stream`
+STREAMS = "streams"  # event streams, NDJSON and bodies of unknown length (plain mitmproxy)
+ALL = "all"  # every response (hopmeter run)
+STREAM_MODES = (STREAMS, ALL)
+# media types whose bodies are token streams: always streamed (core.wire's framers)
+STREAM_TYPES = frozenset({EVENT_STREAM, *NDJSON_TYPES, *PACKED_ID_TYPES})
+
+# The body copy's bounds by default. 4 MiB holds any LLM reply (a 100k-token reply is ~0.5 MiB of
+# SSE) and is what mitmproxy's users set stream_large_bodies to for "large"; 64 MiB bounds the
+# copies of every stream open at once (~16 such replies at their longest, or thousands of usual
+# ones) so a burst of large downloads cannot grow the proxy without limit.
+KEEP_BODY_DEFAULT = "4m"
+KEEP_BODY_TOTAL_DEFAULT = "64m"
+
+# the flow's metadata key that says its kept body was clipped (mitmweb shows metadata)
+BODY_META_KEY = "hopmeter_body"
+
+# mitmproxy's log line when a layer raised on a connection (mitmproxy/proxy/server.py)
+CRASH_MESSAGE = "mitmproxy has crashed!"
+CRASH_LOGGER = "mitmproxy.proxy.server"
+
+
+class BodyBudget:
+    """The bytes held by the body copies of the flows in flight, against their total bound."""
+
+    __slots__ = ("cap", "clipped", "held")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.held = 0
+        self.clipped = dict.fromkeys((FLOW_CAP, TOTAL_CAP), 0)  # flows, for /metrics
+
+
+class BodyCopy:
+    """One flow's body as the client got it, up to its bound (the bytes objects themselves: no
+    copy is made until `take`)."""
+
+    __slots__ = ("budget", "cap", "chunks", "clipped", "held", "seen", "size")
+
+    def __init__(self, cap: int, budget: BodyBudget) -> None:
+        self.cap = cap
+        self.budget = budget
+        self.chunks: list[bytes] = []
+        self.size = 0  # bytes kept
+        self.seen = 0  # bytes the client got
+        self.held = True  # its bytes count in the budget until taken or released
+        self.clipped: str | None = None
+
+    def add(self, data: bytes) -> None:
+        """Keep `data` (what the client got next), or what of it fits."""
+        n = len(data)
+        self.seen += n
+        if self.clipped is not None or not n:
+            return
+        budget = self.budget
+        flow_room = self.cap - self.size
+        total_room = budget.cap - budget.held
+        if n > min(flow_room, total_room):
+            self.clipped = FLOW_CAP if flow_room <= total_room else TOTAL_CAP
+            budget.clipped[self.clipped] += 1
+            data = data[: min(flow_room, total_room)]
+            n = len(data)
+        if n:
+            self.chunks.append(data)
+            self.size += n
+            budget.held += n
+
+    def take(self) -> bytes:
+        """The kept body, joined; the copy gives its bytes back to the budget."""
+        body = b"".join(self.chunks)
+        self.release()
+        return body
+
+    def release(self) -> None:
+        """Give the held bytes back (once; the flow ended, its body taken or not)."""
+        if self.held:
+            self.held = False
+            self.budget.held -= self.size
+        self.chunks = []
+
+
+@dataclass(slots=True)
+class FlowPassage:
+    """How mitmproxy and hopmeter moved one flow, and what mitmproxy's features did to it."""
+
+    stream: str = HOPMETER
+    buffered_by: str | None = None
+    request_buffered_by: str | None = None
+    body: BodyCopy | None = None
+    # the body object the response hook saw last, to tell an edit by a later hook
+    hook_body: bytes | None = None
+    edited: bool = False  # a hook changed the body after hopmeter's response hook
+    error: str | None = None  # mitmproxy's own failure on this flow
+    informational: list[int] = field(default_factory=list)  # 1xx statuses taken for the reply
+
+    def as_dict(self) -> dict[str, Any] | None:
+        """The record's `mitmproxy` section; None when mitmproxy's features left the flow as
+        `hopmeter run` moves every flow (hopmeter's stream callable, nothing kept or edited)."""
+        out: dict[str, Any] = {}
+        if self.stream != HOPMETER:
+            out["stream"] = self.stream
+        if self.buffered_by is not None:
+            out["buffered_by"] = self.buffered_by
+        if self.request_buffered_by is not None:
+            out["request_buffered_by"] = self.request_buffered_by
+        if self.body is not None:
+            out["body_kept_bytes"] = self.body.size
+            out["body_bytes"] = self.body.seen
+            out["body_clipped"] = self.body.clipped
+        if self.edited:
+            out["edited"] = "after_streaming" if self.stream != BUFFERED else "response"
+        if self.error is not None:
+            out["error"] = self.error
+        if self.informational:
+            out["informational"] = list(self.informational)
+        if not out:
+            return None
+        return {"stream": self.stream, **out}
+
+
+class PassageTap(ResponseTap):
+    """hopmeter's stream callable for a flow whose body is chained or kept: another addon's
+    callable first (its exceptions are its own, as without hopmeter: mitmproxy reports them),
+    then hopmeter's tap on each piece it returns, then the copy of what goes out."""
+
+    __slots__ = ("body", "inner")
+    # another addon's callable may raise: mitmproxy's layers call it, never the relay
+    relay_safe = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inner: Callable[[bytes], bytes | Iterable[bytes]] | None = None
+        self.body: BodyCopy | None = None
+
+    def __call__(self, data: bytes) -> bytes | list[bytes]:
+        inner = self.inner
+        if inner is None:
+            out = ResponseTap.__call__(self, data)
+        else:
+            returned = inner(data)
+            pieces = [returned] if isinstance(returned, bytes) else list(returned)
+            got: list[bytes] = []
+            for piece in pieces:
+                if piece:
+                    self._extend(got, ResponseTap.__call__(self, piece))
+            if not data:  # the end: hopmeter's own flush after the other callable's
+                self._extend(got, ResponseTap.__call__(self, b""))
+            out = got
+        body = self.body
+        if body is not None:
+            try:
+                for chunk in [out] if isinstance(out, bytes) else out:
+                    body.add(chunk)
+            except Exception as exc:  # the copy is lost, never a byte of the flow
+                self.body = None
+                self.on_error("body_copy", exc)
+        return out
+
+    @staticmethod
+    def _extend(got: list[bytes], out: bytes | list[bytes]) -> None:
+        if isinstance(out, bytes):
+            if out:
+                got.append(out)
+        else:
+            got.extend(piece for piece in out if piece)
+
+
+def parse_size(value: str, option: str) -> int:
+    """A size option ("4m", "0", "512k") in bytes; one line naming the option otherwise."""
+    try:
+        size = human.parse_size(value.strip() or "0")
+    except ValueError:
+        size = None
+    if size is None or size < 0:
+        raise UsageError(f"{option} {value!r}: expected a size such as 4m, 512k or 0")
+    return size
+
+
+def parse_buffer_filter(value: str) -> flowfilter.TFilter | None:
+    """`hopmeter_buffer`: a mitmproxy flow filter, or None when empty."""
+    if not value.strip():
+        return None
+    try:
+        return flowfilter.parse(value)
+    except ValueError as exc:
+        raise UsageError(f"hopmeter_buffer {value!r}: not a mitmproxy flow filter: {exc}") from None
+
+
+def parse_modify_body(specs: Sequence[str]) -> list[ModifySpec]:
+    """mitmproxy's modify_body specs, parsed as its ModifyBody addon parses them (a spec it
+    refuses is its own error to report: skipped here)."""
+    out = []
+    for spec in specs:
+        try:
+            out.append(parse_modify_spec(spec, True))
+        except ValueError:
+            continue
+    return out
+
+
+@dataclass(slots=True)
+class Passage:
+    """The options that decide how flows pass (module doc), and the body copies' budget."""
+
+    mode: str = STREAMS
+    buffer_filter: flowfilter.TFilter | None = None
+    modify_body: list[ModifySpec] = field(default_factory=list)
+    keep_body: int = 0
+    store_streamed: bool = False  # mitmproxy's store_streamed_bodies: it keeps bodies itself
+    budget: BodyBudget = field(default_factory=lambda: BodyBudget(0))
+    replaced_warned: bool = False
+
+    def buffer_request(self, flow: http.HTTPFlow) -> str | None:
+        """Why the request body must not be streamed (an edit would not apply), or None."""
+        return self._edits(flow)
+
+    def decide(self, flow: http.HTTPFlow) -> str | None:
+        """Why a response mitmproxy would buffer (its `stream` still False: no size bound and no
+        other addon chose to stream it) is left to mitmproxy to buffer, or None to stream it."""
+        response = flow.response
+        assert response is not None
+        why = self._edits(flow)
+        if why is not None or self.mode == ALL:
+            return why
+        media = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media in STREAM_TYPES or "content-length" not in response.headers:
+            return None  # a token stream, or a body of unknown length: never held whole
+        return NOT_A_STREAM
+
+    def _edits(self, flow: http.HTTPFlow) -> str | None:
+        for spec in self.modify_body:
+            if spec.matches(flow):
+                return BY_MODIFY_BODY
+        if self.buffer_filter is not None and self.buffer_filter(flow):
+            return BY_FILTER
+        return None
+
+    def hand_off(self, flow: http.HTTPFlow, p: FlowPassage, tap: Any) -> None:
+        """At the `response` (or `error`) hook, before mitmproxy's own addons (Save, modify_body):
+        give mitmproxy the kept body as the response's content, unless it kept one itself, and
+        remember the body object the later hooks start from (an edit replaces it). A tap that is no
+        longer the stream callable was replaced by an addon loaded after hopmeter."""
+        response = flow.response
+        if response is None:
+            return
+        if p.stream != BUFFERED and tap is not None and response.stream is not tap:
+            p.stream = REPLACED
+            if not self.replaced_warned:  # once: it is so for every flow
+                self.replaced_warned = True
+                log.warning(
+                    "hopmeter: another addon replaced hopmeter's stream callable, so this flow's "
+                    "body was not measured; load hopmeter after it: -s yours.py -s "
+                    '"$(hopmeter --addon-path)"',
+                )
+        body = p.body
+        if p.stream != BUFFERED and body is not None and body.held:
+            kept = body.take()
+            if response.raw_content is None:  # store_streamed_bodies kept none
+                response.raw_content = kept
+                if body.clipped is not None:
+                    flow.metadata[BODY_META_KEY] = (
+                        f"clipped ({body.clipped}): kept {body.size} of {body.seen} bytes"
+                    )
+        p.hook_body = response.raw_content
+
+    def copy(self) -> BodyCopy | None:
+        """A body copy for a streamed flow, or None when none is kept."""
+        if self.keep_body <= 0 or self.store_streamed:
+            return None
+        return BodyCopy(self.keep_body, self.budget)
+
+
+def informational(flow: http.HTTPFlow) -> bool:
+    """Whether the response mitmproxy took for the final one is a 1xx (101 switches protocols
+    and is final)."""
+    return (
+        flow.response is not None
+        and 100 <= flow.response.status_code < 200
+        and (flow.response.status_code != 101)
+    )
+
+
+class CrashWatch(logging.Handler):
+    """Calls `on_crash(client_address, detail)` for each "mitmproxy has crashed!" line of
+    mitmproxy's connection handler (attached to its logger while hopmeter is loaded)."""
+
+    def __init__(self, on_crash: Callable[[Any, str], None]) -> None:
+        super().__init__(logging.ERROR)
+        self.on_crash = on_crash
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg != CRASH_MESSAGE:
+            return
+        exc = record.exc_info[1] if record.exc_info else None
+        detail = f"{type(exc).__name__}: {exc}"[:300] if exc is not None else "unknown"
+        try:
+            self.on_crash(getattr(record, "client", None), detail)
+        except Exception:  # a log handler that raises would print its own traceback
+            self.handleError(record)
+
+
+PASSAGE_OPTIONS = frozenset(
+    {
+        "hopmeter_stream",
+        "hopmeter_buffer",
+        "hopmeter_keep_body",
+        "hopmeter_keep_body_total",
+        "modify_body",
+        "store_streamed_bodies",
+    }
+)
+
+
+def add_options(loader: Any) -> None:
+    """Declare the options of module doc (mitmproxy's `load`)."""
+    loader.add_option(
+        "hopmeter_stream",
+        str,
+        STREAMS,
+        "Which responses hopmeter streams when nothing else chose to: 'streams' (event "
+        "streams, NDJSON, bodies of unknown length; others stay buffered as mitmproxy has them, "
+        "so a script's response hook can edit them) or 'all' (hopmeter run's default).",
+        choices=STREAM_MODES,
+    )
+    loader.add_option(
+        "hopmeter_buffer",
+        str,
+        "",
+        "A mitmproxy flow filter: matching requests and responses are left to mitmproxy to "
+        "buffer, so a script's request or response hook can edit them; measured whole, as "
+        "mitmproxy delivers them. Bodies modify_body matches are always left buffered.",
+    )
+    loader.add_option(
+        "hopmeter_keep_body",
+        str,
+        KEEP_BODY_DEFAULT,
+        "Keep up to this much of each streamed body (e.g. 4m, 0 = nothing) and give it to "
+        "mitmproxy as the response's content when the stream ends, for -w, export, replay and "
+        "mitmweb; past it the kept part is what fits, and the record says so. hopmeter run: 0.",
+    )
+    loader.add_option(
+        "hopmeter_keep_body_total",
+        str,
+        KEEP_BODY_TOTAL_DEFAULT,
+        "The bound on the kept bodies of all streams open at once; past it a stream's copy "
+        "keeps what fits (counted in hopmeter_bodies_clipped_total).",
+    )
+
+
+def configure(passage: Passage, options: Any, updated: set[str]) -> None:
+    """Apply the options of module doc to `passage` (mitmproxy's `configure`); a bad value is a
+    UsageError naming the option."""
+    if not updated & PASSAGE_OPTIONS:
+        return
+    passage.mode = options.hopmeter_stream
+    passage.buffer_filter = parse_buffer_filter(options.hopmeter_buffer)
+    passage.keep_body = parse_size(options.hopmeter_keep_body, "hopmeter_keep_body")
+    passage.budget.cap = parse_size(options.hopmeter_keep_body_total, "hopmeter_keep_body_total")
+    # mitmproxy's own addons' options, absent in a master without them
+    passage.modify_body = parse_modify_body(getattr(options, "modify_body", ()) or ())
+    passage.store_streamed = bool(getattr(options, "store_streamed_bodies", False))
+
+
+def settle(flow: http.HTTPFlow, p: FlowPassage, meter: Any, tap: Any) -> None:
+    """When the record is taken (after every hook): a buffered body is measured whole, as
+    mitmproxy delivered it, at the time it had it all; an edit by a later hook is noted; a copy
+    that was never handed off gives its bytes back."""
+    if p.body is not None:
+        p.body.release()
+    response = flow.response
+    if response is None or p.informational:
+        return
+    final = response.raw_content
+    p.edited = final is not p.hook_body and final != p.hook_body
+    if p.stream == BUFFERED and meter is not None and final:
+        t_s = (response.timestamp_end or response.timestamp_start) - flow.request.timestamp_start
+        try:
+            meter.feed(final, t_s)
+        except Exception as exc:
+            tap.fail(exc)
+
+
+def annotate(record: dict[str, Any], p: FlowPassage) -> None:
+    """The record's `mitmproxy` section and the findings about how the proxy moved the flow."""
+    section = p.as_dict()
+    if section is None:
+        return
+    record["mitmproxy"] = section
+    found = list(record.get("findings") or [])
+    if p.error is not None:
+        found.append(proxy_failed(p.error, informational=bool(p.informational)).as_dict())
+    if p.edited and p.stream != BUFFERED:
+        streamed = p.body.seen if p.body is not None else None
+        found.append(edited_after_streaming(streamed).as_dict())
+    found.sort(key=lambda f: SEVERITY_ORDER.get(f.get("severity"), len(SEVERITY_ORDER)))
+    record["findings"] = found
+
+
+def close_client(flow: http.HTTPFlow) -> None:
+    """Close the flow's client connection (mitmproxy left it open after its layers raised)."""
+    answer_and_close(flow, None, "proxy_failed", "")

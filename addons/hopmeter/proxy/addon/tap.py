@@ -1,0 +1,244 @@
+"""The stream callables: the code that keeps hopmeter's promise never to hold or change a byte.
+
+mitmproxy calls a message's `stream` callable once per HTTP/1 chunk, socket read or HTTP/2 DATA
+frame, then once with b"" at the end, and writes what it returns to the other side right after
+(docs/design.md §9). mitmproxy guards hooks but not this callable: an exception here silently
+drops the chunk. So each tap here stamps the chunk, queues a reference to it for measuring, and
+returns it unchanged; everything that can fail is caught, and what it calls on failure never raises.
+
+Measuring is deferred (`MeasureQueue`): the chunk is written to the client first, measured about a
+millisecond later with the time it was stamped, so nothing measured moves and no stream waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hopmeter.core.meter import FlowMeter
+from hopmeter.core.trace import TraceContext
+from hopmeter.core.upstream import UpstreamFailure
+from hopmeter.core.wire import sniff_request
+from hopmeter.proxy.addon.chaos import Chaos
+
+if TYPE_CHECKING:
+    from hopmeter.proxy.addon.passage import FlowPassage
+    from hopmeter.proxy.delivery.lane import FlowOut, LoopLog
+
+# The request body is streamed to upstream as it arrives; its first bytes are kept on the side to
+# read `model` and `stream` from a JSON body. 64 KiB holds the head of any chat request; a longer
+# prompt is cut, and only the fields that appear before the cut are read.
+REQUEST_SNIFF_BYTES = 64 * 1024
+# Chunks are measured this long after the first of them was stamped (MeasureQueue.add).
+# A batched decoder's tick reaches the proxy as one event per stream within about a millisecond:
+# measuring after the whole tick is forwarded kept hopmeter's added delay p99 at 50 lockstep
+# streams within ~5% of bare mitmproxy's, against ~12% when measuring on the next loop turn
+# (bench/README.md); the CPU is the same either way.
+MEASURE_DELAY_S = 0.001
+# A flow's chunks that reached the client are packed from lists into arrays (core.ledger.
+# FlowChunks) once this many are on their way: the measuring step does it, not the callable. A
+# followed chunk is ~230 bytes as a list and 9-25 packed: 4 keeps ~1 KiB of lists per open stream
+# of a client that keeps up (16 kept ~4 KiB, 64 ~15 KiB; the packing costs the same per chunk
+# either way). Packing stops at the first chunk not yet seen sent, so a client that falls behind
+# holds lists for what it has not taken (up to the 4,096 chunks a record lists).
+PACK_AFTER_CHUNKS = 4
+
+# Called with where a measuring step failed and the exception; must never raise.
+OnError = Callable[[str, BaseException], None]
+
+
+@dataclass(slots=True)
+class FlowState:
+    """What hopmeter keeps per flow between hooks (the live side; never saved with the flow)."""
+
+    mono0: float  # monotonic clock at the request headers
+    skew_s: float  # request start is this much before mono0 on the wall clock
+    listener: str
+    hop: str
+    trace: TraceContext | None
+    span_id: str  # this flow's own span: the one hopmeter put in traceparent, or a new one
+    request_bytes: int = 0
+    request_head: bytearray = field(default_factory=bytearray)
+    request_model: str | None = None
+    stream_requested: bool | None = None
+    tap: ResponseTap | None = None
+    response_headers: dict[str, str] | None = None  # lower-cased, first value wins
+    streaming: bool = False  # counted in streams_active
+    finished: bool = False
+    failure: UpstreamFailure | None = (
+        None  # why the upstream failed it (hopmeter.proxy.addon.guard)
+    )
+    passage: FlowPassage | None = None  # what mitmproxy's features did to it (proxy.passage)
+    # the fault that made hopmeter's relay cut the client's connection (the record's relay_error)
+    relay_error: str | None = None
+
+    def offset(self, mono: float) -> float:
+        """Seconds since the request started, on the monotonic clock."""
+        return mono - self.mono0 + self.skew_s
+
+
+class RequestTap:
+    """Counts request body bytes and keeps the head of the body; returns every chunk unchanged."""
+
+    __slots__ = ("on_error", "state")
+
+    def __init__(self, state: FlowState, on_error: OnError) -> None:
+        self.state = state
+        self.on_error = on_error
+
+    def __call__(self, data: bytes) -> bytes:
+        try:
+            st = self.state
+            st.request_bytes += len(data)
+            room = REQUEST_SNIFF_BYTES - len(st.request_head)
+            if room > 0 and data:
+                st.request_head += data[:room]
+            if not data:
+                st.request_model, st.stream_requested = sniff_request(bytes(st.request_head))
+                st.request_head = bytearray()
+        except Exception as exc:  # a measuring bug must never touch the request
+            self.on_error("request_tap", exc)
+        return data
+
+
+class ResponseTap:
+    """The response's stream callable: stamps each chunk, queues it for measuring, returns it."""
+
+    # hopmeter run's relay (proxy/fastpath/relay.py) may call this tap in mitmproxy's place: it
+    # never raises and starts no task
+    relay_safe = True
+
+    __slots__ = (
+        "bytes_out",
+        "chaos",
+        "error",
+        "last_s",
+        "meter",
+        "on_error",
+        "out",
+        "queue",
+        "state",
+    )
+
+    def __init__(self, state: FlowState | None, queue: MeasureQueue, on_error: OnError) -> None:
+        self.state = state
+        self.queue = queue
+        self.on_error = on_error
+        self.meter: FlowMeter | None = None
+        self.bytes_out = 0
+        self.error: str | None = None
+        self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
+        self.out: FlowOut | None = None  # follows the chunks to the client (proxy.delivery)
+        # monotonic time of the last chunk: the read timeout's timer reads it when it comes due
+        # (hopmeter.proxy.addon.guard), so a chunk costs one attribute store, never a timer
+        self.last_s = time.monotonic()
+
+    def __call__(self, data: bytes) -> bytes | list[bytes]:
+        now = self.last_s = time.monotonic()
+        if data and self.meter is not None:
+            # Stamp now; measure after the chunk is written (MeasureQueue). The FlowOut arms the
+            # client connection's write counter with the chunk. Nothing here can raise short of
+            # running out of memory (FlowOut.chunk catches its own failures).
+            out = self.out
+            if out is not None:
+                out.chunk(len(data), now)
+            self.queue.add(self, data, now)
+        if self.chaos is not None:
+            return self._chaos(data)
+        self.bytes_out += len(data)
+        return data
+
+    def _chaos(self, data: bytes) -> bytes | list[bytes]:
+        chaos = self.chaos
+        assert chaos is not None
+        try:
+            pieces = chaos.feed(data) if data else chaos.flush()
+        except Exception as exc:  # chaos that fails falls back to the original bytes
+            self.chaos = None
+            self.fail(exc)
+            self.bytes_out += len(data)
+            return data
+        self.bytes_out += sum(map(len, pieces))
+        # the final call must return b"" (bytes), and no data piece may be empty
+        return pieces if data or pieces else b""
+
+    def measure(self, data: bytes, now: float) -> None:
+        """Feed one stamped chunk to the meter; a failure stops measuring this flow only."""
+        meter, st = self.meter, self.state
+        if meter is None or st is None:
+            return
+        try:
+            meter.feed(data, now - st.mono0 + st.skew_s)  # st.offset(now), inlined
+            out = self.out
+            if out is not None and len(out.chunks.live) > PACK_AFTER_CHUNKS:
+                out.chunks.pack()
+        except Exception as exc:
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop measuring this flow, say so once, and count it."""
+        self.meter = None
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+            self.on_error("response_tap", exc)
+
+
+class MeasureQueue:
+    """Chunks stamped by the response taps and not yet measured, measured together a moment later.
+
+    mitmproxy writes a chunk to the client right after the stream callable returns, so whatever
+    the callable does delays that write, and with many streams emitting together (batched
+    decoding) it delays every stream behind it. The callable therefore only stamps the chunk and
+    appends it here; one callback `MEASURE_DELAY_S` later measures the queue, all chunks in a row
+    (cheaper than interleaved with mitmproxy's work), after the writes of every chunk that arrived
+    meanwhile. The queue holds at most that long's chunks, which mitmproxy has already handed to
+    the sockets; measuring reads the stamps, so nothing measured moves. With no event loop running
+    (offline tools, tests) a chunk is measured at once.
+
+    Measuring blocks the loop every stream shares, so with a `LoopLog` each scheduled measuring
+    is timed (wall and CPU) and its timer's lateness noted: hopmeter never hides its own cost.
+    """
+
+    __slots__ = ("due", "log", "pending", "scheduled")
+
+    def __init__(self, log: LoopLog | None = None) -> None:
+        self.pending: list[tuple[ResponseTap, bytes, float]] = []
+        self.scheduled = False
+        self.log = log
+        self.due = 0.0  # when the scheduled measuring should run (monotonic)
+
+    def add(self, tap: ResponseTap, data: bytes, now: float) -> None:
+        """Queue one stamped chunk; the first of a batch schedules the measuring."""
+        self.pending.append((tap, data, now))
+        if not self.scheduled:
+            self._schedule(now)
+
+    def _schedule(self, now: float) -> None:
+        try:
+            asyncio.get_running_loop().call_later(MEASURE_DELAY_S, self._timed)
+        except RuntimeError:  # no running loop (offline tools, tests): measure now
+            self.measure()
+            return
+        self.scheduled = True
+        self.due = now + MEASURE_DELAY_S
+
+    def _timed(self) -> None:
+        """The scheduled measuring, timed when there is a log."""
+        log = self.log
+        if log is None:
+            self.measure()
+            return
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        log.lag(t0, t0 - self.due)
+        self.measure()
+        log.step(t0, cpu0)
+
+    def measure(self) -> None:
+        """Measure every queued chunk, in arrival order. Never raises."""
+        self.scheduled = False
+        pending, self.pending = self.pending, []
+        for tap, data, now in pending:
+            tap.measure(data, now)

@@ -1,0 +1,218 @@
+"""Runs hopmeter: a mitmproxy master with hopmeter's addons, until a signal stops it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mitmproxy import exceptions
+from mitmproxy import log as mitmlog
+
+from hopmeter.errors import UsageError
+from hopmeter.export.prometheus import ProcessCounters
+from hopmeter.proxy import fastpath
+from hopmeter.proxy.addon.chain import default_addons
+from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.outlets import FLUSH_FLOOR_S, OutputQueues, QueuedTermLog
+from hopmeter.proxy.addon.outputs import MetricsOutput
+from hopmeter.proxy.addon.readiness import Readiness
+from hopmeter.proxy.addon.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S, wait_for_quiet
+from hopmeter.proxy.fastpath import relay
+from hopmeter.proxy.run.config import ProxyConfig
+from hopmeter.proxy.run.drain import Drain
+from hopmeter.proxy.run.master import LeanMaster, LeanOptions
+
+# mitmproxy closes a client connection after this long without any event (`tcp_timeout`, 600 s
+# by default); hopmeter's read timeout must come first, or a silent upstream ends as an empty
+# reply recorded client_gone instead of a 504 recorded upstream_timeout.
+TCP_TIMEOUT_MARGIN_S = 60
+
+
+class FreezeAtStart:
+    """`hopmeter run` only: once every addon has loaded, move what lives as long as the process
+    (mitmproxy, hopmeter's modules) out of the garbage collector's reach; again once the first
+    flow has had the tokenizers' patterns compiled
+    (hopmeter.proxy.addon.tokenizers.traffic_started), at a moment when no flow is in flight.
+
+    A full collection over it takes ~25 ms, a pause every stream on the loop would feel, at a
+    rate set by allocation, not by load; and every object in reach is visited again by each
+    one: the `regex` module and its compiled patterns, left in reach, cost ~3 kIr per event
+    (~1%, callgrind). Freezing while no flow is in flight keeps flows' own objects collectable.
+    It changes the whole interpreter, so the addon list that users load into their own mitmdump
+    (`default_addons`) does not include it.
+    """
+
+    def __init__(self, meter: HopMeter) -> None:
+        self.meter = meter
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.deadline = 0.0
+        meter.after_patterns = self.freeze_when_quiet  # set before any flow can start
+
+    def running(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop = asyncio.get_running_loop()
+        gc.collect()
+        gc.freeze()
+
+    def freeze_when_quiet(self) -> None:
+        """From the thread that compiled the patterns: once no flow is in flight (or after
+        QUIET_WAIT_MAX_S anyway), collect and freeze on the loop's thread, where the finalizers
+        of what a collection frees (asyncio's transports, streams) may run."""
+        self.deadline = time.monotonic() + QUIET_WAIT_MAX_S
+        wait_for_quiet(lambda: not self.meter.live)
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to freeze for
+                self.loop.call_soon_threadsafe(self._freeze)
+
+    def _freeze(self) -> None:
+        if self.meter.live and time.monotonic() < self.deadline and self.loop is not None:
+            self.loop.call_later(QUIET_POLL_S, self._freeze)  # a flow started meanwhile
+            return
+        gc.collect()
+        gc.freeze()
+
+
+async def run_proxy(
+    cfg: ProxyConfig,
+    *,
+    before: Callable[[], Awaitable[None]] | None = None,
+    on_master: Callable[[Any], None] | None = None,
+) -> int:
+    """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down).
+
+    The first signal drains (hopmeter.proxy.run.drain): no new connections, the flows in flight
+    finish within the drain timeout; a second one stops at once. SIGHUP reopens the records
+    file at its path (after a rotation) and never stops the proxy. Every line the process writes
+    (records, console, mitmproxy's and hopmeter's log) goes through the outputs' queues
+    (hopmeter.proxy.addon.outlets), so a stalled standard output or a full disk never holds a
+    stream.
+    """
+    opts = LeanOptions()  # reads of immutable option values without deep copies
+    queues = OutputQueues()
+    # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.run.master); its log
+    # lines written by the `log` output's thread, never by the loop; hopmeter's own addons where
+    # `mitmdump -s` has them
+    addons = default_addons(queues)
+    meter, readiness, metrics = addons[0], addons[2], addons[4]
+    assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
+    assert isinstance(metrics, MetricsOutput)
+    master = LeanMaster(opts, QueuedTermLog(queues.outlets), scripts=addons)
+    drain = Drain(meter, readiness, queues.outlets)
+    relays = relay.Relay(meter.relay_failed)
+    master.addons.add(drain, FreezeAtStart(meter), relays)
+    try:
+        opts.update(
+            # mitmproxy listens on every interface by default; hopmeter on loopback unless told
+            listen_host="127.0.0.1",
+            mode=cfg.modes,
+            # connect to the upstream when a request has come, not when a client connects: an
+            # upstream that cannot be reached is then answered 502 and recorded, instead of the
+            # client's connection being closed unanswered (`--set connection_strategy=eager`
+            # still wins: `extra` is applied last)
+            connection_strategy="lazy",
+            tcp_timeout=int(max(600, cfg.read_timeout_s + TCP_TIMEOUT_MARGIN_S)),
+            hopmeter_connect_timeout=repr(cfg.connect_timeout_s),
+            hopmeter_read_timeout=repr(cfg.read_timeout_s),
+            hopmeter_drain_timeout=repr(cfg.drain_timeout_s),
+            hopmeter_hop=cfg.hop,
+            hopmeter_listeners=cfg.listener_names,
+            hopmeter_records=cfg.records,
+            hopmeter_metrics=cfg.metrics,
+            hopmeter_stall_threshold=repr(cfg.stall_threshold_s),
+            hopmeter_tokenizer=cfg.tokenizer,
+            hopmeter_lazy_tokenizer=cfg.lazy_tokenizer,
+            hopmeter_log_content=cfg.log_content,
+            hopmeter_trace_header=cfg.trace_header,
+            hopmeter_fingerprint_key_env=cfg.fingerprint_key_env,
+            hopmeter_content_pairing=cfg.content_pairing,
+            hopmeter_otel_endpoint=cfg.otel_endpoint,
+            hopmeter_otel_timeline=cfg.otel_timeline,
+            hopmeter_chaos=cfg.chaos,
+            hopmeter_chaos_seed=cfg.chaos_seed,
+            hopmeter_console=cfg.console,
+            hopmeter_summary_interval=repr(cfg.summary_interval_s),
+            hopmeter_browser=cfg.browser,
+            # a proxy in production: every response streamed, no body kept (no UI to show it,
+            # nothing saved); `--set hopmeter_keep_body=4m --set save_stream_file=...` saves them
+            hopmeter_stream="all",
+            hopmeter_keep_body="0",
+            hopmeter_relay=cfg.relay,
+        )
+        if cfg.extra:
+            opts.set(*cfg.extra)
+    except exceptions.OptionsError as exc:
+        # the master never runs, nor its `done`: write what was logged so far (a warning)
+        queues.outlets.close(time.monotonic() + FLUSH_FLOOR_S)
+        raise UsageError(str(exc)) from None
+    if cfg.relay and opts.hopmeter_relay:
+        # a streamed HTTP/1 body's reads moved past mitmproxy's layers, mitmproxy's per-read
+        # drain step only when a writer could need it, its HTTP/1 framing decision kept per
+        # response: all three, or none if the installed mitmproxy, h11 or Python is not one
+        # they were read against (said once when the proxy runs); none with --no-relay
+        relays.started(fastpath.install(meter.fast_path_failed))
+    if metrics.metrics is not None:
+        metrics.metrics.registry.register(ProcessCounters(relay.counts))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, drain.signal)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):  # no SIGHUP
+        loop.add_signal_handler(signal.SIGHUP, queues.reopen)
+    if on_master is not None:
+        on_master(master)
+    if before is not None:
+        await before()
+    # the vocabulary before the listeners open (mitmproxy opens them before its `running` hook),
+    # so that no request that comes early waits for it
+    meter.preload()
+    await master.run()
+    # asyncio.run cancels the connection tasks still open at exit; on Python 3.12 the stream
+    # protocol then reports each cancellation as an error. They are not errors: stay quiet.
+    loop.set_exception_handler(_quiet_cancellations)
+    return 0
+
+
+def drop_legacy_log_events() -> None:
+    """Stop mitmproxy turning every log record into an `add_log` event.
+
+    A Master installs a handler that, for each record, wakes the event loop through its self-pipe
+    and calls every addon's `add_log` hook, a hook deprecated since mitmproxy 9 that no addon here
+    implements. hopmeter logs a line per flow: that cost ~70 µs of CPU per flow of ~1,950 (five-
+    event flows, as in the bench soak). The records still reach the console through mitmproxy's
+    terminal log handler.
+    """
+    legacy = getattr(mitmlog, "LegacyLogEvents", None)  # gone in a later mitmproxy: nothing to do
+    if legacy is None:
+        return
+    for handler in list(logging.getLogger().handlers):
+        if isinstance(handler, legacy):
+            logging.getLogger().removeHandler(handler)
+
+
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
+
+def quiet_mitmproxy_logs(verbose: bool) -> None:
+    """Let hopmeter's INFO lines through; keep mitmproxy's per-connection chatter out unless asked.
+
+    mitmproxy's own main() sets the root logger to DEBUG and filters in its console handler; a
+    master built here must do the same, or every INFO line (the per-flow summary) is dropped.
+    mitmproxy's proxy core logs at WARNING per connection too ("Server TLS handshake failed"):
+    under a flood of failures that is a line per request, and hopmeter reports each of them
+    itself, once per cause per interval (hopmeter.proxy.addon.guard). ERROR stays visible: a crash.
+    """
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in ("asyncio", "hpack", "urwid", "tornado", "quic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    level = logging.DEBUG if verbose else logging.ERROR
+    for name in ("mitmproxy.proxy.server", "mitmproxy.proxy.layers"):
+        logging.getLogger(name).setLevel(level)

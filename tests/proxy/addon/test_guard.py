@@ -1,0 +1,213 @@
+"""Tests for hopmeter.proxy.addon.guard, in process: the hooks mitmproxy calls, in the order it
+calls them, on its test flows; the real connections are in tests/integration/test_sidecar.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from mitmproxy import connection, http
+from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.flow import Error
+from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+from mitmproxy.test import taddons, tflow
+
+from hopmeter.core.record import FlowResult
+from hopmeter.export import FlowObserver
+from hopmeter.proxy.addon.guard import BODY, HEADERS, UpstreamGuard
+from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.readiness import Readiness
+
+UPSTREAM = ("127.0.0.1", 8000)
+
+
+class Records(FlowObserver):
+    """Keeps every finished flow's record."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def observe(self, result: FlowResult) -> None:
+        self.records.append(result.record)
+
+
+def run(
+    body: Callable[[HopMeter, UpstreamGuard, Records, Any], Awaitable[None]], **opts: Any
+) -> None:
+    """Run `body` on an event loop with a HopMeter and a guard configured with `opts`."""
+
+    async def main() -> None:
+        meter, records, readiness = HopMeter(), Records(), Readiness()
+        guard = UpstreamGuard(meter, readiness)
+        meter.add_observer(records)
+        with taddons.context(meter, guard, readiness, Proxyserver()) as tctx:
+            tctx.configure(meter, hopmeter_hop="edge")
+            tctx.options.update(mode=["reverse:http://127.0.0.1:8000@8080"])
+            tctx.configure(guard, **opts)
+            await body(meter, guard, records, tctx)
+            guard.done()
+
+    asyncio.run(main())
+
+
+def request_flow() -> http.HTTPFlow:
+    """A chat request whose response has not come (as at `requestheaders`)."""
+    flow = tflow.tflow()
+    flow.request.path = "/v1/chat/completions"
+    flow.server_conn = connection.Server(address=UPSTREAM)
+    flow.client_conn.timestamp_end = None  # the client is still connected
+    return flow
+
+
+def hook_data(flow: http.HTTPFlow, error: str) -> ServerConnectionHookData:
+    """What `server_connect_error` gets: a fresh server connection that failed with `error`."""
+    server = connection.Server(address=UPSTREAM)
+    server.error = error
+    return ServerConnectionHookData(server=server, client=flow.client_conn)
+
+
+async def ended_by_error(meter: HopMeter, guard: UpstreamGuard, flow: http.HTTPFlow) -> None:
+    """mitmproxy's `error` hooks for `flow`, then a loop turn for the record to be built."""
+    flow.error = Error("Client disconnected.")
+    meter.error(flow)
+    guard.error(flow)
+    await asyncio.sleep(0)
+
+
+def test_a_refused_connect_is_recorded_with_its_cause() -> None:
+    """server_connect_error's errno names the cause; the flow's `error` then records it, with the
+    502 mitmproxy answered, and the upstream is not ready."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flow = request_flow()
+        meter.requestheaders(flow)
+        guard.requestheaders(flow)
+        guard.server_connect_error(hook_data(flow, "[Errno 111] Connect call failed"))
+        await ended_by_error(meter, guard, flow)
+        (rec,) = records.records
+        assert rec["ended"] == "connect_refused"
+        assert rec["upstream_error"] == {
+            "cause": "connect_refused",
+            "detail": "ECONNREFUSED 127.0.0.1:8000",
+            "status_sent": 502,
+        }
+        assert guard.watches == {} and guard.by_client == {}
+        assert guard.readiness is not None
+        assert guard.readiness.states[UPSTREAM].ok is False
+
+    run(body)
+
+
+def test_a_cancelled_connect_or_a_departed_client_is_not_an_upstream_failure() -> None:
+    """A connect mitmproxy cancelled, or a failure after the client left, names no cause."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flow = request_flow()
+        meter.requestheaders(flow)
+        guard.requestheaders(flow)
+        guard.server_connect_error(hook_data(flow, "connection cancelled"))
+        flow.client_conn.timestamp_end = 1.0
+        guard.server_connect_error(hook_data(flow, "[Errno 111] Connect call failed"))
+        await ended_by_error(meter, guard, flow)
+        (rec,) = records.records
+        assert rec["ended"] == "client_gone"
+        assert "upstream_error" not in rec
+
+    run(body)
+
+
+def test_silence_before_the_headers_is_upstream_timeout() -> None:
+    """Connected, then nothing within the read timeout: the flow's cause is upstream_timeout
+    with the timeout that expired, and its client connection is the guard's to close."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flow = request_flow()
+        meter.requestheaders(flow)
+        guard.requestheaders(flow)
+        guard.server_connected(
+            ServerConnectionHookData(server=flow.server_conn, client=flow.client_conn)
+        )
+        assert guard.watches[flow.id].phase == HEADERS
+        await asyncio.sleep(0.15)
+        assert flow.client_conn.id in guard.closed
+        await ended_by_error(meter, guard, flow)
+        (rec,) = records.records
+        assert rec["ended"] == "upstream_timeout"
+        assert rec["upstream_error"]["timeout_s"] == 0.05
+        assert rec["upstream_error"]["status_sent"] == 504
+
+    run(body, hopmeter_read_timeout="50ms")
+
+
+def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
+    """Each chunk moves the deadline (the timer re-arms lazily when it comes due); silence past
+    the read timeout after the headers is upstream_idle, with no status sent."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flow = request_flow()
+        meter.requestheaders(flow)
+        guard.requestheaders(flow)
+        flow.response = tflow.tresp()
+        flow.response.headers["content-type"] = "text/event-stream"
+        meter.responseheaders(flow)
+        guard.responseheaders(flow)
+        assert guard.watches[flow.id].phase == BODY
+        tap = flow.response.stream
+        assert callable(tap)
+        for _ in range(6):  # a chunk every 40 ms: never 100 ms of silence
+            tap(b"data: {}\n\n")
+            await asyncio.sleep(0.04)
+        assert flow.client_conn.id not in guard.closed
+        await asyncio.sleep(0.2)
+        assert flow.client_conn.id in guard.closed
+        await ended_by_error(meter, guard, flow)
+        (rec,) = records.records
+        assert rec["ended"] == rec["response"]["ended"] == "upstream_idle"
+        assert rec["upstream_error"]["status_sent"] is None
+
+    run(body, hopmeter_read_timeout="0.1")
+
+
+def test_a_complete_response_cancels_its_timer() -> None:
+    """A flow that ends normally leaves no watch and no timer behind."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flow = request_flow()
+        meter.requestheaders(flow)
+        guard.requestheaders(flow)
+        handle = guard.watches[flow.id].handle
+        guard.response(flow)
+        assert guard.watches == {}
+        assert handle is not None and handle.cancelled()
+
+    run(body)
+
+
+def test_timeouts_must_be_positive() -> None:
+    """A timeout of zero, or not a number of seconds, is refused with the option's name."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, tctx: Any) -> None:
+        with pytest.raises(Exception, match="hopmeter_connect_timeout '0': expected a positive"):
+            tctx.configure(guard, hopmeter_connect_timeout="0")
+        with pytest.raises(Exception, match="hopmeter_read_timeout 'soon': expected"):
+            tctx.configure(guard, hopmeter_read_timeout="soon")
+        tctx.configure(guard, hopmeter_connect_timeout="1500ms")
+        assert guard.connect_timeout_s == 1.5
+
+    run(body)
+
+
+def test_the_eager_strategy_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """With connection_strategy=eager (mitmproxy's default) the guard says once that an
+    unreachable upstream then closes connections unanswered and unrecorded."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, tctx: Any) -> None:
+        tctx.options.update(connection_strategy="eager", tcp_timeout=600)
+        with caplog.at_level(logging.WARNING):
+            guard.running()
+        assert "connection_strategy is eager" in caplog.text
+
+    run(body)

@@ -1,0 +1,244 @@
+"""Tests for hopmeter.proxy.addon.passage: which bodies hopmeter streams, chains, keeps or leaves to
+mitmproxy, and how mitmproxy's own failures end a flow. In process, mitmproxy's test context."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.test import taddons, tflow
+
+from hopmeter.core.record import FlowResult
+from hopmeter.export import FlowObserver
+from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.passage import (
+    CRASH_LOGGER,
+    CRASH_MESSAGE,
+    FLOW_CAP,
+    TOTAL_CAP,
+    BodyBudget,
+    BodyCopy,
+    FlowPassage,
+    PassageTap,
+    parse_size,
+)
+from hopmeter.proxy.addon.tap import MeasureQueue
+
+SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+class Records(FlowObserver):
+    """Keeps each finished record."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def observe(self, result: FlowResult) -> None:
+        self.records.append(result.record)
+
+
+@pytest.fixture
+def tctx() -> Iterator[tuple[taddons.context, HopMeter, Records]]:
+    """A HopMeter as a plain mitmdump loads it, with mitmproxy's modify_body option declared."""
+    hm = HopMeter()
+    records = Records()
+    hm.add_observer(records)
+    with taddons.context(hm) as ctx:
+        ctx.options.add_option("modify_body", list, [], "mitmproxy's ModifyBody option")
+        ctx.options.add_option("store_streamed_bodies", bool, False, "mitmproxy's option")
+        ctx.configure(hm, hopmeter_hop="edge")
+        yield ctx, hm, records
+
+
+def _flow(content_type: str = "text/event-stream", length: bool = False) -> http.HTTPFlow:
+    flow = tflow.tflow(resp=True)
+    flow.request.path = "/v1/chat/completions"
+    assert flow.response is not None
+    flow.response.headers["content-type"] = content_type
+    flow.response.content = None
+    if not length:
+        del flow.response.headers["content-length"]
+    return flow
+
+
+def _headers(hm: HopMeter, flow: http.HTTPFlow) -> http.HTTPFlow:
+    """The headers hooks as mitmproxy runs them: the request's before any response exists."""
+    response, flow.response = flow.response, None
+    hm.requestheaders(flow)
+    flow.response = response
+    hm.responseheaders(flow)
+    return flow
+
+
+def _stream(hm: HopMeter, flow: http.HTTPFlow, chunks: list[bytes]) -> list[bytes]:
+    """mitmproxy's streaming of a response body through whatever callable is set."""
+    assert flow.response is not None
+    stream = flow.response.stream
+    assert callable(stream)
+    out: list[bytes] = []
+    for chunk in [*chunks, b""]:
+        got = stream(chunk)
+        out += [got] if isinstance(got, bytes) else list(got)
+    hm.response(flow)
+    return [piece for piece in out if piece]
+
+
+def test_a_body_copy_keeps_what_fits_under_both_bounds() -> None:
+    """A copy keeps every byte up to its flow's bound, the open copies together up to the total
+    bound; past either it keeps the part that fits and says which bound cut it."""
+    budget = BodyBudget(10)
+    a, b = BodyCopy(6, budget), BodyCopy(100, budget)
+    for data in (b"abcd", b"efgh"):
+        a.add(data)
+    assert (a.size, a.seen, a.clipped) == (6, 8, FLOW_CAP)
+    b.add(b"0123456789")
+    assert (b.size, b.clipped, budget.held) == (4, TOTAL_CAP, 10)
+    assert a.take() == b"abcdef" and budget.held == 4
+    b.release()
+    b.release()  # once only
+    assert budget.held == 0 and budget.clipped == {FLOW_CAP: 1, TOTAL_CAP: 1}
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "4q"])
+def test_a_bad_size_names_the_option(value: str) -> None:
+    """A size that is not one is one line naming the option and the form it wants."""
+    with pytest.raises(Exception, match=r"hopmeter_keep_body .*expected a size such as 4m"):
+        parse_size(value, "hopmeter_keep_body")
+
+
+def test_bad_options_are_mitmproxy_option_errors(tctx: Any) -> None:
+    """A bad size or filter is refused by mitmproxy's option machinery, naming the option."""
+    ctx, hm, _ = tctx
+    with pytest.raises(exceptions.OptionsError, match="hopmeter_keep_body_total"):
+        ctx.configure(hm, hopmeter_keep_body_total="lots")
+    with pytest.raises(exceptions.OptionsError, match="hopmeter_buffer"):
+        ctx.configure(hm, hopmeter_buffer="~nonsense(")
+
+
+def test_an_event_stream_is_streamed_and_its_body_kept(tctx: Any) -> None:
+    """Plain mitmproxy: an event stream is streamed by hopmeter's tap; the bytes the client got
+    become the response's content at the `response` hook."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert isinstance(flow.response.stream, PassageTap)  # type: ignore[union-attr]
+    out = _stream(hm, flow, [SSE, DONE])
+    assert flow.response is not None and flow.response.raw_content == b"".join(out)
+    (record,) = records.records
+    assert record["mitmproxy"]["body_kept_bytes"] == len(b"".join(out)) > 0
+
+
+def test_a_json_reply_of_known_length_stays_buffered_in_plain_mitmproxy(tctx: Any) -> None:
+    """Plain mitmproxy (hopmeter_stream=streams): a JSON reply with a Content-Length is left to
+    mitmproxy to buffer, so a response hook may edit it; hopmeter run (all) streams it."""
+    ctx, hm, _ = tctx
+    flow = _headers(hm, _flow("application/json", length=True))
+    assert flow.response is not None and flow.response.stream is False
+    ctx.configure(hm, hopmeter_stream="all")
+    flow = _headers(hm, _flow("application/json", length=True))
+    assert flow.response is not None and callable(flow.response.stream)
+
+
+def test_an_unknown_length_body_is_streamed(tctx: Any) -> None:
+    """A body of unknown length (chunked, read to the close) is never held whole."""
+    _, hm, _ = tctx
+    flow = _headers(hm, _flow("application/json", length=False))
+    assert flow.response is not None and callable(flow.response.stream)
+
+
+def test_modify_body_and_hopmeter_buffer_leave_bodies_buffered(tctx: Any) -> None:
+    """A body modify_body or hopmeter_buffer matches is not streamed (request or response), so
+    the edit applies; a spec that does not match changes nothing."""
+    ctx, hm, _ = tctx
+    ctx.configure(hm, modify_body=["/~u nomatch/a/b"])
+    flow = _headers(hm, _flow())
+    assert callable(flow.request.stream) and callable(flow.response.stream)  # type: ignore[union-attr]
+    ctx.configure(hm, modify_body=["/~u completions/a/b"])
+    flow = _headers(hm, _flow())
+    assert flow.request.stream is False and flow.response.stream is False  # type: ignore[union-attr]
+    ctx.configure(hm, modify_body=[], hopmeter_buffer="~s")
+    flow = _headers(hm, _flow())
+    assert callable(flow.request.stream) and flow.response.stream is False  # type: ignore[union-attr]
+
+
+def test_another_addons_callable_runs_first_on_every_piece() -> None:
+    """A chained callable sees every chunk and the end call; what it returns (bytes, lists,
+    empty pieces) is what goes out, what hopmeter counts and what the copy keeps."""
+    seen: list[bytes] = []
+
+    def theirs(data: bytes) -> bytes | list[bytes]:
+        seen.append(data)
+        if not data:
+            return b"tail"
+        return [data.upper(), b"", b"!"]
+
+    tap = PassageTap(None, MeasureQueue(), lambda where, exc: None)
+    tap.inner = theirs
+    tap.body = BodyCopy(1 << 20, BodyBudget(1 << 20))
+    out = [tap(b"ab"), tap(b"cd"), tap(b"")]
+    assert seen == [b"ab", b"cd", b""]
+    assert out == [[b"AB", b"!"], [b"CD", b"!"], [b"tail"]]
+    assert tap.bytes_out == 10 and tap.body.take() == b"AB!CD!tail"
+
+
+def test_a_failing_copy_never_touches_the_bytes() -> None:
+    """A copy that fails is dropped and counted as hopmeter's error; the chunk goes out."""
+    errors: list[str] = []
+    tap = PassageTap(None, MeasureQueue(), lambda where, exc: errors.append(where))
+    tap.body = BodyCopy(10, None)  # type: ignore[arg-type]  # a budget that breaks on use
+    assert tap(b"data") == b"data" and tap(b"more") == b"more"
+    assert errors == ["body_copy"] and tap.body is None
+
+
+def test_a_1xx_taken_for_the_final_response_is_an_error(tctx: Any) -> None:
+    """A 103 reaching the `response` hook ends the flow as an error with no final response in the
+    record, and kills the flow so mitmproxy closes the client's connection."""
+    _, hm, records = tctx
+    flow = _flow()
+    hm.requestheaders(flow)
+    assert flow.response is not None
+    flow.response.status_code = 103
+    flow.response.reason = "Early Hints"
+    hm.responseheaders(flow)
+    hm.response(flow)
+    assert flow.error is not None and flow.error.msg == "Connection killed."
+    (record,) = records.records
+    assert record["ended"] == "error" and "response" not in record
+    assert record["mitmproxy"]["informational"] == [103]
+    assert record["findings"][0]["kind"] == "proxy_failed"
+
+
+def test_a_mitmproxy_crash_ends_that_clients_flows_only(tctx: Any) -> None:
+    """mitmproxy's "has crashed!" line for a connection ends the flows of that client in flight
+    as errors with the exception named; another client's flow goes on."""
+    _, hm, records = tctx
+    hm.running()
+    ours, theirs = _flow(), _flow()
+    theirs.client_conn.peername = ("127.0.0.1", 9999)
+    for flow in (ours, theirs):
+        hm.requestheaders(flow)
+        hm.responseheaders(flow)
+    try:
+        raise NotImplementedError("HTTP trailers are not implemented yet.")
+    except NotImplementedError:
+        logging.getLogger(CRASH_LOGGER).error(
+            CRASH_MESSAGE, exc_info=True, extra={"client": ours.client_conn.peername}
+        )
+    hm.done()  # ends what is still in flight (theirs) as shutdown
+    by_flow = {r["flow_id"]: r for r in records.records}
+    assert by_flow[ours.id]["ended"] == "error"
+    error = "NotImplementedError: HTTP trailers are not implemented yet."
+    assert by_flow[ours.id]["mitmproxy"]["error"] == error
+    assert by_flow[theirs.id]["ended"] == "shutdown"
+
+
+def test_the_default_section_is_left_out() -> None:
+    """A flow hopmeter streamed with nothing kept, edited or failed adds no record section."""
+    assert FlowPassage().as_dict() is None
+    assert FlowPassage(stream="buffered", buffered_by="modify_body").as_dict() == {
+        "stream": "buffered",
+        "buffered_by": "modify_body",
+    }

@@ -1,0 +1,174 @@
+"""Tests for hopmeter.proxy.delivery.conn on real loopback sockets and mitmproxy's own handler
+(tests.harness.live_client): the peer is a plain socket the test reads, or does not read. Every
+test runs on both of `hopmeter run`'s loops: asyncio's selector transports and uvloop's compiled
+ones are followed through the same writer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any
+
+import pytest
+
+from hopmeter.core.ledger import END, GONE, OUT, SENT, T_WRITE, new_chunk
+from hopmeter.proxy.delivery import conn as client_conn
+from hopmeter.proxy.delivery.conn import ConnTracker, locate
+from tests.harness.live_client import Live, flow_of, live_client, run, unread
+
+LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+
+
+def tracker_of(live: Live, failures: list[str] | None = None) -> ConnTracker:
+    """A tracker on the live connection's writer; its poller wishes are ignored."""
+    found = locate(flow_of(live))
+    assert not isinstance(found, str), found
+    _, writer, sock = found
+    failed = failures if failures is not None else []
+    return ConnTracker(writer, sock, lambda *a: None, lambda where, exc: failed.append(where))
+
+
+class TestLocate:
+    @LOOPS
+    def test_a_live_client_gives_its_writer_and_socket(self, loop: str) -> None:
+        """The handler mitmproxy registered for the client leads to its writer and socket."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                found = locate(flow_of(live))
+                assert not isinstance(found, str)
+                handler, writer, sock = found
+                assert handler is live.handler and writer is live.writer
+                assert sock.fileno() == live.writer.get_extra_info("socket").fileno()
+
+        run(test, loop)
+
+    def test_a_client_not_registered_is_not_measured_and_says_why(self) -> None:
+        """A flow whose client has no live handler gets a reason, not a guess."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                live.proxyserver.connections.clear()
+                assert locate(flow_of(live)) == "no live connection handler for this client"
+
+        run(test)
+
+    def test_a_writer_someone_else_wrapped_is_left_alone(self) -> None:
+        """A write already shadowed by another tool is not wrapped a second time."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                live.writer.write = lambda data: None  # type: ignore[method-assign]
+                why = locate(flow_of(live))
+                assert why == "the client's writer.write is already wrapped by something else"
+
+        run(test)
+
+    def test_a_mitmproxy_whose_internals_were_not_read_is_not_measured(
+        self, monkeypatch: Any
+    ) -> None:
+        """A major version outside the ones whose path was read gives a reason."""
+        monkeypatch.setattr(client_conn, "mitmproxy_major", lambda: 99)
+
+        async def test() -> None:
+            async with live_client() as live:
+                why = locate(flow_of(live))
+                assert isinstance(why, str) and "were not read yet" in why
+
+        run(test)
+
+
+class TestTracker:
+    @LOOPS
+    def test_writes_pass_through_and_are_counted(self, loop: str) -> None:
+        """The client gets exactly the bytes written; the armed chunk's end is its write's end."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                tracker = tracker_of(live)
+                live.writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
+                c = new_chunk(5, 1.0)
+                tracker.ledger.arm(c)
+                live.writer.write(b"5\r\nhello\r\n")
+                assert unread(live.peer) == b"HTTP/1.1 200 OK\r\n\r\n5\r\nhello\r\n"
+                assert c[END] == 19 + 10 and c[OUT] == c[T_WRITE] is not None
+                assert tracker.poll(c[T_WRITE] + 0.001) is False  # sent: nothing pending
+                assert c[SENT] is not None
+
+        run(test, loop)
+
+    @LOOPS
+    def test_a_client_that_does_not_read_leaves_the_chunk_waiting(self, loop: str) -> None:
+        """With the client's window full, a look finds the chunk unsent; reading releases it."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                tracker = tracker_of(live)
+                c = new_chunk(256 * 1024, 1.0)
+                tracker.ledger.arm(c)
+                live.writer.write(b"x" * (256 * 1024))
+                now = asyncio.get_running_loop().time()
+                assert tracker.poll(now) is True and c[SENT] is None
+                got = 0
+                while tracker.poll(asyncio.get_running_loop().time()):
+                    got += len(unread(live.peer))
+                    await asyncio.sleep(0.001)
+                assert c[SENT] is not None and got + len(unread(live.peer)) == 256 * 1024
+
+        run(test, loop)
+
+    @LOOPS
+    def test_a_failing_count_gives_the_writer_back_and_says_so(self, loop: str) -> None:
+        """A bug in the count never costs a byte: the real write ran, the wrapper is removed."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                failures: list[str] = []
+                tracker = tracker_of(live, failures)
+                tracker.ledger = None  # type: ignore[assignment]  # the next count raises
+                live.writer.write(b"still delivered")
+                assert unread(live.peer) == b"still delivered"
+                assert failures == ["delivery"] and tracker.broken is not None
+                assert "write" not in live.writer.__dict__
+
+        run(test, loop)
+
+    @LOOPS
+    def test_close_takes_a_last_look_and_counts_what_was_left(self, loop: str) -> None:
+        """Closing with bytes unsent: a last look first, and the bytes still queued are counted."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                tracker = tracker_of(live)
+                c = new_chunk(512 * 1024, 1.0)
+                tracker.ledger.arm(c)
+                live.writer.write(b"y" * (512 * 1024))
+                live.writer.close()
+                assert tracker.queued_at_close is not None and tracker.queued_at_close > 0
+                assert tracker.last_poll > c[T_WRITE] and c[SENT] is None
+                tracker.give_up("closed", tracker.last_poll)
+                assert c[GONE] == "closed" and c[SENT] is None
+
+        run(test, loop)
+
+    @LOOPS
+    def test_a_closed_connection_is_not_taken_for_the_next_one(self, loop: str) -> None:
+        """Once the socket is closed, a tracker reads it as closed even when the next connection
+        gets the same descriptor number (uvloop's socket object keeps the old number)."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                tracker = tracker_of(live)
+                fd = tracker.sock.fileno()
+                assert tracker.is_open()
+                live.writer.close()
+                await asyncio.sleep(0.01)  # the transport's connection_lost closes the socket
+                with socket.socket() as other:
+                    if other.fileno() != fd:  # the number went elsewhere: take it on purpose
+                        os.dup2(other.fileno(), fd)
+                    assert not tracker.is_open()
+                    if other.fileno() != fd:
+                        os.close(fd)
+
+        run(test, loop)

@@ -1,0 +1,164 @@
+"""Tests for hopmeter.proxy.delivery.lane: flows followed to a real loopback client, the poller, the
+record's wait for the last bytes, and the log of hopmeter's own steps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hopmeter.core.ledger import FLAG_SENT
+from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, Delivery, LoopLog
+from tests.harness.live_client import flow_of, live_client, run, unread
+
+
+def delivery(errors: list[str] | None = None) -> Delivery:
+    """A Delivery whose internal errors are collected."""
+    seen = errors if errors is not None else []
+    return Delivery(lambda where, exc: seen.append(where))
+
+
+class TestAttach:
+    def test_a_live_flow_is_followed_and_its_chunks_armed(self) -> None:
+        """attach finds the client's transport; a chunk handed in is the next write's."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                d = delivery()
+                out = d.attach(flow_of(live), chaos=False)
+                assert out.reason is None and out.conn is not None and out.sid is None
+                out.chunk(5, time.monotonic())
+                live.writer.write(b"5\r\nhello\r\n")
+                (c,) = out.chunks.live
+                assert c[3] is not None  # written
+                assert unread(live.peer) == b"5\r\nhello\r\n"
+
+        run(test)
+
+    def test_chaos_and_unknown_clients_are_not_followed_and_say_why(self) -> None:
+        """Re-cut responses and clients without a live handler get a reason and no tracker."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                d = delivery()
+                chaotic = d.attach(flow_of(live), chaos=True)
+                assert chaotic.conn is None and "chaos" in (chaotic.reason or "")
+                live.proxyserver.connections.clear()
+                lost = d.attach(flow_of(live), chaos=False)
+                assert lost.conn is None and lost.reason
+                lost.chunk(5, time.monotonic())  # forwarding goes on: nothing to follow
+                assert not lost.chunks.live
+
+        run(test)
+
+    def test_flows_on_one_connection_share_its_tracker(self) -> None:
+        """Keep-alive: the second flow on a connection is counted by the same tracker."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                d = delivery()
+                first = d.attach(flow_of(live), chaos=False)
+                second = d.attach(flow_of(live), chaos=False)
+                assert first.conn is second.conn and len(d.trackers) == 1
+
+        run(test)
+
+
+class TestFinish:
+    def test_the_record_waits_until_the_client_has_the_last_bytes(self) -> None:
+        """A flow ends with bytes the client has not taken: its callback runs once they are sent."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                d = delivery()
+                out = d.attach(flow_of(live), chaos=False)
+                out.chunk(256 * 1024, time.monotonic())
+                live.writer.write(b"z" * (256 * 1024))
+                done: list[float] = []
+                d.finish(out, lambda: done.append(time.monotonic()))
+                await asyncio.sleep(0.05)
+                assert not done  # nobody read: still waiting
+                got = 0
+                while not done:
+                    got += len(unread(live.peer))
+                    await asyncio.sleep(0.001)
+                assert got + len(unread(live.peer)) == 256 * 1024
+                assert out.chunks.done() and out.queued_max > 0
+                seen = out.seen(out.mono_start, 0.0, d.log)
+                assert seen.measured and seen.queued_bytes_max == out.queued_max
+
+        run(test)
+
+    def test_a_client_that_disconnects_ends_the_wait_with_what_was_seen(self) -> None:
+        """forget: the flow is completed at once, its last bytes not seen sent."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                d = delivery()
+                flow = flow_of(live)
+                out = d.attach(flow, chaos=False)
+                out.chunk(256 * 1024, time.monotonic())
+                live.writer.write(b"z" * (256 * 1024))
+                done: list[bool] = []
+                d.finish(out, lambda: done.append(True))
+                d.forget(flow.client_conn.id)
+                await asyncio.sleep(0)
+                assert done == [True] and not d.trackers
+                assert out.chunks.done() and not out.chunks.flags[0] & FLAG_SENT
+                assert out.chunks.why == "the connection closed with bytes still queued"
+
+        run(test)
+
+    def test_shutdown_writes_every_waiting_flow_at_once(self) -> None:
+        """When the proxy stops, waiting flows are completed in the same call."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                d = delivery()
+                out = d.attach(flow_of(live), chaos=False)
+                out.chunk(256 * 1024, time.monotonic())
+                live.writer.write(b"z" * (256 * 1024))
+                done: list[bool] = []
+                d.finish(out, lambda: done.append(True))
+                d.shutdown()
+                assert done == [True]
+
+        run(test)
+
+    def test_a_flow_not_followed_completes_on_the_next_turn(self) -> None:
+        """Nothing to wait for: the callback runs soon after finish returns, not inside it."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                d = delivery()
+                out = d.attach(flow_of(live), chaos=True)
+                done: list[bool] = []
+                d.finish(out, lambda: done.append(True))
+                assert done == []
+                await asyncio.sleep(0)
+                assert done == [True]
+
+        run(test)
+
+
+class TestLoopLog:
+    def test_slow_steps_are_kept_with_their_cpu_and_quick_ones_dropped(self) -> None:
+        """A step past the floor is kept with its wall and CPU time; a quick one is not."""
+        log = LoopLog()
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        log.step(t0, cpu0)
+        assert not log.steps
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        while time.monotonic() < t0 + 2 * STEP_FLOOR_S:  # the slow step: busy on purpose
+            pass
+        log.step(t0, cpu0)
+        ((start, wall, cpu),) = log.steps
+        assert start == t0 and wall >= 2 * STEP_FLOOR_S and 0 < cpu <= wall + 0.001
+
+    def test_a_flow_reads_the_steps_and_lags_that_overlapped_it(self) -> None:
+        """window keeps what overlapped [from, to] and leaves the rest."""
+        log = LoopLog()
+        log.steps.extend([(1.0, 0.01, 0.01), (2.0, 0.05, 0.05), (9.0, 0.01, 0.0)])
+        log.lag(2.05, 0.04)
+        log.lag(2.5, 0.001)  # under the floor: not kept
+        steps, lags = log.window(1.5, 3.0)
+        assert steps == [(2.0, 0.05, 0.05)] and lags == [(2.05, 0.04)]

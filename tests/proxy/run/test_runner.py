@@ -1,0 +1,126 @@
+"""The runner's parts, in process: the addon list, what the runner alone changes in the process."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+from mitmproxy import log as mitmlog
+from mitmproxy.test import taddons
+
+from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.run.runner import (
+    FreezeAtStart,
+    drop_legacy_log_events,
+    quiet_mitmproxy_logs,
+)
+
+SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def test_freeze_at_start_moves_what_exists_out_of_the_collectors_reach() -> None:
+    """Once running, what was allocated before is frozen, so full collections skip it."""
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    FreezeAtStart(HopMeter()).running()
+    assert gc.get_freeze_count() > 0
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """Gives back to the collector whatever a test froze."""
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.usefixtures("unfrozen")
+def test_what_the_first_flow_compiled_is_frozen_once_no_flow_is_in_flight() -> None:
+    """The tokenizers' patterns, compiled in a thread at the first flow, are frozen too: only
+    once no flow is in flight (so a flow's own objects stay collectable), and on the loop's
+    thread (where the finalizers a collection runs may touch the loop's transports)."""
+    meter = HopMeter()
+    freeze = FreezeAtStart(meter)
+    assert meter.after_patterns == freeze.freeze_when_quiet  # what traffic_started will call
+    frozen_on: list[str] = []
+    really_freeze = freeze._freeze
+
+    def freezing() -> None:
+        frozen_on.append(threading.current_thread().name)
+        really_freeze()
+
+    freeze._freeze = freezing  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        freeze.running()
+        gc.unfreeze()
+        meter.live["f"] = None  # type: ignore[assignment]  # a flow in flight
+        thread = threading.Thread(target=freeze.freeze_when_quiet, name="patterns")
+        thread.start()
+        await asyncio.sleep(0.3)
+        assert thread.is_alive() and gc.get_freeze_count() == 0  # waits for the flow to end
+        meter.live.clear()
+        for _ in range(1000):
+            if gc.get_freeze_count():
+                break
+            await asyncio.sleep(0.01)
+        thread.join(10)
+        assert gc.get_freeze_count() > 0
+
+    asyncio.run(scenario())
+    assert frozen_on == [threading.main_thread().name]
+
+
+def test_mitmproxys_legacy_log_events_are_dropped_and_other_handlers_kept() -> None:
+    """The handler that turns every log record into an `add_log` event goes; the rest stay."""
+    root = logging.getLogger()
+    ours = logging.NullHandler()
+    root.addHandler(ours)
+    try:
+        with taddons.context():
+            assert any(isinstance(h, mitmlog.LegacyLogEvents) for h in root.handlers)
+            drop_legacy_log_events()
+            assert not any(isinstance(h, mitmlog.LegacyLogEvents) for h in root.handlers)
+            assert ours in root.handlers
+    finally:
+        root.removeHandler(ours)
+
+
+NAMES = ("", "asyncio", "hpack", "mitmproxy.proxy.server", "mitmproxy.proxy.layers", "hopmeter")
+
+
+@pytest.fixture
+def log_levels() -> Iterator[None]:
+    """Puts the loggers' levels back as they were."""
+    before = {name: logging.getLogger(name).level for name in NAMES}
+    yield
+    for name, level in before.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.usefixtures("log_levels")
+def test_quiet_logs_let_hopmeters_lines_through_and_keep_connection_chatter_out() -> None:
+    """Quiet: hopmeter's INFO lines pass; mitmproxy's per-connection INFO and WARNING lines (a
+    "Server TLS handshake failed" per request under a failure flood) and asyncio's do not; its
+    errors (a crash) do."""
+    quiet_mitmproxy_logs(False)
+    assert logging.getLogger("hopmeter").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("hopmeter").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("mitmproxy.proxy.layers.http").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("asyncio").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("mitmproxy.proxy.layers.tls").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.ERROR)
+
+
+@pytest.mark.usefixtures("log_levels")
+def test_verbose_logs_let_mitmproxys_connection_lines_through() -> None:
+    """Verbose: mitmproxy's connection logs pass down to DEBUG; asyncio's chatter stays out."""
+    quiet_mitmproxy_logs(True)
+    assert logging.getLogger("hopmeter").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("asyncio").isEnabledFor(logging.INFO)
