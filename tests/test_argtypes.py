@@ -190,3 +190,10 @@ def test_bad_sizes_name_the_option_and_an_example(text: str) -> None:
     option."""
     with pytest.raises(UsageError, match=r"^hopmeter_output_queue .*e\.g\. 65536, 64KiB or 8MiB$"):
         parse_bytes(text, "hopmeter_output_queue")
+
+
+@pytest.mark.parametrize(("text", "value"), [("0.5", 0.5), ("500ms", 0.5), ("2s", 2.0)])
+def test_flags_and_options_read_durations_alike(text: str, value: float) -> None:
+    """A flag's seconds and an option's seconds share one grammar: `--read-timeout 500ms`
+    reads as `--set hopmeter_read_timeout=500ms` does."""
+    assert seconds(text) == positive_seconds(text) == parse_seconds(text, "o") == value
