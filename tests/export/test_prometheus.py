@@ -567,10 +567,11 @@ def test_exported_names_cover_every_family(registry: CollectorRegistry) -> None:
 
 
 def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
-    """Passing the gaps and per-event tokens finish_flow computed gives the same histograms as
+    """Passing the gaps and per-event tokens measuring computed gives the same histograms as
     reading them again from the record's events (the addon passes them; replays do not)."""
+    from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
     from hopmeter.core.meter import FlowMeter
-    from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+    from hopmeter.core.record import finish
     from hopmeter.core.tokens import estimate_counter
 
     class Counters:
@@ -586,7 +587,7 @@ def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
         meter.feed(b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % text.encode(), t)
     meter.feed(b"data: [DONE]\n\n", t + 0.01)
     meter.close(t + 0.02)
-    result = finish_flow(
+    result = finish(Seen(
         flow_id="f",
         trace_id=TRACE,
         hop="edge",
@@ -602,9 +603,8 @@ def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
         meter=meter,
         ended="complete",
         bytes_out=meter.bytes_wire,
-        counters=Counters(),
         stall_threshold_s=0.5,
-    )  # fmt: skip
+    ), Counters())  # fmt: skip
     assert result.figures is not None and result.tokens is not None
     from_record, passed = CollectorRegistry(), CollectorRegistry()
     Metrics(from_record).observe_flow(result.record)

@@ -156,7 +156,7 @@ def reply(
     *,
     parent: str | None = None,
 ) -> FlowResult:
-    """A finished flow of `text`, fingerprinted as finish_flow does, lasting 0.5 s or so."""
+    """A finished flow of `text`, fingerprinted as measuring does, lasting 0.5 s or so."""
     base = result(hop, t_start, trace, parent=parent)
     fp = fingerprint(text, len(text))
     assert fp is not None

@@ -119,7 +119,7 @@ class TestFinish:
                 live.writer.write(b"z" * (256 * 1024))
                 done: list[bool] = []
                 d.finish(out, lambda: done.append(True))
-                d.shutdown()
+                d.drain()
                 assert done == [True]
 
         run(test)

@@ -34,6 +34,7 @@ from hopmeter.core.upstream import CAUSE_FIXES, STATUS_SENT, UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
+from hopmeter.proxy.addon.browser_meter import answered_here
 from hopmeter.proxy.addon.failures import (
     CANCELLED,
     CauseLog,
@@ -143,7 +144,7 @@ class UpstreamGuard:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if not flow.live or flow.request.method == "CONNECT" or self.meter.stopped:
             return
-        if self.meter.browser is not None and self.meter.browser.owns(flow):
+        if answered_here(flow):
             return  # hopmeter answers it itself: no upstream to wait for
         watch = Watch(flow=flow, phase=CONNECT, last_s=time.monotonic())
         self.watches[flow.id] = watch

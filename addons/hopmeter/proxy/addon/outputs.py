@@ -27,7 +27,7 @@ from hopmeter.export.outlets import STDOUT, Outlet, Outlets
 from hopmeter.export.prometheus import Metrics, new_registry
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
-from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.observers import Observed
 from hopmeter.proxy.addon.readiness import Readiness
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class RecordsOutput(FlowObserver):
     """Appends one JSON line per finished flow to `hopmeter_records` ("-" = stdout), through
     its outlet: what cannot be written is counted there (`hopmeter_output_lost_lines_total`)."""
 
-    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
+    def __init__(self, meter: Observed, outlets: Outlets) -> None:
         self.meter = meter
         self.outlets = outlets
         self.outlet: Outlet | None = None
@@ -91,7 +91,7 @@ class ConsoleOutput(FlowObserver):
     """A line (or a JSON object) per finished flow, and a summary every so often: the text
     through the log, the JSON lines on standard output through an outlet."""
 
-    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
+    def __init__(self, meter: Observed, outlets: Outlets) -> None:
         self.meter = meter
         self.outlets = outlets
         self.console: Console | None = None
@@ -163,7 +163,7 @@ class MetricsOutput(FlowObserver):
     /healthz and, given the proxy's `readiness`, /readyz beside them."""
 
     def __init__(
-        self, meter: HopMeter, readiness: Readiness | None = None, outlets: Outlets | None = None
+        self, meter: Observed, readiness: Readiness | None = None, outlets: Outlets | None = None
     ) -> None:
         self.meter = meter
         self.readiness = readiness
@@ -256,7 +256,7 @@ class MetricsOutput(FlowObserver):
 class OtelOutput(FlowObserver):
     """One OpenTelemetry span per finished flow, to `hopmeter_otel_endpoint` over OTLP/HTTP."""
 
-    def __init__(self, meter: HopMeter) -> None:
+    def __init__(self, meter: Observed) -> None:
         self.meter = meter
         self.exporter: OtelExporter | None = None
 

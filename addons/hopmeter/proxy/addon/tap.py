@@ -13,18 +13,21 @@ millisecond later with the time it was stamped, so nothing measured moves and no
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.trace import TraceContext
+from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
-from hopmeter.core.wire import sniff_request
+from hopmeter.core.wire import detect_api, lower_headers, sniff_request
 from hopmeter.proxy.addon.chaos import Chaos
 
 if TYPE_CHECKING:
+    from mitmproxy import http
+
     from hopmeter.proxy.addon.passage import FlowPassage
     from hopmeter.proxy.delivery.lane import FlowOut, LoopLog
 
@@ -78,6 +81,37 @@ class FlowState:
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""
         return mono - self.mono0 + self.skew_s
+
+
+def start_trace(flow: http.HTTPFlow, forward: bool) -> tuple[TraceContext, str]:
+    """The flow's trace context as it came (made up when none came) and its own span id, which
+    goes on in `traceparent` as the next hop's parent when `forward` (W3C Trace Context: the
+    trace id and flags kept, the parent-id replaced, as Envoy and nginx's OpenTelemetry module
+    do); `tracestate` is passed on untouched."""
+    incoming = flow.request.headers.get("traceparent")
+    parsed = parse_traceparent(incoming) if incoming else None
+    own = secrets.token_hex(8)
+    trace = parsed or TraceContext(
+        trace_id=secrets.token_hex(16), span_id=own, flags="01", created=True
+    )
+    if forward:
+        flow.request.headers["traceparent"] = trace.child(own).header()
+    return trace, own
+
+
+def new_meter(flow: http.HTTPFlow, headers: dict[str, str]) -> FlowMeter:
+    """The meter of a response whose (lower-cased) headers came, for the API they name."""
+    req = flow.request
+    content_type = headers.get("content-type", "")
+    api = detect_api(
+        req.method, req.path.split("?", 1)[0], lower_headers(req.headers), headers, content_type
+    )
+    return FlowMeter(
+        api=api,
+        content_type=content_type,
+        content_encoding=headers.get("content-encoding"),
+        headers=headers,
+    )
 
 
 class RequestTap:
