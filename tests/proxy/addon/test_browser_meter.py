@@ -9,13 +9,19 @@ from typing import Any
 
 import orjson
 import pytest
-from mitmproxy import http
+from mitmproxy import ctx, http
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.addon.browser_meter import BrowserMeter, RateBound, announces_beacon, origin_of
+from hopmeter.proxy.addon.browser_meter import (
+    BrowserMeter,
+    RateBound,
+    announces_beacon,
+    answered_here,
+    origin_of,
+)
 from hopmeter.proxy.addon.meter import HopMeter
 
 TP = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
@@ -85,6 +91,17 @@ def test_a_beacon_path_is_never_measured(browser: BrowserMeter, meter: HopMeter)
     flow = request("/_hopmeter/beacon", body=b"{}")
     meter.requestheaders(flow)
     assert flow.id not in meter.live and "traceparent" not in flow.request.headers
+
+
+def test_the_other_addons_tell_hopmeter_s_own_paths_from_the_option(
+    browser: BrowserMeter,
+) -> None:
+    """answered_here (what the measuring addon and the guard ask) agrees with the option: the
+    two paths while it is on, nothing once it is off."""
+    snippet, other = request("/_hopmeter/beacon.js", "GET"), request("/v1/chat/completions")
+    assert answered_here(snippet) and browser.owns(snippet) and not answered_here(other)
+    ctx.options.update(hopmeter_browser=False)
+    assert not answered_here(snippet) and not browser.owns(snippet)
 
 
 def test_without_the_option_nothing_is_answered() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from mitmproxy.test import tflow
+
 from hopmeter.core.meter import FlowMeter
 from hopmeter.proxy.addon.tap import (
     REQUEST_SNIFF_BYTES,
@@ -11,6 +13,8 @@ from hopmeter.proxy.addon.tap import (
     MeasureQueue,
     RequestTap,
     ResponseTap,
+    new_meter,
+    start_trace,
 )
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
@@ -96,3 +100,27 @@ class TestRequestTap:
         assert len(st.request_head) == REQUEST_SNIFF_BYTES
         tap(b"")
         assert (st.request_model, st.stream_requested) == ("m", True)
+
+
+class TestFlowStart:
+    def test_a_trace_goes_on_with_this_flow_s_span_as_parent(self) -> None:
+        """An incoming trace keeps its id and flags; forwarded, its parent is this flow's span."""
+        flow = tflow.tflow()
+        flow.request.headers["traceparent"] = f"00-{'ab' * 16}-{'cd' * 8}-00"
+        trace, own = start_trace(flow, forward=True)
+        assert (trace.trace_id, trace.span_id, trace.created) == ("ab" * 16, "cd" * 8, False)
+        assert flow.request.headers["traceparent"] == f"00-{'ab' * 16}-{own}-00"
+
+    def test_a_request_without_a_trace_gets_one_made_up(self) -> None:
+        """No traceparent: a new trace whose span is this flow's; not forwarded when off."""
+        flow = tflow.tflow()
+        trace, own = start_trace(flow, forward=False)
+        assert trace.created and trace.span_id == own and len(trace.trace_id) == 32
+        assert "traceparent" not in flow.request.headers
+
+    def test_the_meter_is_for_the_api_the_request_and_headers_name(self) -> None:
+        """A chat path with an event stream gets an OpenAI chat meter with its content type."""
+        flow = tflow.tflow()
+        flow.request.path = "/v1/chat/completions?x=1"
+        m = new_meter(flow, {"content-type": "text/event-stream", "content-encoding": "gzip"})
+        assert m.api == "openai.chat" and m.event_stream

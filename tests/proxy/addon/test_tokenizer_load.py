@@ -12,7 +12,7 @@ import pytest
 from mitmproxy.test import taddons
 
 from hopmeter.proxy.addon.meter import HopMeter
-from hopmeter.proxy.addon.tokenizer_load import TokenizerLoad
+from hopmeter.proxy.addon.tokenizer_load import TokenizerLoad, Vocabulary
 from hopmeter.proxy.addon.tokenizers import Counters, _load
 from tests.proxy.addon.test_meter import DONE, SSE, Recorder, sse_flow, stream_through
 
@@ -89,6 +89,35 @@ def test_past_the_bound_the_loop_waits_for_the_load() -> None:
         for name in "abc":
             load.take(name, ran.append)
         assert ran == ["a", "b", "c"] and load.parked == 0
+
+    asyncio.run(go())
+
+
+def test_without_the_lazy_load_the_vocabulary_wait_lets_items_through_at_once() -> None:
+    """Counting with tokenizers loaded at start-up, the wait hands each item on as it comes."""
+    vocabulary = Vocabulary(lambda: True, lambda *e: None)
+    vocabulary.use(Counters(None), lazy=False)
+    passed: list[str] = []
+    vocabulary.take("a", passed.append)
+    vocabulary.drain()
+    assert passed == ["a"] and vocabulary.load is None
+
+
+def test_a_new_tokenizer_lets_the_records_of_the_old_one_through_first() -> None:
+    """Items waiting for the old vocabulary are handed on before the new counters are used."""
+    passed: list[str] = []
+
+    async def go() -> None:
+        vocabulary = Vocabulary(lambda: False, lambda *e: None)
+        old = Counters(None)
+        vocabulary.use(old, lazy=True)
+        vocabulary.flow_started()
+        vocabulary.take(
+            "waited", lambda item: passed.append(f"{item}:{vocabulary.counters is old}")
+        )
+        assert passed == []
+        vocabulary.use(Counters(None), lazy=False)
+        assert passed == ["waited:True"] and vocabulary.counters is not old
 
     asyncio.run(go())
 
