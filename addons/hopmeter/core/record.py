@@ -100,7 +100,7 @@ def to_record(m: Measurement) -> dict[str, Any]:
     if seen.relay_error is not None:
         rec["relay_error"] = seen.relay_error
     if seen.passage is not None:
-        rec["mitmproxy"] = seen.passage.section
+        rec["mitmproxy"] = dict(seen.passage.section)
     return rec
 
 

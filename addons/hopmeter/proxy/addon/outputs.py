@@ -221,13 +221,7 @@ class MetricsOutput(FlowObserver):
         if self.metrics is None:
             return
         paint = next((s.holds_s for s in result.segments if s.segment == PAINT_SEGMENT), None)
-        self.metrics.observe_flow(
-            result.record,
-            gaps=result.figures.gaps if result.figures is not None else None,
-            event_tokens=result.tokens.per_event if result.tokens is not None else None,
-            own_holds=result.delivery.holds if result.delivery is not None else None,
-            paint_lags=paint,
-        )
+        self.metrics.observe_result(result, paint_lags=paint)
         trace_id = result.record.get("trace_id")
         for seg in result.segments:
             self.metrics.observe_segment(seg, trace_id)
