@@ -183,18 +183,30 @@ class Ending:
         self._resume(next(i for i, link in enumerate(self.chain) if link.name == name), item)
 
     def _go(self, i: int, item: Any) -> None:
-        link = self.chain[i]
-        then = self._then[i]
-        try:
-            link.wait.take(item, then)
-        except Exception as exc:
-            self.on_error(link.where, exc)
-            if link.fail_open:
-                then(item)
+        """Hand `item` to link `i`: the steps run here one after the other, a wait gets the rest
+        of the chain as its `then`."""
+        chain = self.chain
+        while i < len(chain):
+            link = chain[i]
+            wait = link.wait
+            try:
+                if type(wait) is Step:  # Step.take, inlined: no call per step and link
+                    item = wait.fn(item)
+                    i += 1
+                    continue
+                wait.take(item, self._then[i])
+            except Exception as exc:
+                self.on_error(link.where, exc)
+                if link.fail_open:
+                    self._then[i](item)
+            return
 
     def _resume(self, i: int, item: Any) -> None:
         """Go on from link `i`: a wait handing on later starts one of hopmeter's timed steps."""
-        self.timed(partial(self._go, i, item))
+        if self._timing:  # handed on at once, inside the step that took it
+            self._go(i, item)
+        else:
+            self.timed(partial(self._go, i, item))
 
     def drain(self, stopped: Callable[[], Iterable[FlowEnd]] = tuple) -> None:
         """The proxy stops: every wait lets its flows through, in the chain's order; the flows
