@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.argtypes import parse_listener, parse_seconds
+from hopmeter.argtypes import parse_listener
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.meter import FlowMeter
@@ -35,6 +35,7 @@ from hopmeter.core.wire import detect_api, lower_headers, model_from_path
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.chaos import Chaos, parse_actions
 from hopmeter.proxy.addon.pairing import LiveFlow, Pairing
@@ -81,7 +82,7 @@ class HopMeter:
         self.fingerprint_key: bytes | None = None  # from hopmeter_fingerprint_key_env
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.chaos_actions: tuple[str, ...] = ()
-        self.stall_threshold_s = 0.5  # hopmeter_stall_threshold, parsed
+        self.stall_threshold_s: float = options.default("hopmeter_stall_threshold")
         # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
         self.delivery = Delivery(self.internal_error)
         self.queue = MeasureQueue(self.delivery.log)
@@ -98,72 +99,8 @@ class HopMeter:
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
-        loader.add_option("hopmeter_hop", str, "proxy", "This vantage point's name.")
-        loader.add_option(
-            "hopmeter_listeners",
-            Sequence[str],
-            [],
-            "NAME=MODE pairs naming listeners; each MODE is also added to `mode`.",
-        )
-        loader.add_option(
-            "hopmeter_stall_threshold",
-            str,  # seconds as text: mitmproxy's --set cannot set a float option
-            "0.5",
-            "A gap between tokens at or above this many seconds is a stall (e.g. 0.5 or 500ms).",
-        )
-        loader.add_option(
-            "hopmeter_tokenizer",
-            str,
-            "",
-            "tiktoken encoding name or tokenizer file; default: chosen by model.",
-        )
-        loader.add_option(
-            "hopmeter_lazy_tokenizer",
-            bool,
-            False,
-            "Load the default tokenizer vocabulary (~47 MiB) when the first flow starts, in a "
-            "thread, instead of at start-up; records of flows ending before it is ready are "
-            "written once it is.",
-        )
-        loader.add_option(
-            "hopmeter_log_content",
-            bool,
-            False,
-            "Include prompt and reply text in records (off by default).",
-        )
-        loader.add_option(
-            "hopmeter_chaos",
-            str,
-            "",
-            "Staging only: comma list of rechunk, split_utf8, crlf, cr applied to responses on "
-            "the way to the client (measuring sees the original).",
-        )
-        loader.add_option(
-            "hopmeter_chaos_seed", int, 0, "Seed for --chaos (0 = a new seed per flow)."
-        )
-        loader.add_option(
-            "hopmeter_trace_header",
-            bool,
-            True,
-            "Forward a W3C traceparent naming this flow's span as the parent (the incoming "
-            "trace id kept, a new one for a request that has none; tracestate untouched).",
-        )
-        loader.add_option(
-            "hopmeter_fingerprint_key_env",
-            str,
-            "",
-            "An environment variable holding a secret key for the reply fingerprints in records "
-            "(the same on every host whose records are joined); default: unkeyed.",
-        )
-        loader.add_option(
-            "hopmeter_content_pairing",
-            bool,
-            True,
-            "With listeners of two or more hops, pair flows whose trace ids differ by their reply "
-            "(a hop between them dropped traceparent). Off for listeners of unrelated chains "
-            "whose replies may be alike.",
-        )
-        passage.add_options(loader)
+        options.declare(loader, options.MEASURING)
+        options.declare(loader, options.PASSAGE)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -173,9 +110,7 @@ class HopMeter:
             raise exceptions.OptionsError(str(exc)) from None
         if "hopmeter_stall_threshold" in updated:
             try:
-                self.stall_threshold_s = parse_seconds(
-                    opts.hopmeter_stall_threshold, "hopmeter_stall_threshold"
-                )
+                self.stall_threshold_s = options.read(opts, "hopmeter_stall_threshold")
             except UsageError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
         if "hopmeter_listeners" in updated:
