@@ -291,7 +291,8 @@ SETTINGS = (
         default="20",
         help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops (a "
         "second signal stops at once)",
-        more='; keep it below the pod\'s terminationGracePeriodSeconds (README, "As a sidecar")',
+        more="; keep it below the pod's terminationGracePeriodSeconds ([README, As a "
+        "sidecar](../README.md#as-a-sidecar))",
     ),
     Setting(
         option="hopmeter_relay",
