@@ -1,8 +1,9 @@
 """One small addon per place a finished flow goes: records, the console, Prometheus, OpenTelemetry.
 
-Each owns its options (declared in `load`, checked and applied in `configure`, as mitmproxy's own
-addons do), builds its exporter from hopmeter.export, and is an observer of the HopMeter addon
-(hopmeter.export.FlowObserver) while it has somewhere to write. The HopMeter addon guards every
+Each owns its options (declared in `load` from the table of settings, hopmeter.proxy.options;
+checked and applied in `configure`, as mitmproxy's own addons do), builds its exporter from
+hopmeter.export, and is an observer of the HopMeter addon (hopmeter.export.FlowObserver) while it
+has somewhere to write. The HopMeter addon guards every
 call into them: an output that fails is counted as an internal error and the flow goes on.
 Records and the console's JSON lines are handed to an outlet (hopmeter.proxy.addon.outlets):
 written by a thread, dropped and counted when their queue is full, never waited for.
