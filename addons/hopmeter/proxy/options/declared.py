@@ -5,6 +5,9 @@ A new setting is one `Setting` here: its flag, its HOPMETER_* variable, its mitm
 (declared by the addon named in `addon`), what `hopmeter run` sets it to and its row in
 docs/cli.md all follow (`python -m hopmeter.proxy.options.docs > docs/cli.md`). The addon reads
 the option in its `configure` (`hopmeter.proxy.options.read` for a duration or a size).
+
+A long module on purpose: one row per setting, a few lines each, read top to bottom as
+`hopmeter run --help` lists them; split, a setting would again be looked for in several places.
 """
 
 from __future__ import annotations
