@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from mitmproxy.test import taddons
+from mitmproxy import optmanager
 
 from hopmeter import cli, env
 from hopmeter.errors import UsageError
@@ -43,15 +43,29 @@ def run_args(*argv: str, environ: dict[str, str] | None = None) -> argparse.Name
     return env.parse_args(cli.build_parser(), ["run", *argv], environ or {})
 
 
+class Loader:
+    """mitmproxy's addon loader, declaring into a real option manager (its type checks
+    included) without configuring the addons: nothing binds a port."""
+
+    def __init__(self) -> None:
+        self.options = optmanager.OptManager()
+
+    def add_option(self, name: str, typespec: Any, default: Any, help: str, choices: Any) -> None:
+        assert name not in self.options, f"{name} declared twice"
+        self.options.add_option(name, typespec, default, help, choices)
+
+
 def loaded(*addons: Any) -> dict[str, Any]:
-    """The hopmeter_* options `addons` declare when mitmproxy loads them."""
-    with taddons.context(*addons) as tctx:
-        return {k: v for k, v in tctx.options._options.items() if k.startswith("hopmeter_")}
+    """The options `addons` declare in their `load`, by name."""
+    loader = Loader()
+    for addon in addons:
+        addon.load(loader)
+    return {k: v for k, v in loader.options._options.items() if k.startswith("hopmeter_")}
 
 
 def test_the_addons_declare_every_option_as_the_table_says() -> None:
     """Loaded together (hopmeter run's addons), the addons declare exactly the table's options,
-    each with its type, default, help and choices."""
+    each once, with its type, default, help and choices."""
     addons = default_addons()
     meter = addons[0]
     assert isinstance(meter, HopMeter)
