@@ -398,6 +398,7 @@ SETTINGS = (
         addon=PASSAGE,
         choices=("streams", "all"),  # hopmeter.proxy.addon.passage.STREAM_MODES
         default="streams",
+        # hopmeter run is a proxy in production: every response streamed, no body kept (below)
         run="all",
         help="which responses hopmeter streams when nothing else chose to: 'streams' (event "
         "streams, NDJSON, bodies of unknown length; others stay buffered as mitmproxy has them, "
@@ -416,7 +417,8 @@ SETTINGS = (
         # 4 MiB holds any LLM reply (a 100k-token reply is ~0.5 MiB of SSE) and is what
         # mitmproxy's users set stream_large_bodies to for "large"
         default="4m",
-        # a proxy in production: no UI to show bodies, nothing saved
+        # hopmeter run: no UI to show bodies, nothing saved; `--set hopmeter_keep_body=4m --set
+        # save_stream_file=PATH` saves them
         run="0",
         help="keep up to this much of each streamed body (e.g. 4m, 0 = nothing) and give it to "
         "mitmproxy as the response's content when the stream ends, for -w, export, replay and "
