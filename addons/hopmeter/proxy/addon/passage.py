@@ -72,13 +72,6 @@ STREAM_MODES = (STREAMS, ALL)
 # media types whose bodies are token streams: always streamed (core.wire's framers)
 STREAM_TYPES = frozenset({EVENT_STREAM, *NDJSON_TYPES, *PACKED_ID_TYPES})
 
-# The body copy's bounds by default. 4 MiB holds any LLM reply (a 100k-token reply is ~0.5 MiB of
-# SSE) and is what mitmproxy's users set stream_large_bodies to for "large"; 64 MiB bounds the
-# copies of every stream open at once (~16 such replies at their longest, or thousands of usual
-# ones) so a burst of large downloads cannot grow the proxy without limit.
-KEEP_BODY_DEFAULT = "4m"
-KEEP_BODY_TOTAL_DEFAULT = "64m"
-
 # the flow's metadata key that says its kept body was clipped (mitmweb shows metadata)
 BODY_META_KEY = "hopmeter_body"
 
@@ -376,42 +369,6 @@ PASSAGE_OPTIONS = frozenset(
         "store_streamed_bodies",
     }
 )
-
-
-def add_options(loader: Any) -> None:
-    """Declare the options of module doc (mitmproxy's `load`)."""
-    loader.add_option(
-        "hopmeter_stream",
-        str,
-        STREAMS,
-        "Which responses hopmeter streams when nothing else chose to: 'streams' (event "
-        "streams, NDJSON, bodies of unknown length; others stay buffered as mitmproxy has them, "
-        "so a script's response hook can edit them) or 'all' (hopmeter run's default).",
-        choices=STREAM_MODES,
-    )
-    loader.add_option(
-        "hopmeter_buffer",
-        str,
-        "",
-        "A mitmproxy flow filter: matching requests and responses are left to mitmproxy to "
-        "buffer, so a script's request or response hook can edit them; measured whole, as "
-        "mitmproxy delivers them. Bodies modify_body matches are always left buffered.",
-    )
-    loader.add_option(
-        "hopmeter_keep_body",
-        str,
-        KEEP_BODY_DEFAULT,
-        "Keep up to this much of each streamed body (e.g. 4m, 0 = nothing) and give it to "
-        "mitmproxy as the response's content when the stream ends, for -w, export, replay and "
-        "mitmweb; past it the kept part is what fits, and the record says so. hopmeter run: 0.",
-    )
-    loader.add_option(
-        "hopmeter_keep_body_total",
-        str,
-        KEEP_BODY_TOTAL_DEFAULT,
-        "The bound on the kept bodies of all streams open at once; past it a stream's copy "
-        "keeps what fits (counted in hopmeter_bodies_clipped_total).",
-    )
 
 
 def configure(passage: Passage, options: Any, updated: set[str]) -> None:
