@@ -36,7 +36,6 @@ from typing import Any
 
 from mitmproxy import flowfilter, http
 from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
-from mitmproxy.utils import human
 
 from hopmeter.core.passage import edited_after_streaming, proxy_failed
 from hopmeter.core.vocab import SEVERITY_ORDER, BodyClip
@@ -45,6 +44,7 @@ from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon.failures import answer_and_close
 from hopmeter.proxy.addon.tap import ResponseTap
+from hopmeter.proxy.options import read
 
 log = get_logger()
 
@@ -225,17 +225,6 @@ class PassageTap(ResponseTap):
             got.extend(piece for piece in out if piece)
 
 
-def parse_size(value: str, option: str) -> int:
-    """A size option ("4m", "0", "512k") in bytes; one line naming the option otherwise."""
-    try:
-        size = human.parse_size(value.strip() or "0")
-    except ValueError:
-        size = None
-    if size is None or size < 0:
-        raise UsageError(f"{option} {value!r}: expected a size such as 4m, 512k or 0")
-    return size
-
-
 def parse_buffer_filter(value: str) -> flowfilter.TFilter | None:
     """`hopmeter_buffer`: a mitmproxy flow filter, or None when empty."""
     if not value.strip():
@@ -378,8 +367,8 @@ def configure(passage: Passage, options: Any, updated: set[str]) -> None:
         return
     passage.mode = options.hopmeter_stream
     passage.buffer_filter = parse_buffer_filter(options.hopmeter_buffer)
-    passage.keep_body = parse_size(options.hopmeter_keep_body, "hopmeter_keep_body")
-    passage.budget.cap = parse_size(options.hopmeter_keep_body_total, "hopmeter_keep_body_total")
+    passage.keep_body = read(options, "hopmeter_keep_body")
+    passage.budget.cap = read(options, "hopmeter_keep_body_total")
     # mitmproxy's own addons' options, absent in a master without them
     passage.modify_body = parse_modify_body(getattr(options, "modify_body", ()) or ())
     passage.store_streamed = bool(getattr(options, "store_streamed_bodies", False))

@@ -414,6 +414,7 @@ SETTINGS = (
     Setting(
         option="hopmeter_keep_body",
         addon=PASSAGE,
+        kind=Kind.SIZE_OR_ZERO,
         # 4 MiB holds any LLM reply (a 100k-token reply is ~0.5 MiB of SSE) and is what
         # mitmproxy's users set stream_large_bodies to for "large"
         default="4m",
@@ -427,6 +428,7 @@ SETTINGS = (
     Setting(
         option="hopmeter_keep_body_total",
         addon=PASSAGE,
+        kind=Kind.SIZE_OR_ZERO,
         # bounds the copies of every stream open at once (~16 replies at their longest, or
         # thousands of usual ones): a burst of large downloads cannot grow the proxy without limit
         default="64m",

@@ -33,6 +33,7 @@ class Kind(enum.Enum):
     SECONDS = "seconds"  # a duration above 0, as text
     SECONDS_OR_ZERO = "seconds, 0 or more"  # a duration where 0 means none, as text
     SIZE = "size"  # bytes with a binary unit (8MiB), as text
+    SIZE_OR_ZERO = "size, 0 or more"  # bytes where 0 means none, as text
 
 
 DURATIONS = (Kind.SECONDS, Kind.SECONDS_OR_ZERO)
@@ -47,6 +48,7 @@ OPTION_TYPES: dict[Kind, Any] = {
     Kind.SECONDS: str,
     Kind.SECONDS_OR_ZERO: str,
     Kind.SIZE: str,
+    Kind.SIZE_OR_ZERO: str,
 }
 
 
@@ -123,8 +125,8 @@ class Setting:
         value itself; a bad one is a UsageError naming the option, with an example."""
         if self.kind in DURATIONS:
             return parse_seconds(value, self.option, zero_ok=self.kind is Kind.SECONDS_OR_ZERO)
-        if self.kind is Kind.SIZE:
-            return parse_bytes(value, self.option)
+        if self.kind in (Kind.SIZE, Kind.SIZE_OR_ZERO):
+            return parse_bytes(value, self.option, zero_ok=self.kind is Kind.SIZE_OR_ZERO)
         return value
 
     def default_words(self) -> str:
