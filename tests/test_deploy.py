@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from hopmeter.argtypes import seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 PROMETHEUS = DEPLOY / "prometheus"
@@ -157,7 +159,7 @@ def test_compose_runs_the_documented_commands() -> None:
     assert args.metrics == "0.0.0.0:9464"
     # the drain (--drain-timeout, default 20 s) fits in the time compose gives before SIGKILL
     grace = int(services["hopmeter"]["stop_grace_period"].rstrip("s"))
-    assert grace >= args.drain_timeout + 5
+    assert grace >= seconds(args.drain_timeout) + 5
     nginx_conf = (NGINX / "hopmeter-demo.conf").read_text()
     assert "listen 8081;" in nginx_conf and "server hopmeter:8082;" in nginx_conf
     assert listeners["origin"].endswith(":8082")
@@ -241,7 +243,7 @@ def test_sidecar_grace_period_covers_the_drain() -> None:
     containers = {c["name"]: c for c in pod["containers"]}
     hopmeter, model = containers["hopmeter"], containers["model-server"]
     environ = {e["name"]: e["value"] for e in hopmeter["env"]}
-    drain = parse_hopmeter(hopmeter["args"], environ).drain_timeout
+    drain = seconds(parse_hopmeter(hopmeter["args"], environ).drain_timeout)
     pre_stop = hopmeter["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pre_stop >= 5  # endpoints take a few seconds to drop a terminating pod
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5

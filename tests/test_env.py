@@ -26,7 +26,8 @@ def test_names_are_the_long_flags_upper_cased() -> None:
 
 
 def test_values_come_from_the_environment_typed() -> None:
-    """Variables arrive through the flag's own type: numbers, switches, repeatable lists."""
+    """Variables arrive through the flag's own type: numbers, switches, repeatable lists, and
+    durations as the text their option reads."""
     args = parse(
         ["run"],
         {
@@ -41,7 +42,7 @@ def test_values_come_from_the_environment_typed() -> None:
     )
     assert args.upstream == "http://127.0.0.1:8000"
     assert (args.stall_threshold, args.workers, args.quiet, args.log_content) == (
-        0.25,
+        "0.25",
         2,
         True,
         False,
@@ -69,7 +70,7 @@ def test_without_variables_the_defaults_stay() -> None:
         [],
         [],
     )
-    assert (args.connect_timeout, args.read_timeout, args.drain_timeout) == (10.0, 600.0, 20.0)
+    assert (args.connect_timeout, args.read_timeout, args.drain_timeout) == ("10", "600", "20")
     assert args.env_sources == {}
 
 

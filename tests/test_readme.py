@@ -1,4 +1,5 @@
-"""README's commands are real: every hopmeter command line parses, the Docker lines match."""
+"""README's commands are real: every hopmeter command line parses, the Docker lines match, and
+every flag of `hopmeter run` is in the table README links (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -49,13 +50,15 @@ def test_two_commands_are_first() -> None:
 
 
 def test_the_flag_table_lists_every_run_flag_with_its_variable() -> None:
-    """Each `hopmeter run` flag (and the upstream) is a row of README's table, next to the
-    environment variable `--help` names for it."""
+    """Each `hopmeter run` flag (and the upstream) is a row of docs/cli.md's table, next to the
+    environment variable `--help` names for it; README links the table."""
     from hopmeter import env
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    rows = re.findall(r"^\| `([^`]+)` \| `(HOPMETER_\w+)` \|", README, flags=re.M)
+    assert "(docs/cli.md)" in README
+    table = (ROOT / "docs" / "cli.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| `(HOPMETER_\w+)` \|", table, flags=re.M)
     documented = {flag.split()[0]: variable for flag, variable in rows}
     for binding in env.bound(sub.choices["run"]):
         action = binding.action

@@ -103,9 +103,9 @@ BYTE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "
               "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gib": 1024**3}  # fmt: skip
 
 
-def parse_bytes(value: str, option: str) -> int:
-    """A size option's value in bytes: `65536`, `64KiB`, `8MiB` (K, M and G are binary); a
-    clear error otherwise."""
+def parse_bytes(value: str, option: str, *, zero_ok: bool = False) -> int:
+    """A size option's value in bytes: `65536`, `64KiB`, `8MiB`, `4m` (K, M and G are binary);
+    0 where it means none (`zero_ok`); a clear error otherwise."""
     text = value.strip().lower().replace(" ", "")
     digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = BYTE_UNITS.get(text[len(digits) :])
@@ -113,7 +113,7 @@ def parse_bytes(value: str, option: str) -> int:
         size = float(digits) * unit if unit is not None else math.nan
     except ValueError:
         size = math.nan
-    if not math.isfinite(size) or size < 1:
+    if not math.isfinite(size) or size < (0 if zero_ok else 1) or size != int(size):
         raise UsageError(f"{option} {value!r}: expected a size in bytes, e.g. 65536, 64KiB or 8MiB")
     return int(size)
 

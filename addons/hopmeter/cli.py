@@ -1,4 +1,5 @@
-"""`hopmeter`: the command line (docs/cli.md). Errors here are one line and an exit code.
+"""`hopmeter`: the command line (every command: docs/design.md §3; `hopmeter run`'s flags, their
+variables and options: docs/cli.md). Errors here are one line and an exit code.
 
 Each command family owns its flags and its run in its own package (`add_parser(sub)` and
 `run(args)`); this module only assembles them and turns expected failures into one line.

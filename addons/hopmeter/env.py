@@ -58,8 +58,13 @@ _BOUND: WeakKeyDictionary[argparse.ArgumentParser, list[Binding]] = WeakKeyDicti
 def env_name(action: argparse.Action, prefix: str = PREFIX) -> str:
     """The variable a flag is read from: HOPMETER_ and its long name (or a positional's)."""
     longs = [s for s in action.option_strings if s.startswith("--")]
-    base = longs[0][2:] if longs else action.dest
-    return prefix + base.upper().replace("-", "_")
+    return variable(longs[0] if longs else action.dest, prefix)
+
+
+def variable(flag: str, prefix: str = PREFIX) -> str:
+    """The variable of a long flag (`--stall-threshold`: HOPMETER_STALL_THRESHOLD) or of a
+    positional by its name (`upstream`: HOPMETER_UPSTREAM)."""
+    return prefix + flag.removeprefix("--").upper().replace("-", "_")
 
 
 def bind_env(parser: argparse.ArgumentParser, prefix: str = PREFIX) -> list[Binding]:

@@ -210,7 +210,7 @@ def test_a_screen_with_u_fffd_is_placed_by_its_reads_so_no_lag_is_negative() -> 
     assert list(placed.offsets) == [float(c) for _, _, c in rs][: len(placed.offsets)]
     right = evidence(beacon(rs, frames(rs)))
     ev = evidence(b)
-    assert ev.lag_p50_ms == right.lag_p50_ms and ev.lag_p90_ms == right.lag_p90_ms
+    assert ev.lag_p50_ms == right.lag_p50_ms
     assert ev.lag_p50_ms is not None and ev.lag_p50_ms >= 0
     assert kinds(b) == [FindingKind.CLIENT_DECODES_CHUNKS_ALONE]
     unread = beacon(rs, frames(shown_as, fffd=lambda c: fffd.get(c, 0)))  # no per-read counts

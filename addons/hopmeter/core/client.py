@@ -123,7 +123,6 @@ class Evidence:
     screen_fffd: int  # the most U+FFFD it showed
     frames_changing: int
     lag_p50_ms: float | None  # read -> painted, per read that added text
-    lag_p90_ms: float | None
     withheld_share: float
     work_p50_ms: float | None
     work_end_ms: float | None
@@ -282,7 +281,6 @@ def evidence(b: Beacon) -> Evidence:
         screen_fffd=max(f.fffd, default=0) if f else 0,
         frames_changing=len(changing),
         lag_p50_ms=_q(lags, 0.5),
-        lag_p90_ms=_q(lags, 0.9),
         withheld_share=round(held / len(lags), 3) if lags else 0.0,
         work_p50_ms=work_p50,
         work_end_ms=median(tail) if tail else None,

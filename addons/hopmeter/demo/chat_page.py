@@ -25,6 +25,7 @@ from hopmeter.core.record import FlowResult, summary_line
 from hopmeter.demo.command import wait_port
 from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
+from hopmeter.proxy.options import run_options
 from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.upstream.server import UpstreamServer
 
@@ -89,11 +90,13 @@ async def run_browser_demo(*, records: str, port: int, headless: str) -> int:
     up_port = await upstream.start("127.0.0.1", 0)
     cfg = ProxyConfig(
         modes=[f"reverse:http://127.0.0.1:{up_port}@127.0.0.1:{port}"],
-        hop="edge",
-        records=records,
-        metrics="off",
-        console="off",
-        browser=True,
+        options=run_options(
+            hopmeter_hop="edge",
+            hopmeter_records=records,
+            hopmeter_metrics="off",
+            hopmeter_console="off",
+            hopmeter_browser=True,
+        ),
     )
     replies: list[dict[str, Any]] = []
     master_box: list[Any] = []

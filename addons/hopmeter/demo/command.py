@@ -17,6 +17,7 @@ from hopmeter.core.record import FlowResult, summary_line
 from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.probe.http import post_stream
+from hopmeter.proxy.options import run_options
 from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.upstream.server import UpstreamServer
 
@@ -113,10 +114,12 @@ async def run_demo(records: str = "") -> int:
     proxy_port = _free_port()
     cfg = ProxyConfig(
         modes=[f"reverse:http://127.0.0.1:{up_port}@127.0.0.1:{proxy_port}"],
-        hop="demo",
-        records=records,
-        metrics="off",
-        console="off",
+        options=run_options(
+            hopmeter_hop="demo",
+            hopmeter_records=records,
+            hopmeter_metrics="off",
+            hopmeter_console="off",
+        ),
     )
     results: list[dict[str, Any]] = []
     master_box: list[Any] = []

@@ -29,10 +29,6 @@ TICK_H = 18
 # Runs drawn per segment: beyond this every k-th is drawn (the summary keeps all of them). A
 # record lists at most 8,192 events; 600 runs keep a trace's SVG near 100 KB.
 MAX_RUNS = 600
-ORANGE = "#ea580c"
-GREY = "#9ca3af"
-BLUE = "#2563eb"
-INK = "#111827"
 
 
 def _f(x: float) -> str:

@@ -14,7 +14,8 @@ from mitmproxy.test import taddons, tflow
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon import tap as tap_module
-from hopmeter.proxy.addon.meter import HopMeter, classify_error, parse_listeners
+from hopmeter.proxy.addon.meter import HopMeter, classify_error
+from hopmeter.proxy.addon.meter_options import parse_listeners
 from tests.harness.live_client import live_client, run, unread
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'

@@ -11,7 +11,9 @@ import pytest
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow
 
+from hopmeter.argtypes import parse_bytes
 from hopmeter.core.record import FlowResult
+from hopmeter.errors import UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.passage import (
@@ -23,7 +25,6 @@ from hopmeter.proxy.addon.passage import (
     BodyCopy,
     FlowPassage,
     PassageTap,
-    parse_size,
 )
 from hopmeter.proxy.addon.tap import MeasureQueue
 
@@ -103,11 +104,13 @@ def test_a_body_copy_keeps_what_fits_under_both_bounds() -> None:
     assert budget.held == 0 and budget.clipped == {FLOW_CAP: 1, TOTAL_CAP: 1}
 
 
-@pytest.mark.parametrize("value", ["x", "-1", "4q"])
+@pytest.mark.parametrize("value", ["x", "-1", "4q", "0.5"])
 def test_a_bad_size_names_the_option(value: str) -> None:
-    """A size that is not one is one line naming the option and the form it wants."""
-    with pytest.raises(Exception, match=r"hopmeter_keep_body .*expected a size such as 4m"):
-        parse_size(value, "hopmeter_keep_body")
+    """A size that is not one is one line naming the option and the form it wants; 0 (keep
+    nothing) and mitmproxy's short form (4m) pass."""
+    with pytest.raises(UsageError, match=r"hopmeter_keep_body .*expected a size in bytes"):
+        parse_bytes(value, "hopmeter_keep_body", zero_ok=True)
+    assert parse_bytes("0", "o", zero_ok=True) == 0 and parse_bytes("4m", "o") == 4 << 20
 
 
 def test_bad_options_are_mitmproxy_option_errors(tctx: Any) -> None:

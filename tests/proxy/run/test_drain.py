@@ -12,7 +12,7 @@ from mitmproxy.test import taddons, tflow
 from hopmeter.export.outlets import Outlets
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
-from hopmeter.proxy.run.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
+from hopmeter.proxy.run.drain import Drain
 
 
 def test_responses_during_the_drain_close_their_http1_connection() -> None:
@@ -42,7 +42,7 @@ def test_with_nothing_in_flight_the_drain_stops_at_once() -> None:
         meter, readiness = HopMeter(), Readiness()
         drain = Drain(meter, readiness)
         with taddons.context(meter, drain, Proxyserver()) as tctx:
-            assert drain.timeout_s == DEFAULT_DRAIN_TIMEOUT_S
+            assert drain.timeout_s == 20.0  # the default: Kubernetes' grace period, less margins
             drain.signal()
             assert drain.draining and readiness.draining
             assert drain.task is not None

@@ -12,19 +12,20 @@ import uvloop
 
 from hopmeter.cli import build_parser
 from hopmeter.core.vocab import EventLoop
-from hopmeter.proxy.run.loops import default_loop, loop_factory, takes_eager_start
+from hopmeter.proxy.options.declared import installed_loop
+from hopmeter.proxy.run.loops import loop_factory, takes_eager_start
 
 
 def test_uvloop_is_the_default_where_it_is_installed() -> None:
     """Installed (a dependency on Linux and macOS), uvloop is what `hopmeter run` runs on."""
-    assert default_loop() is EventLoop.UVLOOP
+    assert installed_loop() is EventLoop.UVLOOP
     assert build_parser().parse_args(["run", "http://127.0.0.1:9"]).loop is EventLoop.UVLOOP
 
 
 def test_without_uvloop_the_default_is_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where uvloop is not installed (Windows), the standard library's loop runs."""
     monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a missing package sees
-    assert default_loop() is EventLoop.ASYNCIO
+    assert installed_loop() is EventLoop.ASYNCIO
     assert build_parser().parse_args(["run", "http://127.0.0.1:9"]).loop is EventLoop.ASYNCIO
 
 

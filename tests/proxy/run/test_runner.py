@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from mitmproxy import log as mitmlog
+from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.test import taddons
 
+from hopmeter.errors import UsageError
+from hopmeter.proxy.addon.chain import default_addons
 from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.fastpath.relay import Relay
+from hopmeter.proxy.options import run_options
+from hopmeter.proxy.run.config import ProxyConfig
+from hopmeter.proxy.run.drain import Drain
 from hopmeter.proxy.run.runner import (
     FreezeAtStart,
     drop_legacy_log_events,
     quiet_mitmproxy_logs,
+    set_options,
 )
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
@@ -124,3 +134,49 @@ def test_verbose_logs_let_mitmproxys_connection_lines_through() -> None:
     assert logging.getLogger("hopmeter").isEnabledFor(logging.DEBUG)
     assert logging.getLogger("mitmproxy.proxy.server").isEnabledFor(logging.DEBUG)
     assert not logging.getLogger("asyncio").isEnabledFor(logging.INFO)
+
+
+@contextlib.contextmanager
+def run_master_options() -> Iterator[Any]:
+    """mitmproxy's options with hopmeter run's addons (and mitmproxy's proxy server) loaded."""
+    addons = default_addons()
+    meter = addons[0]
+    assert isinstance(meter, HopMeter)
+    drain, relay = Drain(meter), Relay(meter.relay_failed)
+    with taddons.context(*addons, drain, relay, Proxyserver()) as tctx:
+        yield tctx.options
+
+
+MODES = ["reverse:http://127.0.0.1:9@127.0.0.1:0"]
+QUIET = {"hopmeter_metrics": "off"}  # no metrics server on a port another test may hold
+
+
+def test_hopmeter_run_sets_its_options_then_the_ones_passed_through() -> None:
+    """The options made from the flags are set with mitmproxy's that `hopmeter run` changes
+    (loopback, the lazy connection strategy), then `--set`'s values, which win."""
+    cfg = ProxyConfig(
+        modes=MODES,
+        options=run_options(hopmeter_hop="edge", hopmeter_stall_threshold="300ms", **QUIET),
+        extra=["hopmeter_chaos_seed=7", "hopmeter_hop=origin"],
+    )
+    with run_master_options() as opts:
+        set_options(opts, cfg)
+        assert (opts.listen_host, opts.connection_strategy) == ("127.0.0.1", "lazy")
+        assert (opts.hopmeter_stream, opts.hopmeter_keep_body) == ("all", "0")
+        assert opts.hopmeter_stall_threshold == "300ms"
+        assert (opts.hopmeter_chaos_seed, opts.hopmeter_hop) == (7, "origin")
+
+
+def test_mitmproxys_tcp_timeout_outlasts_the_read_timeout() -> None:
+    """mitmproxy's idle timeout stays past hopmeter's read timeout (600 s at least), so a silent
+    upstream is answered 504 by hopmeter before mitmproxy closes the connection; a read timeout
+    that is no duration is one line naming it."""
+    with run_master_options() as opts:
+        set_options(opts, ProxyConfig(modes=MODES, options=run_options(**QUIET)))
+        assert opts.tcp_timeout == 660
+        longer = run_options(hopmeter_read_timeout="900", **QUIET)
+        set_options(opts, ProxyConfig(modes=MODES, options=longer))
+        assert opts.tcp_timeout == 960
+        bad = run_options(hopmeter_read_timeout="15m", **QUIET)
+        with pytest.raises(UsageError, match=r"^hopmeter_read_timeout '15m'"):
+            set_options(opts, ProxyConfig(modes=MODES, options=bad))

@@ -27,6 +27,7 @@ from hopmeter.core.beacon import MAX_BEACON_BYTES, check_beacon, read_envelope
 from hopmeter.core.trace import parse_traceparent
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.errors import BeaconError
+from hopmeter.proxy import options
 from hopmeter.proxy.addon.beacons import Answer, BeaconJoins
 from hopmeter.proxy.addon.ending import Ending
 from hopmeter.proxy.addon.failures import answer_and_close
@@ -111,13 +112,7 @@ class BrowserMeter:
         ending.beacons = self.joins  # records wait here for their beacon (Ending.chain)
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_browser",
-            bool,
-            False,
-            "Serve the browser snippet at /_hopmeter/beacon.js, answer beacons at "
-            "/_hopmeter/beacon and join them to records: the browser and screen lanes.",
-        )
+        options.declare(loader, options.BROWSER)
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_browser" in updated:

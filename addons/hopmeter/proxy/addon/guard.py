@@ -29,11 +29,11 @@ from typing import Any
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.argtypes import parse_seconds
 from hopmeter.core.upstream import CAUSE_FIXES, STATUS_SENT, UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 from hopmeter.proxy.addon.browser_meter import answered_here
 from hopmeter.proxy.addon.failures import (
     CANCELLED,
@@ -76,43 +76,23 @@ class UpstreamGuard:
         self.by_client: dict[str, set[str]] = {}  # client connection id -> flow ids watched
         self.closed: set[str] = set()  # client connections a timeout of ours closed
         self.causes = CauseLog()
-        self.connect_timeout_s = 10.0
-        self.read_timeout_s = 600.0
+        self.connect_timeout_s: float = options.default("hopmeter_connect_timeout")
+        self.read_timeout_s: float = options.default("hopmeter_read_timeout")
         self.unanswered = 0  # failures with no flow to answer (the eager connection strategy)
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
-        # durations as text (10, 1.5s, 500ms): mitmproxy's --set cannot set a float option
-        loader.add_option(
-            "hopmeter_connect_timeout",
-            str,
-            "10",
-            "Seconds to open the upstream connection (TCP and TLS) before answering 504.",
-        )
-        loader.add_option(
-            "hopmeter_read_timeout",
-            str,
-            "600",
-            "Longest upstream silence, in seconds: before the response headers (answered 504) "
-            "and between chunks of a response (the stream is cut).",
-        )
-        loader.add_option(
-            "hopmeter_failure_log_interval",
-            str,
-            "10",
-            "Seconds between log lines about one cause of upstream failures.",
-        )
+        options.declare(loader, options.GUARD)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         try:
             if "hopmeter_connect_timeout" in updated:
-                self.connect_timeout_s = _seconds(opts.hopmeter_connect_timeout, "connect")
+                self.connect_timeout_s = options.read(opts, "hopmeter_connect_timeout")
             if "hopmeter_read_timeout" in updated:
-                self.read_timeout_s = _seconds(opts.hopmeter_read_timeout, "read")
+                self.read_timeout_s = options.read(opts, "hopmeter_read_timeout")
             if "hopmeter_failure_log_interval" in updated:
-                interval = opts.hopmeter_failure_log_interval
-                self.causes.interval_s = parse_seconds(interval, "hopmeter_failure_log_interval")
+                self.causes.interval_s = options.read(opts, "hopmeter_failure_log_interval")
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
 
@@ -317,7 +297,3 @@ class UpstreamGuard:
 
 def _loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
-
-
-def _seconds(value: str, which: str) -> float:
-    return parse_seconds(value, f"hopmeter_{which}_timeout")

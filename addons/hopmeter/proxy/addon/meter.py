@@ -15,26 +15,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.argtypes import parse_listener, parse_seconds
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.core.wire import lower_headers
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.browser_meter import answered_here
-from hopmeter.proxy.addon.chaos import Chaos, parse_actions
+from hopmeter.proxy.addon.chaos import Chaos
 from hopmeter.proxy.addon.ending import Ending, FlowEnd, RecordSettings
+from hopmeter.proxy.addon.meter_options import (
+    chaos_actions,
+    fingerprint_key,
+    listener_modes,
+    pairing_hops,
+    parse_listeners,
+)
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.passage import CrashWatch, FlowPassage, Passage
 from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, RequestTap, new_meter, start_trace
@@ -55,7 +61,7 @@ class HopMeter:
         self.fingerprint_key: bytes | None = None  # from hopmeter_fingerprint_key_env
         self.live: dict[str, tuple[http.HTTPFlow, FlowState]] = {}  # flows not yet finished
         self.chaos_actions: tuple[str, ...] = ()
-        self.stall_threshold_s = 0.5  # hopmeter_stall_threshold, parsed
+        self.stall_threshold_s: float = options.default("hopmeter_stall_threshold")
         # the observers (outputs), and the count of hopmeter's own faults
         self.observers = Observers()
         self.internal_error = self.observers.internal_error
@@ -77,116 +83,31 @@ class HopMeter:
 
     # -- options -------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
-        loader.add_option("hopmeter_hop", str, "proxy", "This vantage point's name.")
-        loader.add_option(
-            "hopmeter_listeners",
-            Sequence[str],
-            [],
-            "NAME=MODE pairs naming listeners; each MODE is also added to `mode`.",
-        )
-        loader.add_option(
-            "hopmeter_stall_threshold",
-            str,  # seconds as text: mitmproxy's --set cannot set a float option
-            "0.5",
-            "A gap between tokens at or above this many seconds is a stall (e.g. 0.5 or 500ms).",
-        )
-        loader.add_option(
-            "hopmeter_tokenizer",
-            str,
-            "",
-            "tiktoken encoding name or tokenizer file; default: chosen by model.",
-        )
-        loader.add_option(
-            "hopmeter_lazy_tokenizer",
-            bool,
-            False,
-            "Load the default tokenizer vocabulary (~47 MiB) when the first flow starts, in a "
-            "thread, instead of at start-up; records of flows ending before it is ready are "
-            "written once it is.",
-        )
-        loader.add_option(
-            "hopmeter_log_content",
-            bool,
-            False,
-            "Include prompt and reply text in records (off by default).",
-        )
-        loader.add_option(
-            "hopmeter_chaos",
-            str,
-            "",
-            "Staging only: comma list of rechunk, split_utf8, crlf, cr applied to responses on "
-            "the way to the client (measuring sees the original).",
-        )
-        loader.add_option(
-            "hopmeter_chaos_seed", int, 0, "Seed for --chaos (0 = a new seed per flow)."
-        )
-        loader.add_option(
-            "hopmeter_trace_header",
-            bool,
-            True,
-            "Forward a W3C traceparent naming this flow's span as the parent (the incoming "
-            "trace id kept, a new one for a request that has none; tracestate untouched).",
-        )
-        loader.add_option(
-            "hopmeter_fingerprint_key_env",
-            str,
-            "",
-            "An environment variable holding a secret key for the reply fingerprints in records "
-            "(the same on every host whose records are joined); default: unkeyed.",
-        )
-        loader.add_option(
-            "hopmeter_content_pairing",
-            bool,
-            True,
-            "With listeners of two or more hops, pair flows whose trace ids differ by their reply "
-            "(a hop between them dropped traceparent). Off for listeners of unrelated chains "
-            "whose replies may be alike.",
-        )
-        passage.add_options(loader)
+        options.declare(loader, options.MEASURING)
+        options.declare(loader, options.PASSAGE)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        try:
+        try:  # each option read once (hopmeter.proxy.addon.meter_options): a bad one named
             passage.configure(self.passage, opts, updated)
+            if "hopmeter_stall_threshold" in updated:
+                self.stall_threshold_s = options.read(opts, "hopmeter_stall_threshold")
+            if "hopmeter_listeners" in updated:
+                self.listener_names = parse_listeners(opts.hopmeter_listeners)
+                modes = listener_modes(opts.mode, self.listener_names)
+                if modes is not None:
+                    opts.update(mode=modes)
+            if "hopmeter_fingerprint_key_env" in updated:
+                self.fingerprint_key = fingerprint_key(opts.hopmeter_fingerprint_key_env)
+            if "hopmeter_chaos" in updated:
+                self.chaos_actions = chaos_actions(opts.hopmeter_chaos)
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        if "hopmeter_stall_threshold" in updated:
-            try:
-                self.stall_threshold_s = parse_seconds(
-                    opts.hopmeter_stall_threshold, "hopmeter_stall_threshold"
-                )
-            except UsageError as exc:
-                raise exceptions.OptionsError(str(exc)) from None
-        if "hopmeter_listeners" in updated:
-            try:
-                self.listener_names = parse_listeners(opts.hopmeter_listeners)
-            except UsageError as exc:
-                raise exceptions.OptionsError(str(exc)) from None
-            modes = list(opts.mode)
-            wanted = [m for m in self.listener_names if m not in modes]
-            if wanted:
-                if modes == ["regular"]:
-                    modes = []
-                opts.update(mode=[*modes, *wanted])
         if updated & {"hopmeter_listeners", "hopmeter_hop", "mode", "hopmeter_content_pairing"}:
-            # listeners of two or more hops: flows pair by reply content where a trace id is lost
-            hops = frozenset(self.listener_names.get(m, opts.hopmeter_hop) for m in opts.mode)
-            self.pairing.hops = hops if opts.hopmeter_content_pairing else frozenset()
+            self.pairing.hops = pairing_hops(opts, self.listener_names)
             # where no parent link says which hop is outer: the listeners as declared, outermost
             # first
             self.pairing.order.declare([*self.listener_names.values(), opts.hopmeter_hop])
-        if "hopmeter_fingerprint_key_env" in updated:
-            self.fingerprint_key = _fingerprint_key(opts.hopmeter_fingerprint_key_env)
-        if "hopmeter_chaos" in updated:
-            try:
-                self.chaos_actions = parse_actions(opts.hopmeter_chaos)
-            except HopmeterError as exc:
-                raise exceptions.OptionsError(f"hopmeter_chaos: {exc}") from None
-            if self.chaos_actions:
-                log.warning(
-                    "hopmeter: CHAOS is on: responses are re-cut on the way to clients",
-                    actions=",".join(self.chaos_actions),
-                )
         tokenizer = {"hopmeter_tokenizer", "hopmeter_lazy_tokenizer"}
         if updated & tokenizer or self.vocabulary.counters is None:
             try:
@@ -389,28 +310,6 @@ class HopMeter:
         return RecordSettings(
             self.stall_threshold_s, self.fingerprint_key, opts.hopmeter_log_content
         )
-
-
-def _fingerprint_key(var: str) -> bytes | None:
-    """The fingerprint key from the environment variable `var` ("" = unkeyed)."""
-    if not var:
-        return None
-    value = os.environ.get(var)
-    if not value:
-        raise exceptions.OptionsError(
-            f"hopmeter_fingerprint_key_env: the environment variable {var} is not set or empty; "
-            "set it to the secret every host shares, or leave the option empty"
-        )
-    return value.encode()
-
-
-def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:
-    """Map each listener's mode spec to its name, from NAME=MODE pairs."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        name, mode = parse_listener(pair, "hopmeter_listeners")
-        out[mode] = name
-    return out
 
 
 def _request_buffered(state: FlowState) -> bool:

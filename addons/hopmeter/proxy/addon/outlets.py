@@ -20,11 +20,10 @@ from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 from mitmproxy.addons import termlog
 
-from hopmeter.argtypes import parse_bytes
 from hopmeter.errors import UsageError
 from hopmeter.export.outlets import STDOUT, Outlet, Outlets
-from hopmeter.export.spool import DEFAULT_QUEUE_BYTES
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 
 log = get_logger()
 
@@ -46,18 +45,12 @@ class OutputQueues:
         self._task: asyncio.Task[None] | None = None
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_output_queue",
-            str,  # a size with its unit, as mitmproxy's --set cannot give a number one
-            f"{DEFAULT_QUEUE_BYTES // 1024**2}MiB",
-            "Bytes of lines each output (records, console, log) may hold while its file or "
-            "reader is slow; past it lines are dropped and counted (e.g. 8MiB, 512KiB).",
-        )
+        options.declare(loader, options.QUEUES)
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_output_queue" in updated:
             try:
-                limit = parse_bytes(ctx.options.hopmeter_output_queue, "hopmeter_output_queue")
+                limit = options.read(ctx.options, "hopmeter_output_queue")
             except UsageError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
             self.outlets.set_queue_bytes(limit)

@@ -1,8 +1,9 @@
 """One small addon per place a finished flow goes: records, the console, Prometheus, OpenTelemetry.
 
-Each owns its options (declared in `load`, checked and applied in `configure`, as mitmproxy's own
-addons do), builds its exporter from hopmeter.export, and is an observer of the HopMeter addon
-(hopmeter.export.FlowObserver) while it has somewhere to write. The HopMeter addon guards every
+Each owns its options (declared in `load` from the table of settings, hopmeter.proxy.options;
+checked and applied in `configure`, as mitmproxy's own addons do), builds its exporter from
+hopmeter.export, and is an observer of the HopMeter addon (hopmeter.export.FlowObserver) while it
+has somewhere to write. The HopMeter addon guards every
 call into them: an output that fails is counted as an internal error and the flow goes on.
 Records and the console's JSON lines are handed to an outlet (hopmeter.proxy.addon.outlets):
 written by a thread, dropped and counted when their queue is full, never waited for.
@@ -16,7 +17,7 @@ import orjson
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.argtypes import parse_hostport, parse_seconds
+from hopmeter.argtypes import parse_hostport
 from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.record import FlowResult
 from hopmeter.errors import OtelConfigError, PortError, UsageError
@@ -27,6 +28,7 @@ from hopmeter.export.outlets import STDOUT, Outlet, Outlets
 from hopmeter.export.prometheus import Metrics, new_registry
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 from hopmeter.proxy.addon.observers import Observed
 from hopmeter.proxy.addon.readiness import Readiness
 
@@ -49,12 +51,7 @@ class RecordsOutput(FlowObserver):
         self.outlet: Outlet | None = None
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_records",
-            str,
-            "",
-            'Append one JSON line per finished flow to this file ("-" = stdout).',
-        )
+        options.declare(loader, options.RECORDS)
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_records" not in updated:
@@ -98,20 +95,7 @@ class ConsoleOutput(FlowObserver):
         self.outlet: Outlet | None = None
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_console",
-            str,
-            "text",
-            'Per-flow console output: "text" (a line per flow), "json" (an object per line on '
-            'stdout) or "off".',
-            choices=CONSOLE_MODES,
-        )
-        loader.add_option(
-            "hopmeter_summary_interval",
-            str,  # seconds as text: mitmproxy's --set cannot set a float option
-            "60",
-            "Seconds between compact console summaries (0 = none; e.g. 60 or 500ms).",
-        )
+        options.declare(loader, options.CONSOLE)
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_console" not in updated and "hopmeter_summary_interval" not in updated:
@@ -122,9 +106,7 @@ class ConsoleOutput(FlowObserver):
                 f"hopmeter_console must be one of {', '.join(CONSOLE_MODES)}, got {mode!r}"
             )
         try:
-            interval_s = parse_seconds(
-                ctx.options.hopmeter_summary_interval, "hopmeter_summary_interval", zero_ok=True
-            )
+            interval_s = options.read(ctx.options, "hopmeter_summary_interval")
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         running = self.console is not None and self.console.started
@@ -172,12 +154,7 @@ class MetricsOutput(FlowObserver):
         self.server: MetricsServer | None = None
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_metrics",
-            str,
-            "127.0.0.1:9464",
-            'Prometheus endpoint HOST:PORT (/metrics, /healthz, /readyz), or "off".',
-        )
+        options.declare(loader, options.METRICS)
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_metrics" not in updated:
@@ -255,20 +232,7 @@ class OtelOutput(FlowObserver):
         self.exporter: OtelExporter | None = None
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_otel_endpoint",
-            str,
-            "",
-            "Export one OpenTelemetry span per flow to this OTLP/HTTP endpoint "
-            "(needs `pip install hopmeter[otel]`).",
-        )
-        loader.add_option(
-            "hopmeter_otel_timeline",
-            bool,
-            True,
-            "Carry each flow's token timeline in its span (what `hopmeter join` needs to align "
-            "hops from spans); false keeps spans small.",
-        )
+        options.declare(loader, options.OTEL)
 
     def configure(self, updated: set[str]) -> None:
         if updated & {"hopmeter_otel_endpoint", "hopmeter_otel_timeline"}:

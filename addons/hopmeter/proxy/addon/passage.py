@@ -36,7 +36,6 @@ from typing import Any
 
 from mitmproxy import flowfilter, http
 from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
-from mitmproxy.utils import human
 
 from hopmeter.core.passage import PassageSeen
 from hopmeter.core.vocab import BodyClip
@@ -45,6 +44,7 @@ from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon.failures import answer_and_close
 from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, OnError, ResponseTap
+from hopmeter.proxy.options import read
 
 log = get_logger()
 
@@ -71,13 +71,6 @@ ALL = "all"  # every response (hopmeter run)
 STREAM_MODES = (STREAMS, ALL)
 # media types whose bodies are token streams: always streamed (core.wire's framers)
 STREAM_TYPES = frozenset({EVENT_STREAM, *NDJSON_TYPES, *PACKED_ID_TYPES})
-
-# The body copy's bounds by default. 4 MiB holds any LLM reply (a 100k-token reply is ~0.5 MiB of
-# SSE) and is what mitmproxy's users set stream_large_bodies to for "large"; 64 MiB bounds the
-# copies of every stream open at once (~16 such replies at their longest, or thousands of usual
-# ones) so a burst of large downloads cannot grow the proxy without limit.
-KEEP_BODY_DEFAULT = "4m"
-KEEP_BODY_TOTAL_DEFAULT = "64m"
 
 # the flow's metadata key that says its kept body was clipped (mitmweb shows metadata)
 BODY_META_KEY = "hopmeter_body"
@@ -244,17 +237,6 @@ class PassageTap(ResponseTap):
                 got.append(out)
         else:
             got.extend(piece for piece in out if piece)
-
-
-def parse_size(value: str, option: str) -> int:
-    """A size option ("4m", "0", "512k") in bytes; one line naming the option otherwise."""
-    try:
-        size = human.parse_size(value.strip() or "0")
-    except ValueError:
-        size = None
-    if size is None or size < 0:
-        raise UsageError(f"{option} {value!r}: expected a size such as 4m, 512k or 0")
-    return size
 
 
 def parse_buffer_filter(value: str) -> flowfilter.TFilter | None:
@@ -442,42 +424,6 @@ PASSAGE_OPTIONS = frozenset(
 )
 
 
-def add_options(loader: Any) -> None:
-    """Declare the options of module doc (mitmproxy's `load`)."""
-    loader.add_option(
-        "hopmeter_stream",
-        str,
-        STREAMS,
-        "Which responses hopmeter streams when nothing else chose to: 'streams' (event "
-        "streams, NDJSON, bodies of unknown length; others stay buffered as mitmproxy has them, "
-        "so a script's response hook can edit them) or 'all' (hopmeter run's default).",
-        choices=STREAM_MODES,
-    )
-    loader.add_option(
-        "hopmeter_buffer",
-        str,
-        "",
-        "A mitmproxy flow filter: matching requests and responses are left to mitmproxy to "
-        "buffer, so a script's request or response hook can edit them; measured whole, as "
-        "mitmproxy delivers them. Bodies modify_body matches are always left buffered.",
-    )
-    loader.add_option(
-        "hopmeter_keep_body",
-        str,
-        KEEP_BODY_DEFAULT,
-        "Keep up to this much of each streamed body (e.g. 4m, 0 = nothing) and give it to "
-        "mitmproxy as the response's content when the stream ends, for -w, export, replay and "
-        "mitmweb; past it the kept part is what fits, and the record says so. hopmeter run: 0.",
-    )
-    loader.add_option(
-        "hopmeter_keep_body_total",
-        str,
-        KEEP_BODY_TOTAL_DEFAULT,
-        "The bound on the kept bodies of all streams open at once; past it a stream's copy "
-        "keeps what fits (counted in hopmeter_bodies_clipped_total).",
-    )
-
-
 def configure(passage: Passage, options: Any, updated: set[str]) -> None:
     """Apply the options of module doc to `passage` (mitmproxy's `configure`); a bad value is a
     UsageError naming the option."""
@@ -485,8 +431,8 @@ def configure(passage: Passage, options: Any, updated: set[str]) -> None:
         return
     passage.mode = options.hopmeter_stream
     passage.buffer_filter = parse_buffer_filter(options.hopmeter_buffer)
-    passage.keep_body = parse_size(options.hopmeter_keep_body, "hopmeter_keep_body")
-    passage.budget.cap = parse_size(options.hopmeter_keep_body_total, "hopmeter_keep_body_total")
+    passage.keep_body = read(options, "hopmeter_keep_body")
+    passage.budget.cap = read(options, "hopmeter_keep_body_total")
     # mitmproxy's own addons' options, absent in a master without them
     passage.modify_body = parse_modify_body(getattr(options, "modify_body", ()) or ())
     passage.store_streamed = bool(getattr(options, "store_streamed_bodies", False))

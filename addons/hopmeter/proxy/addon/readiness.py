@@ -24,9 +24,9 @@ from typing import Any
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.argtypes import parse_seconds
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
+from hopmeter.proxy import options
 from hopmeter.proxy.addon.failures import address_text, connect_cause
 from hopmeter.proxy.fastpath.internals import ProxyMode, ReverseMode
 
@@ -55,33 +55,20 @@ class Readiness:
         # replaced whole on every change, never mutated: the endpoint's thread reads it
         self.states: dict[Address, UpstreamState] = {}
         self.draining = False
-        self.interval_s = 2.0
-        self.timeout_s = 1.0
+        self.interval_s: float = options.default("hopmeter_ready_interval")
+        self.timeout_s: float = options.default("hopmeter_ready_timeout")
         self.task: asyncio.Task[None] | None = None
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_ready_interval",
-            str,  # seconds as text: mitmproxy's --set cannot set a float option
-            "2",
-            "Seconds between the checks that each reverse upstream accepts connections (/readyz).",
-        )
-        loader.add_option(
-            "hopmeter_ready_timeout",
-            str,
-            "1",
-            "Seconds a readiness check waits for the upstream's connection.",
-        )
+        options.declare(loader, options.READINESS)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         try:
             if "hopmeter_ready_interval" in updated:
-                interval = opts.hopmeter_ready_interval
-                self.interval_s = parse_seconds(interval, "hopmeter_ready_interval")
+                self.interval_s = options.read(opts, "hopmeter_ready_interval")
             if "hopmeter_ready_timeout" in updated:
-                timeout = opts.hopmeter_ready_timeout
-                self.timeout_s = parse_seconds(timeout, "hopmeter_ready_timeout")
+                self.timeout_s = options.read(opts, "hopmeter_ready_timeout")
         except UsageError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         if "mode" in updated:

@@ -34,6 +34,7 @@ from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import Severity
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 from hopmeter.proxy.addon.ending import Ending
 
 log = get_logger()
@@ -141,14 +142,7 @@ class HopView(FlowObserver):
         self.flows: weakref.WeakValueDictionary[str, http.HTTPFlow] = weakref.WeakValueDictionary()
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_mark",
-            bool,
-            True,
-            "In mitmweb and the console, mark each measured LLM flow by its worst finding "
-            "(red error, orange warning, blue info, green clean) and set its comment to "
-            "hopmeter's verdict; a mark you set yourself is kept.",
-        )
+        options.declare(loader, options.UI)
         contentviews.add(HopmeterContentview(self.ending))
         contentviews.add(HopmeterRecordContentview())
 

@@ -57,8 +57,9 @@ _ZERO = bytes(_INT.size)
 _RWND_LIMITED = struct.Struct("Q")
 _RWND_LIMITED_AT = 176
 _TCP_INFO_LEN = 232
-# mitmproxy majors whose proxyserver → handler → transports → writer path was read (see above).
-TESTED_MAJORS = (10, 11, 12)
+# mitmproxy majors whose proxyserver → handler → transports → writer path was read (see above);
+# pyproject pins 12, and hopmeter.proxy.fastpath.gate checks the minor and the code
+TESTED_MAJORS = (12,)
 
 # Look at a connection's queues this soon after a write that left bytes waiting, and every this
 # often while they move: the resolution of an out or sent time seen by a sample.

@@ -88,6 +88,7 @@ from hopmeter.proxy.fastpath.internals import (
     connection_handlers,
     layers_to_http,
 )
+from hopmeter.proxy.options import RELAY, declare
 
 log = get_logger()
 
@@ -649,16 +650,7 @@ class Relay:
         self.off_because: str | None = None  # the version gate's line, when it turned them off
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_relay",
-            bool,
-            True,
-            "Move streamed HTTP/1 response bodies from upstream to client directly instead of "
-            "through mitmproxy's layers: the same bytes and measurements at a fraction of the "
-            "CPU. Plain HTTP/1 on both sides only: TLS and HTTP/2 go through mitmproxy's layers "
-            "(counted in hopmeter_relay_declined_total). Off: every read goes through them; "
-            "false at start (`hopmeter run --no-relay`) leaves mitmproxy's classes as they are.",
-        )
+        declare(loader, RELAY)
 
     def started(self, off_because: str | None) -> None:
         """The fast paths were installed (None), or the version gate kept them off (its line)."""

@@ -8,38 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hopmeter.errors import UsageError
+from hopmeter.proxy.options import run_options
 
 
 @dataclass(slots=True, kw_only=True)
 class ProxyConfig:
-    """What `hopmeter run` was asked to do, validated."""
+    """What `hopmeter run` was asked to do, validated: where it listens and forwards (`modes`),
+    the hopmeter_* options it sets (hopmeter.proxy.options.run_options, from the flags), and
+    any other mitmproxy option, passed through (`--set NAME=VALUE`, applied last)."""
 
     modes: list[str]
-    listener_names: list[str] = field(default_factory=list)  # NAME=MODE, as given
-    hop: str = "proxy"
-    records: str = ""
-    metrics: str = "127.0.0.1:9464"
-    stall_threshold_s: float = 0.5
-    tokenizer: str = ""
-    lazy_tokenizer: bool = False  # --lazy-tokenizer: the vocabulary loaded at the first flow
-    log_content: bool = False
-    trace_header: bool = True
-    fingerprint_key_env: str = ""  # a variable's name, never the key
-    content_pairing: bool = True  # with listeners of 2+ hops: pair lost traces by reply
-    otel_endpoint: str = ""
-    otel_timeline: bool = True
-    chaos: str = ""
-    chaos_seed: int = 0
-    console: str = "text"  # "text" | "json" | "off"
-    summary_interval_s: float = 60.0
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 600.0
-    drain_timeout_s: float = 20.0
-    browser: bool = False  # --browser: serve the snippet, answer and join beacons
-    relay: bool = True  # --no-relay: none of the fast paths (hopmeter.proxy.fastpath) installed
-    extra: list[str] = field(default_factory=list)  # --set NAME=VALUE
+    options: dict[str, Any] = field(default_factory=run_options)
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> str:
+        """The metrics endpoint, HOST:PORT or off."""
+        value: str = self.options["hopmeter_metrics"]
+        return value
 
 
 def mode_listen_address(mode: str) -> tuple[str, int] | None:

@@ -23,10 +23,10 @@ import time
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.argtypes import parse_seconds
 from hopmeter.errors import UsageError
 from hopmeter.export.outlets import Outlets
 from hopmeter.log import get_logger
+from hopmeter.proxy import options
 from hopmeter.proxy.addon.failures import http1_client
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
@@ -37,10 +37,6 @@ log = get_logger()
 # How often the drain looks whether the flows in flight have finished: a drain lasts seconds,
 # and the look is one len(); 50 ms adds at most that to a drain.
 POLL_S = 0.05
-# 20 s: with Kubernetes' default terminationGracePeriodSeconds (30 s) and a 5 s preStop sleep
-# (the time endpoints take to stop sending traffic), 5 + 20 leaves 5 s to end the rest, write
-# their records and exit before the kubelet's SIGKILL (deploy/kubernetes/sidecar.yaml).
-DEFAULT_DRAIN_TIMEOUT_S = 20.0
 
 
 class Drain:
@@ -55,24 +51,17 @@ class Drain:
         self.draining = False
         self.task: asyncio.Task[None] | None = None
         self.idle_closed = 0
-        self.timeout_s = DEFAULT_DRAIN_TIMEOUT_S  # hopmeter_drain_timeout, parsed
+        self.timeout_s: float = options.default("hopmeter_drain_timeout")
         # client connections carrying a WebSocket: busy, though no HTTP flow is in flight
         self.websockets: set[str] = set()
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(
-            "hopmeter_drain_timeout",
-            str,  # seconds as text: mitmproxy's --set cannot set a float option
-            f"{DEFAULT_DRAIN_TIMEOUT_S:g}",
-            "On SIGTERM, seconds to let the streams in flight finish before stopping (a second "
-            "signal stops at once); keep it below the pod's terminationGracePeriodSeconds.",
-        )
+        options.declare(loader, options.DRAIN)
 
     def configure(self, updated: set[str]) -> None:
         if "hopmeter_drain_timeout" in updated:
-            value = ctx.options.hopmeter_drain_timeout
             try:
-                self.timeout_s = parse_seconds(value, "hopmeter_drain_timeout", zero_ok=True)
+                self.timeout_s = options.read(ctx.options, "hopmeter_drain_timeout")
             except UsageError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
 

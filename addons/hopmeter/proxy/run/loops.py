@@ -2,9 +2,10 @@
 
 uvloop (libuv, a well-kept library; a dependency on Linux and macOS) spends ~18-25% fewer CPU
 instructions per streamed event than asyncio's selector loop under mitmproxy (callgrind,
-bench/README.md "cost"), so it is the default where it is installed. Everything a record says is
-the same on both loops, the client delivery lane included: hopmeter follows the client's bytes
-through mitmproxy's `asyncio.StreamWriter`, which both loops use (hopmeter.proxy.delivery.conn).
+bench/README.md "cost"), so it is the default where it is installed (declared with the flag, in
+hopmeter.proxy.options.declared). Everything a record says is the same on both loops, the
+client delivery lane included: hopmeter follows the client's bytes through mitmproxy's
+`asyncio.StreamWriter`, which both loops use (hopmeter.proxy.delivery.conn).
 Windows has no uvloop: there, and with `--loop asyncio`, the standard library's loop runs.
 
 mitmproxy runs with asyncio's eager task factory. uvloop 0.22 and newer call a task factory on
@@ -24,11 +25,6 @@ from typing import Any
 
 from hopmeter.core.vocab import EventLoop
 from hopmeter.errors import UsageError
-
-
-def default_loop() -> EventLoop:
-    """uvloop where it is installed, else asyncio."""
-    return EventLoop.UVLOOP if importlib.util.find_spec("uvloop") is not None else EventLoop.ASYNCIO
 
 
 def loop_factory(loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:

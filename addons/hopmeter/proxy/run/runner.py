@@ -24,6 +24,7 @@ from hopmeter.proxy.addon.outputs import MetricsOutput
 from hopmeter.proxy.addon.readiness import Readiness
 from hopmeter.proxy.addon.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S, wait_for_quiet
 from hopmeter.proxy.fastpath import relay
+from hopmeter.proxy.options import OPTIONS
 from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.proxy.run.drain import Drain
 from hopmeter.proxy.run.master import LeanMaster, LeanOptions
@@ -107,50 +108,12 @@ async def run_proxy(
     relays = relay.Relay(meter.relay_failed)
     master.addons.add(drain, FreezeAtStart(meter), relays)
     try:
-        opts.update(
-            # mitmproxy listens on every interface by default; hopmeter on loopback unless told
-            listen_host="127.0.0.1",
-            mode=cfg.modes,
-            # connect to the upstream when a request has come, not when a client connects: an
-            # upstream that cannot be reached is then answered 502 and recorded, instead of the
-            # client's connection being closed unanswered (`--set connection_strategy=eager`
-            # still wins: `extra` is applied last)
-            connection_strategy="lazy",
-            tcp_timeout=int(max(600, cfg.read_timeout_s + TCP_TIMEOUT_MARGIN_S)),
-            hopmeter_connect_timeout=repr(cfg.connect_timeout_s),
-            hopmeter_read_timeout=repr(cfg.read_timeout_s),
-            hopmeter_drain_timeout=repr(cfg.drain_timeout_s),
-            hopmeter_hop=cfg.hop,
-            hopmeter_listeners=cfg.listener_names,
-            hopmeter_records=cfg.records,
-            hopmeter_metrics=cfg.metrics,
-            hopmeter_stall_threshold=repr(cfg.stall_threshold_s),
-            hopmeter_tokenizer=cfg.tokenizer,
-            hopmeter_lazy_tokenizer=cfg.lazy_tokenizer,
-            hopmeter_log_content=cfg.log_content,
-            hopmeter_trace_header=cfg.trace_header,
-            hopmeter_fingerprint_key_env=cfg.fingerprint_key_env,
-            hopmeter_content_pairing=cfg.content_pairing,
-            hopmeter_otel_endpoint=cfg.otel_endpoint,
-            hopmeter_otel_timeline=cfg.otel_timeline,
-            hopmeter_chaos=cfg.chaos,
-            hopmeter_chaos_seed=cfg.chaos_seed,
-            hopmeter_console=cfg.console,
-            hopmeter_summary_interval=repr(cfg.summary_interval_s),
-            hopmeter_browser=cfg.browser,
-            # a proxy in production: every response streamed, no body kept (no UI to show it,
-            # nothing saved); `--set hopmeter_keep_body=4m --set save_stream_file=...` saves them
-            hopmeter_stream="all",
-            hopmeter_keep_body="0",
-            hopmeter_relay=cfg.relay,
-        )
-        if cfg.extra:
-            opts.set(*cfg.extra)
-    except exceptions.OptionsError as exc:
+        set_options(opts, cfg)
+    except (exceptions.OptionsError, UsageError) as exc:
         # the master never runs, nor its `done`: write what was logged so far (a warning)
         queues.outlets.close(time.monotonic() + FLUSH_FLOOR_S)
         raise UsageError(str(exc)) from None
-    if cfg.relay and opts.hopmeter_relay:
+    if opts.hopmeter_relay:
         # a streamed HTTP/1 body's reads moved past mitmproxy's layers, mitmproxy's per-read
         # drain step only when a writer could need it, its HTTP/1 framing decision kept per
         # response: all three, or none if the installed mitmproxy, h11 or Python is not one
@@ -176,6 +139,27 @@ async def run_proxy(
     # protocol then reports each cancellation as an error. They are not errors: stay quiet.
     loop.set_exception_handler(_quiet_cancellations)
     return 0
+
+
+def set_options(opts: LeanOptions, cfg: ProxyConfig) -> None:
+    """Set the master's options: mitmproxy's that `hopmeter run` sets otherwise than mitmdump,
+    the hopmeter_* options of `cfg` (from the flags), then `--set`'s. A bad value raises
+    mitmproxy's OptionsError (or a UsageError) naming the option."""
+    read_timeout_s = OPTIONS["hopmeter_read_timeout"].read(cfg.options["hopmeter_read_timeout"])
+    opts.update(
+        # mitmproxy listens on every interface by default; hopmeter on loopback unless told
+        listen_host="127.0.0.1",
+        mode=cfg.modes,
+        # connect to the upstream when a request has come, not when a client connects: an
+        # upstream that cannot be reached is then answered 502 and recorded, instead of the
+        # client's connection being closed unanswered (`--set connection_strategy=eager` still
+        # wins: `extra` is applied last)
+        connection_strategy="lazy",
+        tcp_timeout=int(max(600, read_timeout_s + TCP_TIMEOUT_MARGIN_S)),
+        **cfg.options,
+    )
+    if cfg.extra:
+        opts.set(*cfg.extra)
 
 
 def drop_legacy_log_events() -> None:

@@ -1,0 +1,73 @@
+"""What the measuring addon's options mean (hopmeter.proxy.addon.meter.HopMeter.configure), read
+and checked once, when mitmproxy configures it. A bad value is one line naming the option and
+the fix (a UsageError, which `configure` hands to mitmproxy as its OptionsError).
+
+The options themselves are declared with the others, in hopmeter.proxy.options.declared.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hopmeter.argtypes import parse_listener
+from hopmeter.errors import HopmeterError, UsageError
+from hopmeter.log import get_logger
+from hopmeter.proxy.addon.chaos import parse_actions
+
+log = get_logger()
+
+
+def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:
+    """Map each listener's mode spec to its name, from NAME=MODE pairs (`hopmeter_listeners`)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, mode = parse_listener(pair, "hopmeter_listeners")
+        out[mode] = name
+    return out
+
+
+def listener_modes(modes: Sequence[str], listeners: dict[str, str]) -> list[str] | None:
+    """mitmproxy's `mode` with each listener's mode spec added, or None when it has them all
+    (a lone "regular", mitmproxy's default, gives way to the listeners)."""
+    wanted = [m for m in listeners if m not in modes]
+    if not wanted:
+        return None
+    kept = [] if list(modes) == ["regular"] else list(modes)
+    return [*kept, *wanted]
+
+
+def pairing_hops(opts: Any, listeners: dict[str, str]) -> frozenset[str]:
+    """The hops whose flows pair by reply content where a trace id is lost: those of the
+    listeners (this hop's name for a mode no listener names), none without content pairing."""
+    if not opts.hopmeter_content_pairing:
+        return frozenset()
+    return frozenset(listeners.get(m, opts.hopmeter_hop) for m in opts.mode)
+
+
+def fingerprint_key(var: str) -> bytes | None:
+    """The fingerprint key from the environment variable `var` ("" = unkeyed)."""
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise UsageError(
+            f"hopmeter_fingerprint_key_env: the environment variable {var} is not set or empty; "
+            "set it to the secret every host shares, or leave the option empty"
+        )
+    return value.encode()
+
+
+def chaos_actions(text: str) -> tuple[str, ...]:
+    """The chaos actions `hopmeter_chaos` names, said loudly when there are any."""
+    try:
+        actions = parse_actions(text)
+    except HopmeterError as exc:
+        raise UsageError(f"hopmeter_chaos: {exc}") from None
+    if actions:
+        log.warning(
+            "hopmeter: CHAOS is on: responses are re-cut on the way to clients",
+            actions=",".join(actions),
+        )
+    return actions
