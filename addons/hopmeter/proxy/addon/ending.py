@@ -185,8 +185,8 @@ class Ending:
     def _go(self, i: int, item: Any) -> None:
         """Hand `item` to link `i`: the steps run here one after the other, a wait gets the rest
         of the chain as its `then`."""
-        chain = self.chain
-        while i < len(chain):
+        chain, n = self.chain, len(self.chain)
+        while i < n:
             link = chain[i]
             wait = link.wait
             try:
