@@ -665,6 +665,7 @@ class Metrics:
 
 # The per-flow timings, in the order of Metrics._timings: the record's figures of those names.
 TIMINGS = ("ttfb_s", "ttfe_s", "ttft_s", "duration_s", "max_gap_s")
+NO_TIMINGS = (None,) * len(TIMINGS)
 
 
 class _Facts(NamedTuple):
@@ -695,33 +696,35 @@ class _Facts(NamedTuple):
 def _measured_facts(m: Measurement) -> _Facts:
     """The facts of a flow the proxy measured, as its record would say them."""
     seen, f, meter, response = m.seen, m.figures, m.seen.meter, m.seen.response
-    measured = meter is not None and f is not None  # the record has figures and a stream
-    failure = seen.failure
-    d = m.delivery
+    timings: tuple[object, ...] = NO_TIMINGS
+    tokens = stalls = malformed = payload = None
+    events, wire = 0.0, 0 if response is not None else None
+    if f is not None and meter is not None:  # measured: the record has figures and a stream
+        timings = (_us(f.ttfb_s), _us(f.ttfe_s), _us(f.ttft_s), _us(f.duration_s), _us(f.max_gap_s))
+        tokens, stalls, events = f.tokens, f.stalls, float(meter.events_seen)
+        malformed, payload = meter.malformed_events, meter.facts.payload_bytes
+        wire = meter.bytes_wire
+    failure, d = seen.failure, m.delivery
+    if response is not None:
+        status: object = response.status
+    else:  # the status the proxy answered in its place, if it did
+        status = failure.status_sent if failure is not None else None
     return _Facts(
         hop=seen.hop,
         api=m.api,
         model=m.model,
         path=seen.request.path,
         trace_id=seen.trace_id,
-        timings=(
-            (_us(f.ttfb_s), _us(f.ttfe_s), _us(f.ttft_s), _us(f.duration_s), _us(f.max_gap_s))
-            if f is not None
-            else (None,) * len(TIMINGS)
-        ),
+        timings=timings,
         ended=seen.ended,
-        status=response.status
-        if response is not None
-        else (failure.status_sent if failure is not None else None),
-        tokens=f.tokens if f is not None else None,
+        status=status,
+        tokens=tokens,
         tokens_source=m.tokens.source if m.tokens is not None else None,
-        events=float(meter.events_seen) if meter is not None and measured else 0.0,
-        stalls=f.stalls if f is not None else None,
-        malformed=meter.malformed_events if meter is not None and measured else None,
-        payload_bytes=meter.facts.payload_bytes if meter is not None and measured else None,
-        bytes_wire=(meter.bytes_wire if meter is not None and measured else 0)
-        if response is not None
-        else None,
+        events=events,
+        stalls=stalls,
+        malformed=malformed,
+        payload_bytes=payload,
+        bytes_wire=wire,
         bytes_out=seen.bytes_out if response is not None else None,
         delivered=d is not None and d.measured,
         client_wait_s=_us(d.client_wait_s) if d is not None else None,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from mitmproxy import http
 
@@ -106,8 +106,7 @@ class Through:
         return
 
 
-@dataclass(frozen=True, slots=True)
-class FlowEnd:
+class FlowEnd(NamedTuple):
     """A flow the hooks ended: how, and when (seconds since its request started)."""
 
     flow: http.HTTPFlow
@@ -122,13 +121,14 @@ class FlowEnd:
         return tap.out if tap is not None else None
 
 
-@dataclass(frozen=True, slots=True)
-class RecordSettings:
-    """The options a record is taken with, as they are when it is taken."""
+class RecordOptions(Protocol):
+    """The options a record is taken with, read when it is taken (the measuring addon's)."""
 
     stall_threshold_s: float
     fingerprint_key: bytes | None
-    log_content: bool
+
+    @property
+    def log_content(self) -> bool: ...
 
 
 class Ending:
@@ -141,14 +141,14 @@ class Ending:
         queue: MeasureQueue,
         *,
         live: Live,
-        settings: Callable[[], RecordSettings],
+        options: RecordOptions,
     ) -> None:
         self.observers = observers
         self.on_error = observers.internal_error
         self.delivery = delivery
         self.queue = queue
         self.live = live  # the flows in flight (read only)
-        self.settings = settings
+        self.options = options
         self.vocabulary = Vocabulary(lambda: not live, self.on_error)
         self.pairing = Pairing(schedule=self._later, in_flight=self._in_flight, soon=self._soon)
         self.beacons: Wait = Through()
@@ -165,7 +165,12 @@ class Ending:
             Link("observers", "observer", Step(self._observe)),
         )
         last = len(self.chain) - 1
-        self._then = [partial(self._resume, i + 1) for i in range(last)] + [_nowhere]
+        thens = [partial(self._resume, i + 1) for i in range(last)] + [_nowhere]
+        # per link: a step's function (or None for a wait), the wait, what comes after, the link
+        self._plan = tuple(
+            (link.wait.fn if type(link.wait) is Step else None, link.wait, then, link)
+            for link, then in zip(self.chain, thens, strict=True)
+        )
 
     @property
     def log(self) -> LoopLog:
@@ -185,20 +190,19 @@ class Ending:
     def _go(self, i: int, item: Any) -> None:
         """Hand `item` to link `i`: the steps run here one after the other, a wait gets the rest
         of the chain as its `then`."""
-        chain, n = self.chain, len(self.chain)
+        plan, n = self._plan, len(self._plan)
         while i < n:
-            link = chain[i]
-            wait = link.wait
+            step, wait, then, link = plan[i]
             try:
-                if type(wait) is Step:  # Step.take, inlined: no call per step and link
-                    item = wait.fn(item)
+                if step is not None:  # a Step: its work done here, no call per link
+                    item = step(item)
                     i += 1
                     continue
-                wait.take(item, self._then[i])
+                wait.take(item, then)
             except Exception as exc:
                 self.on_error(link.where, exc)
                 if link.fail_open:
-                    self._then[i](item)
+                    then(item)
             return
 
     def _resume(self, i: int, item: Any) -> None:
@@ -253,7 +257,7 @@ class Ending:
             # the stream callable handed on to the client as it read it; the body's own end (a
             # chunked body's last chunk) may come after: the reply was whole
             ended = Ended.COMPLETE
-        trace, settings = state.trace, self.settings()
+        trace, options = state.trace, self.options
         seen = Seen(
             flow_id=flow.id,
             trace_id=trace.trace_id if trace else None,
@@ -266,12 +270,12 @@ class Ending:
             meter=meter,
             ended=ended,
             bytes_out=tap.bytes_out if tap is not None else 0,
-            stall_threshold_s=settings.stall_threshold_s,
-            log_content=settings.log_content,
+            stall_threshold_s=options.stall_threshold_s,
+            log_content=options.log_content,
             measuring_error=tap.error if tap is not None else None,
             delivery=self._delivered(end),
             failure=state.failure,
-            fingerprint_key=settings.fingerprint_key,
+            fingerprint_key=options.fingerprint_key,
             chaos=_chaos(tap),
             relay_error=state.relay_error,
             passage=p.seen() if p is not None else None,

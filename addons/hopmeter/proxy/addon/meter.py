@@ -33,7 +33,7 @@ from hopmeter.proxy import options
 from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.browser_meter import answered_here
 from hopmeter.proxy.addon.chaos import Chaos
-from hopmeter.proxy.addon.ending import Ending, FlowEnd, RecordSettings
+from hopmeter.proxy.addon.ending import Ending, FlowEnd
 from hopmeter.proxy.addon.meter_options import (
     chaos_actions,
     fingerprint_key,
@@ -70,7 +70,7 @@ class HopMeter:
         self.queue = MeasureQueue(self.delivery.log)
         # a flow's end: the waits between the last hook and the observers, in one chain
         self.ending = Ending(
-            self.observers, self.delivery, self.queue, live=self.live, settings=self._settings
+            self.observers, self.delivery, self.queue, live=self.live, options=self
         )
         self.pairing = self.ending.pairing  # configured here (hopmeter_listeners)
         self.vocabulary = self.ending.vocabulary  # the tokenizers (hopmeter_tokenizer)
@@ -304,12 +304,10 @@ class HopMeter:
             self.observers.notify(lambda obs: obs.stream_finished())
         self.ending.end(FlowEnd(flow, state, ended, end_s))
 
-    def _settings(self) -> RecordSettings:
-        """The options a record is taken with (read when it is taken)."""
-        opts = ctx.options
-        return RecordSettings(
-            self.stall_threshold_s, self.fingerprint_key, opts.hopmeter_log_content
-        )
+    @property
+    def log_content(self) -> bool:
+        """hopmeter_log_content, for the record being taken (ending.RecordOptions)."""
+        return bool(ctx.options.hopmeter_log_content)
 
 
 def _request_buffered(state: FlowState) -> bool:

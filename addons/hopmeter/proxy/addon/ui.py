@@ -91,7 +91,7 @@ class HopmeterContentview(Contentview):
         rec = record_of(f)
         live = None
         if self.ending is not None and rec is None:  # a flow in flight: the threshold now
-            live = self.ending.settings().stall_threshold_s
+            live = self.ending.options.stall_threshold_s
         from hopmeter.report import timeline  # noqa: PLC0415 - see _show
 
         return timeline.render(
