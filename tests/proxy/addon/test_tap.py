@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mitmproxy.http import Headers
 from mitmproxy.test import tflow
 
 from hopmeter.core.meter import FlowMeter
+from hopmeter.core.wire import lower_headers
 from hopmeter.proxy.addon.tap import (
     REQUEST_SNIFF_BYTES,
     FlowState,
     MeasureQueue,
     RequestTap,
     ResponseTap,
+    header_map,
     new_meter,
     start_trace,
 )
@@ -124,3 +130,44 @@ class TestFlowStart:
         flow.request.path = "/v1/chat/completions?x=1"
         m = new_meter(flow, {"content-type": "text/event-stream", "content-encoding": "gzip"})
         assert m.api == "openai.chat" and m.event_stream
+
+
+class TestHeaderMap:
+    @pytest.mark.parametrize(
+        "fields",
+        [
+            [],
+            [(b"Content-Type", b"text/event-stream"), (b"X-Accel-Buffering", b"no")],
+            [(b"Vary", b"a"), (b"vary", b"b"), (b"VARY", b"c")],  # one name, three spellings
+            [(b"A", b"1"), (b"B", b"2"), (b"a", b"3")],
+            [(b"\xc3\x89tag", b"x"), (b"\xc3\xa9tag", b"y")],  # bytes differ; lower-cased alike
+            [(b"x-\xff", b"\xfe\xfd"), (b"X-\xff", b"ok")],  # not UTF-8: surrogate escapes
+        ],
+    )
+    def test_the_same_map_as_reading_mitmproxy_s_items(
+        self, fields: list[tuple[bytes, bytes]]
+    ) -> None:
+        """header_map is lower_headers over mitmproxy's Headers, field for field and in order."""
+        headers = Headers(fields)
+        expected = lower_headers(headers)
+        got = header_map(headers)
+        assert got == expected and list(got) == list(expected)
+
+    @given(
+        st.lists(
+            st.tuples(
+                st.lists(
+                    st.sampled_from([b"a", b"A", b"-", b"\xc3\x89", b"\xc3\xa9", b"\xff"])
+                ).map(b"x".join),
+                st.binary(max_size=4),
+            ),
+            max_size=8,
+        )
+    )
+    def test_any_fields_give_the_same_map(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """For any fields (names alike but for case or bytes, values of any bytes), header_map
+        and lower_headers over mitmproxy's Headers agree, in order."""
+        headers = Headers(fields)
+        expected = lower_headers(headers)
+        got = header_map(headers)
+        assert got == expected and list(got) == list(expected)

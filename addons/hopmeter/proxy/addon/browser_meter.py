@@ -95,8 +95,7 @@ def answered_here(flow: http.HTTPFlow) -> bool:
     """Whether hopmeter answers this request itself (browser measuring on, one of its two
     paths): never measured, never forwarded, no upstream to wait for. Read from the option, so
     the measuring addon and the upstream guard need no handle on this addon."""
-    # the path first: most requests are no such path, and their option read is spared
-    return _path(flow) in OWN_PATHS and bool(getattr(ctx.options, "hopmeter_browser", False))
+    return bool(getattr(ctx.options, "hopmeter_browser", False)) and _path(flow) in OWN_PATHS
 
 
 class BrowserMeter:

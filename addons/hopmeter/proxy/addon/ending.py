@@ -46,11 +46,11 @@ from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.record import FlowResult, finish
 from hopmeter.core.vocab import Ended
-from hopmeter.core.wire import lower_headers, model_from_path
+from hopmeter.core.wire import model_from_path
 from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.pairing import LiveFlow, Pairing
-from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap
+from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap, header_map
 from hopmeter.proxy.addon.tokenizer_load import Vocabulary
 from hopmeter.proxy.delivery.lane import Delivery, FlowOut, LoopLog
 
@@ -398,7 +398,7 @@ def _response(flow: http.HTTPFlow, state: FlowState) -> ResponseInfo | None:
     return ResponseInfo(
         status=resp.status_code,
         http_version=resp.http_version,
-        headers=state.response_headers or lower_headers(resp.headers),
+        headers=state.response_headers or header_map(resp.headers),
         t_headers_s=(resp.timestamp_start - flow.request.timestamp_start),
     )
 

@@ -25,7 +25,6 @@ from mitmproxy.addonmanager import Loader
 
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
-from hopmeter.core.wire import lower_headers
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
@@ -43,7 +42,14 @@ from hopmeter.proxy.addon.meter_options import (
 )
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.passage import CrashWatch, FlowPassage, Passage
-from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, RequestTap, new_meter, start_trace
+from hopmeter.proxy.addon.tap import (
+    FlowState,
+    MeasureQueue,
+    RequestTap,
+    header_map,
+    new_meter,
+    start_trace,
+)
 from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
 from hopmeter.proxy.delivery.lane import Delivery
 
@@ -202,7 +208,7 @@ class HopMeter:
             if state is None or flow.response is None:
                 return
             state.tap = tap
-            state.response_headers = headers = lower_headers(flow.response.headers)
+            state.response_headers = headers = header_map(flow.response.headers)
             tap.meter = new_meter(flow, headers)
             state.streaming = True
             if self.chaos_actions:

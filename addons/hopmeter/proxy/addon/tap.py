@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
-from hopmeter.core.wire import detect_api, lower_headers, sniff_request
+from hopmeter.core.wire import detect_api, sniff_request
 from hopmeter.proxy.addon.chaos import Chaos
 
 if TYPE_CHECKING:
@@ -99,12 +99,38 @@ def start_trace(flow: http.HTTPFlow, forward: bool) -> tuple[TraceContext, str]:
     return trace, own
 
 
+def header_map(headers: http.Headers) -> dict[str, str]:
+    """`core.wire.lower_headers(headers)`, read from mitmproxy's raw fields in one pass.
+
+    The same map: each name lower-cased, with the values of every field of that name (names
+    compared as mitmproxy compares them, their bytes lower-cased) joined by ", ", as
+    `Headers.items()` gives them; `items()` looks each name up again over all fields, a scan
+    per name, twice per flow (the request's headers and the response's).
+    """
+    values: dict[bytes, list[bytes]] = {}
+    for name, value in headers.fields:
+        key = name.lower()
+        same = values.get(key)
+        if same is None:
+            values[key] = [value]
+        else:
+            same.append(value)
+    out: dict[str, str] = {}
+    for key, vals in values.items():
+        # the first spelling differs from `key` in ASCII case alone: the same once lower-cased
+        out.setdefault(
+            key.decode("utf-8", "surrogateescape").lower(),
+            ", ".join(v.decode("utf-8", "surrogateescape") for v in vals),
+        )
+    return out
+
+
 def new_meter(flow: http.HTTPFlow, headers: dict[str, str]) -> FlowMeter:
     """The meter of a response whose (lower-cased) headers came, for the API they name."""
     req = flow.request
     content_type = headers.get("content-type", "")
     api = detect_api(
-        req.method, req.path.split("?", 1)[0], lower_headers(req.headers), headers, content_type
+        req.method, req.path.split("?", 1)[0], header_map(req.headers), headers, content_type
     )
     return FlowMeter(
         api=api,
