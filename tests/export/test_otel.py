@@ -425,6 +425,7 @@ def test_failures_never_raise_and_log_once(caplog: pytest.LogCaptureFixture) -> 
     assert len([m for m in messages if "works again" in m]) == 1
 
 
+@pytest.mark.loopback
 def test_unreachable_collector_is_logged_once_and_close_is_quick(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -498,6 +499,7 @@ def test_bad_endpoint_is_a_config_error(endpoint: str) -> None:
     assert isinstance(exc.value, HopmeterError) and isinstance(exc.value, ValueError)
 
 
+@pytest.mark.integration
 def test_hopmeter_runs_without_the_extra() -> None:
     """The proxy, CLI and metrics import with opentelemetry made unimportable."""
     code = (
@@ -518,6 +520,7 @@ def test_hopmeter_runs_without_the_extra() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_importing_installs_no_logging_filter_and_loads_no_prometheus() -> None:
     """Importing the module changes no logger and loads no prometheus_client (the route labels
     come from hopmeter.export.labels)."""

@@ -108,6 +108,7 @@ def test_a_full_device_loses_lines_under_its_errno() -> None:
     assert counts.lost["enospc"] > 40
 
 
+@pytest.mark.integration
 def test_a_full_disk_keeps_only_whole_lines_and_is_written_again_once_freed(
     tmp_path: Path,
 ) -> None:

@@ -167,6 +167,7 @@ def test_https_front(upstream: int, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert bad == 1 and "CERTIFICATE_VERIFY_FAILED" in refused["reason"]
 
 
+@pytest.mark.loopback
 def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """No server at URL: exit 1, the reason on one line."""
     status, doc, err = _probe(capsys, f"http://127.0.0.1:{free_port()}")

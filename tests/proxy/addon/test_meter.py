@@ -422,6 +422,7 @@ class TestDelivery:
         assert section["measured"] is False and section["reason"]
         assert "chunks_out" not in rec.results[0].record
 
+    @pytest.mark.loopback
     def test_a_live_client_gets_out_times_for_every_chunk(self) -> None:
         """On mitmproxy's own handler for a real socket, each chunk mitmproxy writes is followed
         and the record waits for the kernel to send the last one."""

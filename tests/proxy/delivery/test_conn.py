@@ -17,6 +17,8 @@ from hopmeter.proxy.delivery import conn as client_conn
 from hopmeter.proxy.delivery.conn import ConnTracker, locate
 from tests.harness.live_client import Live, flow_of, live_client, run, unread
 
+pytestmark = pytest.mark.loopback  # every test serves or connects on 127.0.0.1, in this process
+
 LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 
 

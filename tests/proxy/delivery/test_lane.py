@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from hopmeter.core.ledger import FLAG_SENT
 from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, Delivery, LoopLog
 from tests.harness.live_client import flow_of, live_client, run, unread
@@ -18,6 +20,7 @@ def delivery(errors: list[str] | None = None) -> Delivery:
 
 
 class TestAttach:
+    @pytest.mark.loopback
     def test_a_live_flow_is_followed_and_its_chunks_armed(self) -> None:
         """attach finds the client's transport; a chunk handed in is the next write's."""
 
@@ -34,6 +37,7 @@ class TestAttach:
 
         run(test)
 
+    @pytest.mark.loopback
     def test_chaos_and_unknown_clients_are_not_followed_and_say_why(self) -> None:
         """Re-cut responses and clients without a live handler get a reason and no tracker."""
 
@@ -50,6 +54,7 @@ class TestAttach:
 
         run(test)
 
+    @pytest.mark.loopback
     def test_flows_on_one_connection_share_its_tracker(self) -> None:
         """Keep-alive: the second flow on a connection is counted by the same tracker."""
 
@@ -64,6 +69,7 @@ class TestAttach:
 
 
 class TestFinish:
+    @pytest.mark.loopback
     def test_the_record_waits_until_the_client_has_the_last_bytes(self) -> None:
         """A flow ends with bytes the client has not taken: its callback runs once they are sent."""
 
@@ -88,6 +94,7 @@ class TestFinish:
 
         run(test)
 
+    @pytest.mark.loopback
     def test_a_client_that_disconnects_ends_the_wait_with_what_was_seen(self) -> None:
         """forget: the flow is completed at once, its last bytes not seen sent."""
 
@@ -108,6 +115,7 @@ class TestFinish:
 
         run(test)
 
+    @pytest.mark.loopback
     def test_shutdown_writes_every_waiting_flow_at_once(self) -> None:
         """When the proxy stops, waiting flows are completed in the same call."""
 
@@ -124,6 +132,7 @@ class TestFinish:
 
         run(test)
 
+    @pytest.mark.loopback
     def test_a_flow_not_followed_completes_on_the_next_turn(self) -> None:
         """Nothing to wait for: the callback runs soon after finish returns, not inside it."""
 

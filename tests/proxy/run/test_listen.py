@@ -12,6 +12,8 @@ import pytest
 
 from hopmeter.proxy.run.listen import LISTEN_BACKLOG, tune_listeners
 
+pytestmark = pytest.mark.loopback  # every test serves or connects on 127.0.0.1, in this process
+
 needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 
 
