@@ -135,7 +135,7 @@ def test_traced_and_untraced_clients_give_the_same_hops(tmp_path: Path) -> None:
     """One process, two listeners around nginx: a plain client, and an OpenTelemetry-instrumented
     one making two calls at once inside one trace (as an app's request handler does), give the
     same hops: each edge flow carries the segment to the origin flow that names it as parent,
-    with the same shape (how long each held is bench/'s to measure, not a test's)."""
+    with the same shape."""
     provider = TracerProvider()
 
     def send(edge: int) -> int:

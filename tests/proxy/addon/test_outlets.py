@@ -17,7 +17,7 @@ from mitmproxy.test import taddons
 
 from hopmeter.proxy.addon import outlets as outlets_module
 from hopmeter.proxy.addon.outlets import OutputQueues, QueuedTermLog
-from tests.harness.procs import wait_for
+from tests.harness.procs import until, wait_for
 
 
 def test_the_queue_bound_is_a_size_option() -> None:
@@ -102,10 +102,7 @@ def test_losses_are_looked_at_while_running(
     async def main() -> None:
         queues.running()
         outlet.put(b"{}\n")
-        for _ in range(500):
-            if "could not write every line" in caplog.text:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: "could not write every line" in caplog.text, what="the loss said")
         queues.done()
 
     with caplog.at_level(logging.INFO, logger="hopmeter"):

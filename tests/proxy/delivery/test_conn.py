@@ -165,7 +165,7 @@ class TestTracker:
                 fd = tracker.sock.fileno()
                 assert tracker.is_open()
                 live.writer.close()
-                await asyncio.sleep(0.01)  # the transport's connection_lost closes the socket
+                await live.writer.wait_closed()  # connection_lost ran: the socket is closed
                 with socket.socket() as other:
                     if other.fileno() != fd:  # the number went elsewhere: take it on purpose
                         os.dup2(other.fileno(), fd)
