@@ -47,7 +47,7 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.loopback
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", ["--listen", "--metrics"])
 def test_port_in_use_is_one_clear_line(flag: str) -> None:
     """A port already taken is named with the fix, before anything starts."""

@@ -19,8 +19,8 @@ def delivery(errors: list[str] | None = None) -> Delivery:
     return Delivery(lambda where, exc: seen.append(where))
 
 
+@pytest.mark.loopback  # mitmproxy's connection handler around a real socket
 class TestAttach:
-    @pytest.mark.loopback
     def test_a_live_flow_is_followed_and_its_chunks_armed(self) -> None:
         """attach finds the client's transport; a chunk handed in is the next write's."""
 
@@ -37,7 +37,6 @@ class TestAttach:
 
         run(test)
 
-    @pytest.mark.loopback
     def test_chaos_and_unknown_clients_are_not_followed_and_say_why(self) -> None:
         """Re-cut responses and clients without a live handler get a reason and no tracker."""
 
@@ -54,7 +53,6 @@ class TestAttach:
 
         run(test)
 
-    @pytest.mark.loopback
     def test_flows_on_one_connection_share_its_tracker(self) -> None:
         """Keep-alive: the second flow on a connection is counted by the same tracker."""
 
@@ -68,8 +66,8 @@ class TestAttach:
         run(test)
 
 
+@pytest.mark.loopback  # mitmproxy's connection handler around a real socket
 class TestFinish:
-    @pytest.mark.loopback
     def test_the_record_waits_until_the_client_has_the_last_bytes(self) -> None:
         """A flow ends with bytes the client has not taken: its callback runs once they are sent."""
 
@@ -94,7 +92,6 @@ class TestFinish:
 
         run(test)
 
-    @pytest.mark.loopback
     def test_a_client_that_disconnects_ends_the_wait_with_what_was_seen(self) -> None:
         """forget: the flow is completed at once, its last bytes not seen sent."""
 
@@ -115,7 +112,6 @@ class TestFinish:
 
         run(test)
 
-    @pytest.mark.loopback
     def test_shutdown_writes_every_waiting_flow_at_once(self) -> None:
         """When the proxy stops, waiting flows are completed in the same call."""
 
@@ -132,7 +128,6 @@ class TestFinish:
 
         run(test)
 
-    @pytest.mark.loopback
     def test_a_flow_not_followed_completes_on_the_next_turn(self) -> None:
         """Nothing to wait for: the callback runs soon after finish returns, not inside it."""
 
