@@ -44,7 +44,7 @@ def _reuse_port(server: asyncio.Server) -> bool:
     return bool(server.sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
 
 
-@pytest.mark.integration  # and `ss`, to read the backlog the kernel has
+@pytest.mark.integration  # runs ss to read the backlog the kernel keeps
 @needs_ss
 def test_servers_listen_with_the_deep_backlog() -> None:
     """After tuning, a server started the usual way gets hopmeter's backlog (capped by the
