@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import socket
 import subprocess
@@ -9,7 +10,7 @@ import subprocess
 import pytest
 import uvloop
 
-from tests.harness.tier import FastTier
+from tests.harness.tier import INTEGRATION, FastTier
 
 INI = """
 [pytest]
@@ -146,3 +147,24 @@ def test_the_guard_is_removed_after_each_test(pytester: pytest.Pytester) -> None
     before = [getattr(owner, name) for owner, name in owners]
     _run(pytester, "def test_nothing():\n    pass\n").assert_outcomes(passed=1)
     assert [getattr(owner, name) for owner, name in owners] == before
+
+
+def _marks(module: ast.Module) -> list[str]:
+    """The markers a test module's `pytestmark` names (one, or a list of them)."""
+    for node in module.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            values = node.value.elts if isinstance(node.value, ast.List) else [node.value]
+            return [ast.unparse(v) for v in values]
+    return []
+
+
+def test_every_integration_file_is_marked_so_the_tier_may_skip_the_folder() -> None:
+    """Each tests/integration/test_*.py marks all its tests integration, as the fast tier, which
+    leaves the folder out uncollected, takes for granted."""
+    files = sorted(INTEGRATION.glob("test_*.py"))
+    unmarked = [
+        f.name for f in files if "pytest.mark.integration" not in _marks(ast.parse(f.read_text()))
+    ]
+    assert len(files) > 30 and unmarked == []

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,11 @@ MARKERS = {
     "integration": "starts a process or a browser",
     "loopback": "binds or connects a socket in this process",
 }
+
+# Every file here is marked integration (tests/harness/test_tier.py checks): the tier does not
+# even collect it, which saves importing ~35 modules and starting nginx -v and chromium --version
+# to decide their skips.
+INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
 # uvloop (the default loop of `hopmeter run`) opens sockets and starts processes in libuv, past
 # the socket and subprocess modules: its loop's own methods are guarded too.
@@ -52,6 +58,13 @@ class FastTier:
     def __init__(self) -> None:
         self._item: pytest.Item | None = None
         self._seen: dict[str, str] = {}  # test id -> the first thing it did that the tier bars
+
+    @staticmethod
+    def pytest_ignore_collect(collection_path: Path) -> bool | None:
+        """Leave tests/integration/ out without collecting it."""
+        if collection_path == INTEGRATION or INTEGRATION in collection_path.parents:
+            return True
+        return None
 
     @staticmethod
     def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
