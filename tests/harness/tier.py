@@ -4,7 +4,8 @@ open no socket, and a guard that keeps the tier honest.
 Two markers say what a test needs beyond its own process (registered in pyproject.toml):
 `integration`, it starts a process (hopmeter, nginx, Prometheus, Chromium, ruff, a Python
 child); `loopback`, it binds or connects a socket in this process (a server on 127.0.0.1:0, a
-client to it, `free_port()`). The fast tier deselects both and runs the rest with the guard on:
+client to it, `free_port()`). The fast tier deselects both (tests/integration/ it does not even
+collect) and runs the rest with the guard on:
 while a test runs (its fixtures included), starting a process or binding or connecting a socket
 raises `TierViolation` there and then, and the test fails naming the marker to give it, even if
 the code under test caught the exception. Without `--fast` nothing here is installed.
