@@ -12,6 +12,7 @@ from hopmeter.proxy.addon.tap import (
     RequestTap,
     ResponseTap,
 )
+from tests.harness.procs import until
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
 
@@ -69,7 +70,7 @@ class TestMeasureQueue:
             tap(CHUNK)
             queued = len(queue.pending)
             seen_before = tap.meter.events_seen
-            await asyncio.sleep(0.01)
+            await until(lambda: tap.meter.events_seen == 2, what="the queued chunks measured")
             return queued, seen_before, list(tap.meter.events.t_s)
 
         queued, seen_before, times = asyncio.run(run())
