@@ -15,11 +15,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import litellm
+from tests.harness import litellm, tier
 from tests.harness.litellm import Gateway, LiteLLM, Route, via_routes
 from tests.harness.nginx import available
 from tests.harness.procs import free_port, hopmeter
 from tests.report.records import EMOJI_CRLF, HELD, STALLED, demo_records, two_hop_records
+
+pytest_plugins = ["pytester"]  # tests/harness/test_tier.py runs small test files in this process
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--fast`: the fast tier (tests/harness/tier.py)."""
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="run only the tests that start no process and open no socket, and fail any that do",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With `--fast`, leave out the tests marked integration or loopback and guard the rest."""
+    if config.getoption("fast"):
+        config.pluginmanager.register(tier.FastTier(), "hopmeter-fast-tier")
 
 
 @pytest.fixture(scope="session")

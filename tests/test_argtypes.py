@@ -106,6 +106,7 @@ def test_a_listener_without_name_or_mode_is_refused(pair: str) -> None:
         parse_listener(pair, "--listener")
 
 
+@pytest.mark.loopback
 def test_a_port_in_use_is_named_with_the_fix(held_port: int) -> None:
     """A port something listens on fails early, naming what it was for, the address and the fix."""
     with pytest.raises(PortError) as caught:
@@ -116,6 +117,7 @@ def test_a_port_in_use_is_named_with_the_fix(held_port: int) -> None:
     )
 
 
+@pytest.mark.loopback
 def test_a_free_port_and_port_zero_pass() -> None:
     """A port nothing holds passes, and port 0 (any free port) is not checked at all."""
     with socket.socket() as sock:
@@ -125,6 +127,7 @@ def test_a_free_port_and_port_zero_pass() -> None:
     check_port_free("127.0.0.1", 0, "listen address")
 
 
+@pytest.mark.loopback
 def test_an_ipv6_port_in_use_is_named() -> None:
     """An IPv6 address is checked on an IPv6 socket."""
     try:
@@ -139,6 +142,7 @@ def test_an_ipv6_port_in_use_is_named() -> None:
             check_port_free("::1", port, "listen address")
 
 
+@pytest.mark.loopback
 def test_an_address_not_on_this_host_is_named_with_the_reason() -> None:
     """An address no interface has (TEST-NET-1) cannot be bound: the error says so."""
     with pytest.raises(PortError, match=r"^listen address 192\.0\.2\.1:8080 cannot be opened: "):

@@ -17,6 +17,7 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -46,6 +47,7 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", ["--listen", "--metrics"])
 def test_port_in_use_is_one_clear_line(flag: str) -> None:
     """A port already taken is named with the fix, before anything starts."""
@@ -60,6 +62,7 @@ def test_port_in_use_is_one_clear_line(flag: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.integration
 def test_addon_path_is_a_loadable_script() -> None:
     """--addon-path prints the script plain mitmdump users load with -s."""
     result = run("--addon-path")

@@ -340,6 +340,7 @@ def test_queries_use_only_exported_metrics(exported: set[str]) -> None:
     assert missing == set(), f"metrics on no dashboard: {missing}"
 
 
+@pytest.mark.integration
 def test_every_query_parses_as_a_recording_rule(tmp_path: Path, promtool: str) -> None:
     """promtool check rules accepts every panel query and variable selector, as recorded rules."""
     queries = all_queries() + variable_selectors()

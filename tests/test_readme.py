@@ -1,5 +1,6 @@
-"""README's commands are real: every hopmeter command line parses, the Docker lines match, and
-every flag of `hopmeter run` is in the table README links (docs/cli.md)."""
+"""README's and the docs' commands are real: every hopmeter command line parses, the Docker lines
+match, every flag of `hopmeter run` is in the table README links (docs/cli.md), and every doc
+README links exists."""
 
 from __future__ import annotations
 
@@ -14,21 +15,29 @@ from hopmeter.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
-def _commands() -> list[str]:
-    blocks = re.findall(r"```sh\n(.*?)```", README, flags=re.S)
+def _commands() -> list[tuple[str, str]]:
     lines = []
-    for block in blocks:
-        joined = block.replace("\\\n", " ")
-        lines += [ln.split("#", 1)[0].strip() for ln in joined.splitlines()]
-    return [ln for ln in lines if ln.startswith("hopmeter ")]
+    for path in (ROOT / "README.md", *DOCS):
+        for block in re.findall(r"```sh\n(.*?)```", path.read_text(), flags=re.S):
+            joined = block.replace("\\\n", " ")
+            lines += [(path.name, ln.split("#", 1)[0].strip()) for ln in joined.splitlines()]
+    return [(name, ln) for name, ln in lines if ln.startswith("hopmeter ")]
 
 
-@pytest.mark.parametrize("line", _commands())
-def test_documented_command_parses(line: str) -> None:
-    """Each `hopmeter ...` line in README is accepted by the real parser."""
+@pytest.mark.parametrize(("doc", "line"), _commands())
+def test_documented_command_parses(doc: str, line: str) -> None:
+    """Each `hopmeter ...` line in README and docs/ is accepted by the real parser."""
     build_parser().parse_args(shlex.split(line)[1:])
+
+
+def test_every_linked_doc_exists() -> None:
+    """Every local file README links to is there (README is short: its detail is in them)."""
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README)
+    assert links
+    assert not [link for link in links if not (ROOT / link).exists()]
 
 
 def test_docker_lines_are_the_dockerfile_ones() -> None:

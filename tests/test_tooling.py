@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "addons" / "hopmeter"
 TESTS = ROOT / "tests"
@@ -157,12 +159,14 @@ def _loaded_by(names: list[str], banned: list[str], skip: tuple[str, ...] = ()) 
     return result.stdout.strip()
 
 
+@pytest.mark.integration
 def test_core_imports_no_proxy_or_exporter_library() -> None:
     """Importing every core module loads neither mitmproxy, prometheus_client nor opentelemetry."""
     banned = ["mitmproxy", "prometheus_client", "opentelemetry"]
     assert _loaded_by(["hopmeter.core"], banned) == ""
 
 
+@pytest.mark.integration
 def test_exporters_and_reports_import_no_mitmproxy() -> None:
     """Importing hopmeter.export (OpenTelemetry's module aside) and hopmeter.report loads no
     mitmproxy."""
@@ -170,11 +174,13 @@ def test_exporters_and_reports_import_no_mitmproxy() -> None:
     assert _loaded_by(names, ["mitmproxy"], skip=("hopmeter.export.otel",)) == ""
 
 
+@pytest.mark.integration
 def test_the_command_line_imports_no_mitmproxy() -> None:
     """Importing hopmeter.cli loads no mitmproxy: `hopmeter report` must start fast."""
     assert _loaded_by(["hopmeter.cli"], ["mitmproxy"]) == ""
 
 
+@pytest.mark.integration
 def test_the_check_sees_a_banned_import() -> None:
     """The import check names the library and the module that loaded it (it can fail)."""
     assert _loaded_by(
@@ -182,6 +188,7 @@ def test_the_check_sees_a_banned_import() -> None:
     ) == ("mitmproxy (by hopmeter.proxy.addon.meter)")
 
 
+@pytest.mark.integration
 def test_ruff_lint_and_format_pass() -> None:
     """ruff's rules (including the core's banned imports) and its formatter are clean."""
     for args in (["check", "addons", "tests"], ["format", "--check", "addons", "tests"]):
@@ -195,6 +202,7 @@ def test_ruff_lint_and_format_pass() -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_mypy_strict_passes() -> None:
     """mypy --strict finds nothing in the package or the bench harness."""
     result = subprocess.run(

@@ -112,6 +112,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.integration
 def test_hopmeter_master_logs_without_add_log_events() -> None:
     """The master `hopmeter run` builds keeps mitmproxy's terminal log handler (the per-flow line
     reaches the console) but not the handler that turns each record into an `add_log` event."""

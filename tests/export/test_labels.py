@@ -162,6 +162,7 @@ def test_label_tables_follow_the_core() -> None:
     assert {"complete", "shutdown"} <= ENDINGS
 
 
+@pytest.mark.integration
 def test_labels_import_no_exporter_library() -> None:
     """Importing the label tables loads neither prometheus_client nor opentelemetry."""
     code = (

@@ -445,6 +445,7 @@ def test_the_global_registry_is_left_alone(registry: CollectorRegistry) -> None:
     assert not any(name.startswith("hopmeter_") for name in REGISTRY._names_to_collectors)
 
 
+@pytest.mark.integration
 def test_importing_changes_no_global_state() -> None:
     """Importing the instruments leaves os.environ, prometheus_client's switches and its
     global registry as they were (a user's own mitmdump keeps its `_created` series)."""

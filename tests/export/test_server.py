@@ -35,6 +35,7 @@ def metrics() -> Metrics:
     return metrics
 
 
+@pytest.mark.loopback
 def test_serve_binds_loopback_and_answers_metrics_and_healthz(metrics: Metrics) -> None:
     """serve() binds 127.0.0.1 by default and answers /metrics (both formats) and /healthz."""
     server = serve(metrics, port=0)
@@ -55,6 +56,7 @@ def test_serve_binds_loopback_and_answers_metrics_and_healthz(metrics: Metrics) 
         server.close()
 
 
+@pytest.mark.loopback
 def test_other_paths_are_not_found(metrics: Metrics) -> None:
     """A path other than /metrics and /healthz is a 404 naming the two."""
     server = serve(metrics, port=0)
@@ -67,6 +69,7 @@ def test_other_paths_are_not_found(metrics: Metrics) -> None:
         server.close()
 
 
+@pytest.mark.loopback
 def test_readyz_answers_what_the_check_says(metrics: Metrics) -> None:
     """/readyz is 200 or 503 with the check's reason; without a check it does not exist."""
     answers = iter([(False, "127.0.0.1:8000 connect_refused (ECONNREFUSED)"), (True, "up")])
@@ -93,6 +96,7 @@ def test_readyz_answers_what_the_check_says(metrics: Metrics) -> None:
         bare.close()
 
 
+@pytest.mark.loopback
 def test_no_created_series(metrics: Metrics) -> None:
     """No `_created` series is served, in either format (docs/design.md §8)."""
     assert "_created" in generate_latest(metrics.registry).decode()  # the registry has them
@@ -120,6 +124,7 @@ def test_the_view_keeps_every_other_sample(metrics: Metrics) -> None:
     assert any(s.exemplar for f in shown.values() for s in f.samples)
 
 
+@pytest.mark.loopback
 def test_name_filtering_still_works(metrics: Metrics) -> None:
     """/metrics?name[]=... serves only the samples named, still without `_created`."""
     server = serve(metrics, port=0)
@@ -133,6 +138,7 @@ def test_name_filtering_still_works(metrics: Metrics) -> None:
         server.close()
 
 
+@pytest.mark.loopback
 def test_gzip_is_served_when_asked_for(metrics: Metrics) -> None:
     """A scraper that accepts gzip gets the same exposition compressed."""
     server = serve(metrics, port=0)
@@ -148,6 +154,7 @@ def test_gzip_is_served_when_asked_for(metrics: Metrics) -> None:
         server.close()
 
 
+@pytest.mark.loopback
 def test_serve_accepts_a_bare_registry() -> None:
     """serve() takes a registry as well as a Metrics."""
     server = serve(CollectorRegistry(), "127.0.0.1", 0)
@@ -157,6 +164,7 @@ def test_serve_accepts_a_bare_registry() -> None:
         server.close()
 
 
+@pytest.mark.loopback
 def test_a_port_in_use_raises_port_error() -> None:
     """Binding a taken port raises PortError (a UsageError) naming the port and the fix."""
     with socket.socket() as taken:
@@ -187,6 +195,7 @@ def test_an_address_that_does_not_resolve_raises_port_error(
     assert "--metrics HOST:PORT" in message and "--metrics off" in message
 
 
+@pytest.mark.loopback
 def test_close_frees_the_port() -> None:
     """After close() the same port can be served again."""
     server = serve(CollectorRegistry(), port=0)

@@ -22,6 +22,7 @@ from tests.harness.scripted import Exchange, ScriptedUpstream
 
 WORDS = ("The", " cat", " 🐱", " naps", " in", " 東京", " while", " the", " sun", " 🌞")
 MODEL = "plain-chat-1"
+PREFILL_S = 0.05  # the wait before the first event, as a model's prefill
 
 
 class PlainUpstream:
@@ -75,7 +76,7 @@ class PlainUpstream:
     async def _stream(self, ex: Exchange, request: dict[str, object]) -> None:
         model = str(request.get("model"))
         await ex.head({"content-type": "text/event-stream", "cache-control": "no-cache"})
-        await asyncio.sleep(0.05)  # prefill
+        await asyncio.sleep(PREFILL_S)
         await ex.chunk(_event(_chunk(model, {"role": "assistant", "content": ""})))
         start = time.monotonic()
         for i in range(self.words):

@@ -1,7 +1,9 @@
-"""Real processes for integration tests: the shipped `hopmeter` command, on loopback, polled."""
+"""Real processes for integration tests: the shipped `hopmeter` command, on loopback, polled;
+and how every test waits: polling a condition with a timeout (`wait_for`, `until` on a loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -45,6 +47,20 @@ def wait_for[T](condition: Callable[[], T | None], timeout_s: float = 15.0, what
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
         time.sleep(0.02)
+
+
+async def until[T](condition: Callable[[], T | None], timeout_s: float = 15.0, what: str = "") -> T:
+    """wait_for on a running event loop: poll `condition` between the loop's turns (the code
+    under test runs on them); fail with `what` after the timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
+        await asyncio.sleep(0.005)
 
 
 def port_open(port: int) -> bool:

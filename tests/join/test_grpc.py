@@ -34,6 +34,7 @@ def channel(served: Served) -> Iterator[grpc.Channel]:
         yield ch
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("compression", [grpc.Compression.NoCompression, grpc.Compression.Gzip])
 def test_grpcio_exports_join_a_pair(
     channel: grpc.Channel, served: Served, service: JoinService, compression: grpc.Compression
@@ -48,6 +49,7 @@ def test_grpcio_exports_join_a_pair(
     assert served.call(lambda: service.requests["grpc", "OK"]) == 2
 
 
+@pytest.mark.loopback
 def test_absurd_spans_come_back_in_partial_success(channel: grpc.Channel) -> None:
     """A span with an absurd timeline is reported rejected, the call still OK."""
     stub = TraceServiceStub(channel)
@@ -56,6 +58,7 @@ def test_absurd_spans_come_back_in_partial_success(channel: grpc.Channel) -> Non
     assert response.partial_success.rejected_spans == 1
 
 
+@pytest.mark.loopback
 def test_garbage_and_oversized_messages_get_their_codes(channel: grpc.Channel) -> None:
     """Undecodable bytes are INVALID_ARGUMENT, a message past the limit RESOURCE_EXHAUSTED, an
     unknown method UNIMPLEMENTED."""
@@ -73,6 +76,7 @@ def test_garbage_and_oversized_messages_get_their_codes(channel: grpc.Channel) -
     assert other.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
+@pytest.mark.loopback
 def test_past_the_buffer_budget_calls_are_unavailable(
     channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:

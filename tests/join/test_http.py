@@ -49,6 +49,7 @@ def test_decompress_stops_at_the_limit_and_refuses_what_it_cannot_read() -> None
         decompress(b"x", "br", 1000)
 
 
+@pytest.mark.loopback
 def test_a_pair_is_joined_over_one_keep_alive_connection(
     served: Served, service: JoinService
 ) -> None:
@@ -72,18 +73,21 @@ def test_a_pair_is_joined_over_one_keep_alive_connection(
     assert served.call(lambda: service.requests["http", "200"]) == 2
 
 
+@pytest.mark.loopback
 def test_json_requests_get_json_answers(served: Served) -> None:
     """An OTLP JSON request is answered in JSON."""
     status, headers, body = post(served.port, b"{}", "application/json; charset=utf-8")
     assert (status, headers["content-type"], body) == (200, "application/json", b"{}")
 
 
+@pytest.mark.loopback
 def test_a_declared_body_over_the_limit_is_413_and_the_upload_is_drained(served: Served) -> None:
     """Content-Length over the limit is answered 413 at once, and the client, still uploading,
     reads it rather than a reset."""
     assert post(served.port, bytes(3 << 20))[0] == 413
 
 
+@pytest.mark.loopback
 def test_a_chunked_body_over_the_limit_is_413(served: Served) -> None:
     """A body without Content-Length is cut off at the limit too."""
     with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
@@ -98,6 +102,7 @@ def test_a_chunked_body_over_the_limit_is_413(served: Served) -> None:
     assert reply.startswith(b"HTTP/1.1 413 ")
 
 
+@pytest.mark.loopback
 def test_past_the_buffer_budget_new_bodies_get_503_retry_after(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,6 +112,7 @@ def test_past_the_buffer_budget_new_bodies_get_503_retry_after(
     assert status == 503 and headers["retry-after"] == "1"
 
 
+@pytest.mark.loopback
 def test_bad_http_is_counted_and_closed(served: Served, service: JoinService) -> None:
     """A request line that is not HTTP closes the connection and is counted."""
     with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:

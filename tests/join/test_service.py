@@ -207,6 +207,7 @@ def test_a_bug_reading_one_span_loses_only_that_span(
     svc.stop()
 
 
+@pytest.mark.integration
 def test_the_service_loads_no_mitmproxy() -> None:
     """The join service imports neither mitmproxy nor the proxy layer."""
     code = (
@@ -220,6 +221,7 @@ def test_the_service_loads_no_mitmproxy() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_a_stop_with_exporter_connections_open_prints_no_traceback(tmp_path: Path) -> None:
     """SIGTERM while exporters hold connections open (idle keep-alive, a body half sent, an
     HTTP/2 connection for gRPC): the service closes them, says goodbye and exits 0, with no

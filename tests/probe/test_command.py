@@ -15,7 +15,7 @@ from hopmeter.errors import HopmeterError
 from hopmeter.probe import command as probe
 from hopmeter.probe.canary import CANARY_MODEL, RANDOM_CUTS_KEY
 from tests.harness.nginx import NginxServer, available
-from tests.harness.plain_upstream import PlainUpstream
+from tests.harness.plain_upstream import PREFILL_S, PlainUpstream
 from tests.harness.procs import HOPMETER, Proc, free_port, hopmeter
 
 # 20 tokens at 20/s: a 1 s stream, above the 0.5 s a whole-body hold needs to be told apart.
@@ -61,9 +61,10 @@ def test_passes_through_a_streaming_nginx(
     for s in doc["streams"]:
         assert s["bytes_intact"] and s["text_intact"] and s["problems"] == []
         assert s["events"] == s["events_expected"]
-        assert s["first_word_s"] < 0.5
         assert s["holds"]["source"] == "token_clock"
-        assert s["holds"]["max_s"] < 0.1 and s["holds"]["first_event_before_last_send"]
+        # unheld: the first word came before the upstream sent the last (the probe's own verdict
+        # on how long each token was held is in `problems`)
+        assert s["holds"]["first_event_before_last_send"] and not s["holds"]["whole_body"]
         assert s["reads"] >= s["events"]  # each event written in pieces, and delivered so
         assert s["bursts"] >= 15  # of 20 tokens on a 50 ms clock; a loaded box may merge a few
 
@@ -167,6 +168,7 @@ def test_https_front(upstream: int, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert bad == 1 and "CERTIFICATE_VERIFY_FAILED" in refused["reason"]
 
 
+@pytest.mark.loopback
 def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """No server at URL: exit 1, the reason on one line."""
     status, doc, err = _probe(capsys, f"http://127.0.0.1:{free_port()}")
@@ -225,7 +227,8 @@ def test_a_plain_origin_behind_a_streaming_nginx_passes_on_timing(
     (stream,) = doc["streams"]
     assert doc["model"] == "plain-chat-1" and doc["notes"] == [out[1]]
     assert stream["check"] == "timing" and stream["findings"] == []
-    assert 0.05 < stream["first_word_s"] < 0.5
+    # after the origin's prefill, and before it sent its last word: nothing held the body
+    assert PREFILL_S < stream["first_word_s"] < PREFILL_S + (up.words - 1) / up.rate
     assert "holds" not in stream and "bytes_intact" not in stream
     assert stream["events"] == 40 + 4  # prelude, words, finish, usage, [DONE]
 

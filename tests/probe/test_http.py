@@ -14,6 +14,8 @@ from hopmeter.probe import http
 from hopmeter.probe.http import Received, post_stream
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
+pytestmark = pytest.mark.loopback  # every test serves or connects on 127.0.0.1, in this process
+
 
 async def _chunked(ex: Exchange) -> None:
     await ex.head({"content-type": "text/event-stream", "X-Twice": "first"})

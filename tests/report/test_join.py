@@ -112,6 +112,7 @@ def _join(*paths: Path) -> tuple[int, list[dict[str, Any]], str]:
     return out.returncode, lines, out.stderr.decode()
 
 
+@pytest.mark.integration
 def test_records_and_otlp_files_give_the_same_pairs_and_holds(
     held_path: Path, tmp_path: Path
 ) -> None:
@@ -169,6 +170,7 @@ def test_join_entries_name_their_schema_and_segments() -> None:
     assert seg["segment"] == "edge>origin" and seg["tokens_aligned"] == 5
 
 
+@pytest.mark.integration
 def test_spans_without_a_timeline_are_named_when_nothing_joins(tmp_path: Path) -> None:
     """Spans exported with the timeline off cannot be joined; join says so and exits 1."""
     records = [
@@ -192,6 +194,7 @@ def test_spans_without_a_timeline_are_named_when_nothing_joins(tmp_path: Path) -
     assert "no trace was seen at two hops (spans left out: 2 no_timeline)" in err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -215,6 +218,7 @@ def test_bad_join_command_lines_are_one_line(args: list[str], message: str) -> N
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_a_file_that_is_neither_is_one_line(tmp_path: Path) -> None:
     """A JSON file that is neither records nor OTLP is named, with what is wrong in it."""
     path = tmp_path / "other.json"
@@ -227,6 +231,7 @@ def test_a_file_that_is_neither_is_one_line(tmp_path: Path) -> None:
     assert out.stderr.strip() == f"hopmeter: {path} is neither flow records nor OTLP traces: {why}"
 
 
+@pytest.mark.integration
 def test_without_the_otel_extra_records_and_json_join_and_serve_names_the_install(
     held_path: Path, tmp_path: Path
 ) -> None:
@@ -307,6 +312,7 @@ def test_unlinked_hops_take_the_order_linked_traces_show_or_none() -> None:
     assert (learned["segment"], learned["order"]) == ("edge>origin", "learned")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("value", ["edge", "edge,", "edge,edge"])
 def test_a_bad_order_is_one_line(value: str) -> None:
     """--order takes two or more distinct hop names; anything else is one line, exit 2."""

@@ -167,6 +167,7 @@ def test_shipped_command(demo_path: Path, tmp_path: Path) -> None:
     assert out.read_text().startswith("<!DOCTYPE html>")
 
 
+@pytest.mark.integration
 def test_report_imports_no_mitmproxy() -> None:
     """The report reads JSON only: importing all of it loads neither mitmproxy nor prometheus."""
     code = (

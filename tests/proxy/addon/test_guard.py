@@ -20,6 +20,7 @@ from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon.guard import BODY, HEADERS, UpstreamGuard
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
+from tests.harness.procs import until
 
 UPSTREAM = ("127.0.0.1", 8000)
 
@@ -131,8 +132,7 @@ def test_silence_before_the_headers_is_upstream_timeout() -> None:
             ServerConnectionHookData(server=flow.server_conn, client=flow.client_conn)
         )
         assert guard.watches[flow.id].phase == HEADERS
-        await asyncio.sleep(0.15)
-        assert flow.client_conn.id in guard.closed
+        await until(lambda: flow.client_conn.id in guard.closed, what="the read timeout")
         await ended_by_error(meter, guard, flow)
         (rec,) = records.records
         assert rec["ended"] == "upstream_timeout"
@@ -161,8 +161,7 @@ def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
             tap(b"data: {}\n\n")
             await asyncio.sleep(0.04)
         assert flow.client_conn.id not in guard.closed
-        await asyncio.sleep(0.2)
-        assert flow.client_conn.id in guard.closed
+        await until(lambda: flow.client_conn.id in guard.closed, what="the read timeout")
         await ended_by_error(meter, guard, flow)
         (rec,) = records.records
         assert rec["ended"] == rec["response"]["ended"] == "upstream_idle"

@@ -3,7 +3,6 @@ sockets."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from hopmeter.proxy.addon import tap as tap_module
 from hopmeter.proxy.addon.meter import HopMeter, classify_error
 from hopmeter.proxy.addon.meter_options import parse_listeners
 from tests.harness.live_client import live_client, run, unread
+from tests.harness.procs import until
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -423,6 +423,7 @@ class TestDelivery:
         assert section["measured"] is False and section["reason"]
         assert "chunks_out" not in rec.results[0].record
 
+    @pytest.mark.loopback
     def test_a_live_client_gets_out_times_for_every_chunk(self) -> None:
         """On mitmproxy's own handler for a real socket, each chunk mitmproxy writes is followed
         and the record waits for the kernel to send the last one."""
@@ -442,8 +443,7 @@ class TestDelivery:
                 for chunk in (SSE, SSE, DONE):
                     live.writer.write(b"%x\r\n%s\r\n" % (len(chunk), tap(chunk)))  # as mitmproxy
                 hm.response(flow)
-                while not rec.results:
-                    await asyncio.sleep(0.001)
+                await until(lambda: rec.results, what="the record, once the client has its bytes")
                 assert unread(live.peer).count(b"data: ") == 3
 
             record = rec.results[0].record

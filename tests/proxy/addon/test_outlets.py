@@ -9,6 +9,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mitmproxy import exceptions
@@ -16,7 +17,7 @@ from mitmproxy.test import taddons
 
 from hopmeter.proxy.addon import outlets as outlets_module
 from hopmeter.proxy.addon.outlets import OutputQueues, QueuedTermLog
-from tests.harness.procs import wait_for
+from tests.harness.procs import until, wait_for
 
 
 def test_the_queue_bound_is_a_size_option() -> None:
@@ -57,11 +58,20 @@ def test_done_waits_no_longer_than_the_drain_left(tmp_path: Path) -> None:
         for _ in range(200):
             outlet.put(b"x" * 999 + b"\n")
         queues.outlets.flush_by = time.monotonic() - 100  # the drain used all its time
+        deadlines: list[tuple[float, float]] = []  # (the deadline given, when close was called)
+        close = queues.outlets.close
+
+        def spy(deadline: float, *args: Any, **kwargs: Any) -> int:
+            deadlines.append((deadline, time.monotonic()))
+            return close(deadline, *args, **kwargs)
+
+        queues.outlets.close = spy  # type: ignore[method-assign]
         started = time.monotonic()
         queues.done()
-        took = time.monotonic() - started
     os.close(reader)
-    assert took < outlets_module.FLUSH_FLOOR_S + 5  # not FLUSH_S, not forever
+    ((deadline, called),) = deadlines
+    # the floor from the moment done ran: not FLUSH_S, not the drain's deadline long past
+    assert started <= deadline - outlets_module.FLUSH_FLOOR_S <= called
     (state,) = queues.outlets.states()
     assert state.lost["shutdown"] > 0 and state.queued_bytes == 0
 
@@ -92,10 +102,7 @@ def test_losses_are_looked_at_while_running(
     async def main() -> None:
         queues.running()
         outlet.put(b"{}\n")
-        for _ in range(500):
-            if "could not write every line" in caplog.text:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: "could not write every line" in caplog.text, what="the loss said")
         queues.done()
 
     with caplog.at_level(logging.INFO, logger="hopmeter"):

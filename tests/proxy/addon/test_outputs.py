@@ -153,6 +153,7 @@ def test_otel_output_refuses_a_non_http_endpoint() -> None:
     assert out not in meter.observers
 
 
+@pytest.mark.loopback
 def test_otel_output_builds_its_exporter_with_or_without_the_timeline() -> None:
     """hopmeter_otel_timeline (on by default) reaches the exporter; changing it rebuilds it."""
     meter = HopMeter()

@@ -76,6 +76,7 @@ def test_traffic_flips_the_answer_at_once() -> None:
     assert r.answer()[0] is True
 
 
+@pytest.mark.loopback
 def test_the_check_connects_for_real() -> None:
     """A listening port is ready; a closed one is connect_refused."""
     with socket.create_server(("127.0.0.1", 0)) as server:

@@ -22,6 +22,7 @@ from hopmeter.proxy.addon.tap import (
     new_meter,
     start_trace,
 )
+from tests.harness.procs import until
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
 
@@ -79,7 +80,7 @@ class TestMeasureQueue:
             tap(CHUNK)
             queued = len(queue.pending)
             seen_before = tap.meter.events_seen
-            await asyncio.sleep(0.01)
+            await until(lambda: tap.meter.events_seen == 2, what="the queued chunks measured")
             return queued, seen_before, list(tap.meter.events.t_s)
 
         queued, seen_before, times = asyncio.run(run())

@@ -14,6 +14,7 @@ from mitmproxy.test import taddons
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.tokenizer_load import TokenizerLoad, Vocabulary
 from hopmeter.proxy.addon.tokenizers import Counters, _load
+from tests.harness import procs
 from tests.proxy.addon.test_meter import DONE, SSE, Recorder, sse_flow, stream_through
 
 WAIT_S = 30.0  # a bound on waiting for the vocabulary (it loads in ~1 s)
@@ -28,12 +29,8 @@ def unloaded() -> Iterator[None]:
 
 
 async def until(condition: Callable[[], Any]) -> None:
-    """Let the loop run until `condition()` holds (polled)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+    """Let the loop run until `condition()` holds (polled), at most WAIT_S."""
+    await procs.until(condition, WAIT_S)
 
 
 def test_items_wait_for_the_load_and_then_go_on_in_order_on_the_loop() -> None:

@@ -8,7 +8,6 @@ import hashlib
 import importlib.util
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from hopmeter.proxy.addon.tokenizers import (
     make_counter,
 )
 from tests.harness import tiktoken_ref
+from tests.harness.procs import wait_for
 
 DATA = Path(__file__).resolve().parents[3] / "addons" / "hopmeter" / "data"
 
@@ -179,10 +179,7 @@ def test_a_flow_start_compiles_the_full_pattern_in_the_background():
     counter = make_counter("gpt-4")
     split = counter._count.split  # type: ignore[attr-defined]
     tokenizers.traffic_started()  # the proxy calls it at its first flow; once is enough
-    deadline = time.monotonic() + 30
-    while not split.prepared and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert split.prepared
+    wait_for(lambda: split.prepared, 30, "the pattern compiled in the background")
     assert counter.count("Grüße, 世界") == 8  # cl100k_base splits them more than o200k
 
 

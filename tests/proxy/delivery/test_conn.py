@@ -17,6 +17,8 @@ from hopmeter.proxy.delivery import conn as client_conn
 from hopmeter.proxy.delivery.conn import ConnTracker, locate
 from tests.harness.live_client import Live, flow_of, live_client, run, unread
 
+pytestmark = pytest.mark.loopback  # every test serves or connects on 127.0.0.1, in this process
+
 LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 
 
@@ -163,7 +165,7 @@ class TestTracker:
                 fd = tracker.sock.fileno()
                 assert tracker.is_open()
                 live.writer.close()
-                await asyncio.sleep(0.01)  # the transport's connection_lost closes the socket
+                await live.writer.wait_closed()  # connection_lost ran: the socket is closed
                 with socket.socket() as other:
                     if other.fileno() != fd:  # the number went elsewhere: take it on purpose
                         os.dup2(other.fileno(), fd)

@@ -7,6 +7,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pytest
+
 from hopmeter.core.ledger import FLAG_SENT
 from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, Delivery, FlowOut, LoopLog
 from tests.harness.live_client import flow_of, live_client, run, unread
@@ -18,6 +20,7 @@ def delivery(errors: list[str] | None = None) -> Delivery:
     return Delivery(lambda where, exc: seen.append(where))
 
 
+@pytest.mark.loopback  # mitmproxy's connection handler around a real socket
 class TestAttach:
     def test_a_live_flow_is_followed_and_its_chunks_armed(self) -> None:
         """attach finds the client's transport; a chunk handed in is the next write's."""
@@ -64,6 +67,7 @@ class TestAttach:
         run(test)
 
 
+@pytest.mark.loopback  # mitmproxy's connection handler around a real socket
 class TestFinish:
     def test_the_record_waits_until_the_client_has_the_last_bytes(self) -> None:
         """A flow ends with bytes the client has not taken: its callback runs once they are sent."""

@@ -51,6 +51,7 @@ async def _fill(live: Live) -> None:
     raise AssertionError("the transport never paused")
 
 
+@pytest.mark.loopback
 @LOOPS
 def test_a_writer_with_room_is_skipped_and_a_paused_one_is_drained(
     loop: str, mitmproxy_calls: list[Any]
@@ -81,6 +82,7 @@ def test_a_writer_with_room_is_skipped_and_a_paused_one_is_drained(
     run(go, loop)
 
 
+@pytest.mark.loopback
 @LOOPS
 def test_a_closing_writer_takes_mitmproxys_path(loop: str, mitmproxy_calls: list[Any]) -> None:
     """A transport that is closing makes drain yield (and report the loss): mitmproxy's method
@@ -96,6 +98,7 @@ def test_a_closing_writer_takes_mitmproxys_path(loop: str, mitmproxy_calls: list
     run(go, loop)
 
 
+@pytest.mark.loopback
 def test_a_held_lock_or_a_foreign_writer_takes_mitmproxys_path(
     mitmproxy_calls: list[Any],
 ) -> None:
@@ -115,6 +118,7 @@ def test_a_held_lock_or_a_foreign_writer_takes_mitmproxys_path(
     run(go)
 
 
+@pytest.mark.loopback
 def test_a_fault_in_the_check_runs_mitmproxys_step(
     mitmproxy_calls: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

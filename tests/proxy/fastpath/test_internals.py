@@ -3,10 +3,13 @@ an HTTP/2 client's stream buffers, on mitmproxy's own handler (tests.harness.liv
 
 from __future__ import annotations
 
+import pytest
 from mitmproxy.proxy.layers.http import HttpLayer
 
 from hopmeter.proxy.fastpath.internals import connection_handlers, layers_to_http, locate_h2
 from tests.harness.live_client import flow_of, live_client, run
+
+pytestmark = pytest.mark.loopback  # every test serves or connects on 127.0.0.1, in this process
 
 
 def test_the_proxyserver_table_leads_to_the_live_handler() -> None:

@@ -417,6 +417,7 @@ class _Mover:
         raise AssertionError(exc)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_direct_read_that_fills_the_client_pauses_reading_until_drained(loop: str) -> None:
     """A read that comes while mitmproxy's read loop waits goes to the relay, not to the stream

@@ -12,6 +12,8 @@ import pytest
 
 from hopmeter.proxy.run.listen import LISTEN_BACKLOG, tune_listeners
 
+pytestmark = pytest.mark.loopback  # every test serves or connects on 127.0.0.1, in this process
+
 needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 
 
@@ -42,6 +44,7 @@ def _reuse_port(server: asyncio.Server) -> bool:
     return bool(server.sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
 
 
+@pytest.mark.integration  # runs ss to read the backlog the kernel keeps
 @needs_ss
 def test_servers_listen_with_the_deep_backlog() -> None:
     """After tuning, a server started the usual way gets hopmeter's backlog (capped by the

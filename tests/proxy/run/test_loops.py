@@ -89,6 +89,7 @@ def test_a_factory_without_eager_start_is_called_as_written() -> None:
     assert calls == [{"name": None, "context": None}]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_missing_uvloop_is_one_line_naming_the_fix(workers: str) -> None:
     """Without the uvloop package, `hopmeter run --loop uvloop` exits 2 with one line that says

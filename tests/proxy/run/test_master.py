@@ -274,6 +274,7 @@ def run_case(kind: str, sets: list[str], headers: dict[str, str], up: int, tmp: 
     return {"out": out, "files": files_in(folder)}
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize(("sets", "headers"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_each_option_family_behaves_as_in_mitmdump(
     sets: list[str], headers: dict[str, str], echo: int, tmp_path: Path, confdir: Path
@@ -289,6 +290,7 @@ def test_each_option_family_behaves_as_in_mitmdump(
     assert "error" in dump["out"] or dump["out"][0]["status"] in (200, 401, 404, 413, 418, 502)
 
 
+@pytest.mark.loopback
 def test_tls_to_the_upstream_and_from_the_client_as_in_mitmdump(
     tls_echo: int, confdir: Path
 ) -> None:
@@ -317,6 +319,7 @@ def dns_query(port: int, name: str) -> bytes:
     return answer[2:]
 
 
+@pytest.mark.loopback
 def test_a_dns_listener_answers_as_in_mitmdump(confdir: Path) -> None:
     """A DNS listener keeps the DNS resolver: `localhost` from the hosts file, the same answer
     through both masters."""
@@ -352,6 +355,7 @@ def test_every_option_and_command_of_mitmdump_exists() -> None:
     assert set(vars(dump)) <= set(vars(lean)) | {"_legacy_log_events"}
 
 
+@pytest.mark.loopback
 def test_an_option_set_while_running_acts_as_in_mitmdump(echo: int, confdir: Path) -> None:
     """An addon skipped under the defaults acts again once its option is set while the proxy
     runs: the header modify_headers adds reaches the upstream through both masters."""

@@ -28,6 +28,7 @@ from hopmeter.proxy.run.runner import (
     quiet_mitmproxy_logs,
     set_options,
 )
+from tests.harness.procs import until
 
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"model":"gpt-4o"}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -74,10 +75,7 @@ def test_what_the_first_flow_compiled_is_frozen_once_no_flow_is_in_flight() -> N
         await asyncio.sleep(0.3)
         assert thread.is_alive() and gc.get_freeze_count() == 0  # waits for the flow to end
         meter.live.clear()
-        for _ in range(1000):
-            if gc.get_freeze_count():
-                break
-            await asyncio.sleep(0.01)
+        await until(gc.get_freeze_count, what="the heap frozen once no flow is in flight")
         thread.join(10)
         assert gc.get_freeze_count() > 0
 
