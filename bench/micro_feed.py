@@ -38,14 +38,15 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
-from hopmeter.core import record
+from hopmeter.core import measure
 from hopmeter.core.apis import Delta
 from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload
 from hopmeter.core.decoding import Utf8Decoder, decode_payload
 from hopmeter.core.detectors import _variance, diagnose
 from hopmeter.core.frames import Frame
+from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.record import finish
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.vocab import Api
 from hopmeter.proxy.addon.tokenizers import load_counter
@@ -268,7 +269,8 @@ def frozen_frame() -> Callable[[int], object]:
 
 
 def finish_cost(events: int) -> float:
-    """µs for finish_flow on a FlowMeter fed `events` events (tokenizer, figures, detectors)."""
+    """µs for a FlowMeter fed `events` events to its record (record.finish: tokenizer, figures,
+    detectors, the record written)."""
     counters = load_counter(None)
     counters.preload()
     best = float("inf")
@@ -278,8 +280,7 @@ def finish_cost(events: int) -> float:
             m.feed(CHUNK, 0.1 + i * 0.02)
         m.feed(b"data: [DONE]\n\n", 0.1 + events * 0.02)
         m.close(0.2 + events * 0.02)
-        t0 = time.perf_counter_ns()
-        finish_flow(
+        seen = Seen(
             flow_id="f",
             trace_id="t",
             hop="proxy",
@@ -302,15 +303,16 @@ def finish_cost(events: int) -> float:
             meter=m,
             ended="complete",
             bytes_out=m.bytes_wire,
-            counters=counters,
             stall_threshold_s=0.5,
         )
+        t0 = time.perf_counter_ns()
+        finish(seen, counters)
         best = min(best, (time.perf_counter_ns() - t0) / 1000)
     return best
 
 
 def finish_parts(events: int) -> dict[str, float]:
-    """µs for each part of finish_flow on one `events`-event flow."""
+    """µs for each part of measuring (hopmeter.core.measure) on one `events`-event flow."""
     counters = load_counter(None)
     counter = counters.for_model(None)
     m = new_meter()
@@ -324,9 +326,9 @@ def finish_parts(events: int) -> dict[str, float]:
         headers={"content-type": "text/event-stream", "cache-control": "no-cache"},
         t_headers_s=0.05,
     )
-    account = record._account(m, counter)
-    figures = record._figures(m, account, 0.5)
-    view = record.stream_view(
+    account = measure._account(m, counter)
+    figures = measure._figures(m, account, 0.5)
+    view = measure.stream_view(
         meter=m,
         f=figures,
         account=account,
@@ -346,8 +348,8 @@ def finish_parts(events: int) -> dict[str, float]:
         return round(min(times), 1)
 
     return {
-        "account_tokens (tokenizer per event)": best(lambda: record._account(m, counter)),
-        "compute_figures": best(lambda: record._figures(m, account, 0.5)),
+        "account_tokens (tokenizer per event)": best(lambda: measure._account(m, counter)),
+        "compute_figures": best(lambda: measure._figures(m, account, 0.5)),
         "diagnose (detectors)": best(lambda: diagnose(view)),
         "  variance of the log gaps (statistics.pvariance, before)": best(
             lambda: statistics.pvariance(logs)
@@ -424,7 +426,7 @@ def main() -> None:
         print(f"{r['us_per_call']:8.2f} µs  {r['what']}")
     for key, us in flows.items():
         n = int(key.split("_")[3])
-        print(f"{us:8.1f} µs  finish_flow of a {n}-event flow ({us / n:.2f} µs per event)")
+        print(f"{us:8.1f} µs  record.finish of a {n}-event flow ({us / n:.2f} µs per event)")
     for what, us in parts.items():
         print(f"{us:8.1f} µs  {what}, {EVENTS_PER_FLOW} events")
     print(f"memory: {memory['bytes_per_event_kept']} B/event kept per flow "

@@ -3,7 +3,7 @@
     python bench/micro_outputs.py           # table on stdout, JSON in bench/results/
     python bench/micro_outputs.py --json    # the JSON on stdout too
 
-A finished flow is one record line (here a real one: `finish_flow` on a 175-event OpenAI chat
+A finished flow is one record line (here a real one: `record.finish` on a 175-event OpenAI chat
 stream, orjson-encoded, ~2 KiB) and, by default, one console line through the log. Before,
 both were written on the event loop: `write` + `flush` to the records file (or a pipe), and
 mitmproxy's terminal log handler's `print` to standard output. Now the loop puts each line on an
@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 from micro_feed import CHUNK, new_meter
 from mitmproxy.addons.termlog import TermLogHandler
 
-from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow, summary_line
+from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
+from hopmeter.core.record import finish, summary_line
 from hopmeter.export.outlets import Outlets
 from hopmeter.proxy.addon.outlets import QueuedTermLogHandler
 from hopmeter.proxy.addon.tokenizers import load_counter
@@ -54,7 +55,7 @@ ROUNDS = 21
 
 
 def make_record() -> dict[str, Any]:
-    """A real record: finish_flow on an EVENTS-event OpenAI chat stream."""
+    """A real record: hopmeter.core.record.finish on an EVENTS-event OpenAI chat stream."""
     counters = load_counter(None)
     counters.preload()
     meter = new_meter()
@@ -62,7 +63,7 @@ def make_record() -> dict[str, Any]:
         meter.feed(CHUNK, 0.1 + i * 0.02)
     meter.feed(b"data: [DONE]\n\n", 0.1 + EVENTS * 0.02)
     meter.close(0.2 + EVENTS * 0.02)
-    result = finish_flow(
+    seen = Seen(
         flow_id="f",
         trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
         hop="proxy",
@@ -85,9 +86,9 @@ def make_record() -> dict[str, Any]:
         meter=meter,
         ended="complete",
         bytes_out=meter.bytes_wire,
-        counters=counters,
         stall_threshold_s=0.5,
     )
+    result = finish(seen, counters)
     return result.record
 
 

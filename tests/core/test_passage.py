@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hopmeter.core.detectors import FIXES
-from hopmeter.core.passage import INFORMATIONAL, edited_after_streaming, proxy_failed
+from hopmeter.core.passage import INFORMATIONAL, PassageSeen, edited_after_streaming, proxy_failed
 from hopmeter.core.vocab import FindingKind, Severity
 
 
@@ -26,3 +26,27 @@ def test_an_edit_after_streaming_is_a_warning_with_the_fix() -> None:
     assert finding["evidence"] == {"streamed_bytes": 1234}
     assert finding["fix"] == FIXES[FindingKind.EDITED_AFTER_STREAMING]
     assert "hopmeter_buffer" in finding["fix"]
+
+
+def test_how_mitmproxy_moved_a_flow_gives_its_findings() -> None:
+    """A failure is a proxy_failed finding (a 1xx named as such), an edit after streaming a
+    warning with the bytes that went out; the failure comes first."""
+    seen = PassageSeen(
+        section={"stream": "hopmeter"},
+        error="HTTP/1 103 Early Hints taken for the final response",
+        informational=True,
+        edited_after_streaming=True,
+        streamed_bytes=7,
+    )
+    failed, edited = seen.findings()
+    assert failed.kind == FindingKind.PROXY_FAILED and failed.evidence["cause"] == INFORMATIONAL
+    assert edited.kind == FindingKind.EDITED_AFTER_STREAMING
+    assert edited.evidence == {"streamed_bytes": 7}
+    quiet = PassageSeen(
+        section={"stream": "chained"},
+        error=None,
+        informational=False,
+        edited_after_streaming=False,
+        streamed_bytes=None,
+    )
+    assert quiet.findings() == []

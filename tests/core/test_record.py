@@ -7,8 +7,9 @@ from typing import Any
 
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
+from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.record import FlowResult, RequestInfo, ResponseInfo, finish_flow, summary_line
+from hopmeter.core.record import FlowResult, finish, summary_line
 from hopmeter.core.tokens import Counter, estimate_counter
 from hopmeter.core.upstream import CAUSE_FIXES, UpstreamFailure
 from hopmeter.core.vocab import Ended
@@ -35,27 +36,31 @@ def result_of(api: str, body: list[bytes], delivery: DeliverySeen | None = None)
     for i, data in enumerate(body):
         meter.feed(data, 0.1 + i / 100)
     meter.close(0.1 + len(body) / 100)
-    return finish_flow(
-        flow_id="f",
-        trace_id=None,
-        hop="edge",
-        listener="edge",
-        request=RequestInfo(
-            method="POST",
-            scheme="http",
-            host="h",
-            path="/v1/chat/completions",
-            t_start=1.7e9,
-            t_end=1.7e9,
-            bytes=10,
+    return finish(
+        Seen(
+            flow_id="f",
+            trace_id=None,
+            hop="edge",
+            listener="edge",
+            request=RequestInfo(
+                method="POST",
+                scheme="http",
+                host="h",
+                path="/v1/chat/completions",
+                t_start=1.7e9,
+                t_end=1.7e9,
+                bytes=10,
+            ),
+            response=ResponseInfo(
+                status=200, http_version="HTTP/1.1", headers=SSE, t_headers_s=0.05
+            ),
+            meter=meter,
+            ended="complete",
+            bytes_out=meter.bytes_wire,
+            stall_threshold_s=0.5,
+            delivery=delivery,
         ),
-        response=ResponseInfo(status=200, http_version="HTTP/1.1", headers=SSE, t_headers_s=0.05),
-        meter=meter,
-        ended="complete",
-        bytes_out=meter.bytes_wire,
-        counters=EstimateCounters(),
-        stall_threshold_s=0.5,
-        delivery=delivery,
+        EstimateCounters(),
     )
 
 
@@ -166,11 +171,11 @@ def unanswered(failure: UpstreamFailure | None, ended: str) -> dict[str, Any]:
         method="POST", scheme="http", host="h", path="/v1/chat/completions", t_start=1.7e9,
         t_end=None, bytes=0,
     )  # fmt: skip
-    return finish_flow(
+    return finish(Seen(
         flow_id="f", trace_id=None, hop="edge", listener="edge", request=request, response=None,
-        meter=None, ended=ended, bytes_out=0, counters=EstimateCounters(), stall_threshold_s=0.5,
+        meter=None, ended=ended, bytes_out=0, stall_threshold_s=0.5,
         failure=failure,
-    ).record  # fmt: skip
+    ), EstimateCounters()).record  # fmt: skip
 
 
 def test_every_record_says_how_it_ended_also_without_a_response():

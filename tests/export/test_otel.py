@@ -31,7 +31,7 @@ SECRETS = ("sk-live-123", "session=abc", "Bearer tok", "the secret reply text", 
 
 
 def record(**over: Any) -> dict[str, Any]:
-    """A flow record shaped like finish_flow's (docs/design.md §4), with literal times."""
+    """A flow record shaped like hopmeter's (docs/design.md §4), with literal times."""
     rec: dict[str, Any] = {
         "schema": "hopmeter.flow/1",
         "trace_id": TRACE,

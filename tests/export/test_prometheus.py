@@ -19,6 +19,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from hopmeter.core.record import FlowResult
 from hopmeter.export import prometheus
 from hopmeter.export.labels import MAX_NAMES_PER_LABEL
 from hopmeter.export.outlets import OutputState
@@ -567,11 +568,104 @@ def test_exported_names_cover_every_family(registry: CollectorRegistry) -> None:
     } <= names
 
 
-def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
-    """Passing the gaps and per-event tokens finish_flow computed gives the same histograms as
-    reading them again from the record's events (the addon passes them; replays do not)."""
+def measured_results() -> list[Any]:
+    """Results as the proxy measures them: a chat stream followed to its client, one the
+    upstream failed, one whose response was not measured, one mitmproxy buffered and edited."""
+    import math
+
+    from hopmeter.core.delivery import DeliverySeen
+    from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
+    from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
     from hopmeter.core.meter import FlowMeter
-    from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+    from hopmeter.core.passage import PassageSeen
+    from hopmeter.core.record import finish
+    from hopmeter.core.tokens import estimate_counter
+    from hopmeter.core.upstream import UpstreamFailure
+
+    class Counters:
+        def for_model(self, model: str | None) -> Any:
+            return estimate_counter()
+
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    led, chunks = Ledger(), FlowChunks()
+    body = [b'data: {"choices":[{"delta":{"content":" tok tok"}}]}\n\n'] * 40
+    for i, data in enumerate([*body, b"data: [DONE]\n\n"]):
+        meter.feed(data, 0.20000037 + i * 0.0213)  # not on the microsecond: rounded
+        c = new_chunk(len(data), 100.2 + i * 0.0213)
+        chunks.add(c)
+        led.arm(c)
+        led.wrote(len(data), c[1] + 0.0003, False)
+    led.sample(101.5, -math.inf, 0, 58)
+    led.sample(101.501, 101.5, 0, 0)
+    meter.close(1.2)
+    request = RequestInfo(
+        method="POST", scheme="http", host="h", path="/v1/chat/completions", t_start=1.7e9,
+        t_end=1.7e9, bytes=10, model="gpt-4o",
+    )  # fmt: skip
+    response = ResponseInfo(
+        status=200, http_version="HTTP/1.1", headers={"content-type": "text/event-stream"},
+        t_headers_s=0.1,
+    )  # fmt: skip
+    followed = DeliverySeen(
+        reason=None, measured=True, chunks=chunks, mono0=100.0, skew_s=0.0,
+        http_version="HTTP/1.1",
+    )  # fmt: skip
+    base = {
+        "flow_id": "f", "trace_id": TRACE, "hop": "edge", "listener": "edge", "request": request,
+        "ended": "complete", "bytes_out": meter.bytes_wire, "stall_threshold_s": 0.02,
+    }  # fmt: skip
+    failure = UpstreamFailure(cause="connect_refused", detail="refused", status_sent=502)
+    edited = PassageSeen(
+        section={"stream": "buffered", "buffered_by": "modify_body", "body_clipped": "flow_cap"},
+        error="E: x", informational=False, edited_after_streaming=False, streamed_bytes=None,
+    )  # fmt: skip
+    seens = [
+        Seen(**base, response=response, meter=meter, delivery=followed),  # type: ignore[arg-type]
+        Seen(**{**base, "ended": "connect_refused"}, response=None, meter=None, failure=failure),  # type: ignore[arg-type]
+        Seen(**base, response=response, meter=None, delivery=followed),  # type: ignore[arg-type]
+        Seen(**base, response=response, meter=meter, passage=edited),  # type: ignore[arg-type]
+    ]
+    return [finish(seen, Counters()) for seen in seens]
+
+
+def test_a_measured_result_observes_what_its_record_says() -> None:
+    """Reading the typed measurement gives exactly the samples reading its record does, for
+    flows measured, followed to the client, failed, unmeasured and moved by mitmproxy."""
+    results = measured_results()
+    assert results[0].delivery.measured and results[0].delivery.holds  # followed
+    typed, from_record = CollectorRegistry(), CollectorRegistry()
+    by_type, by_record = Metrics(typed), Metrics(from_record)
+    for result in results:
+        by_type.observe_result(result)
+        by_record.observe_flow(
+            result.record,
+            gaps=result.figures.gaps if result.figures is not None else None,
+            event_tokens=result.tokens.per_event if result.tokens is not None else None,
+            own_holds=result.delivery.holds if result.delivery is not None else None,
+        )
+    assert samples(typed) == samples(from_record)
+    assert value(typed, "hopmeter_client_wait_seconds_count") == 1
+    assert value(typed, "hopmeter_flows_total", status_class="5xx") == 1  # the 502 sent
+    assert value(typed, "hopmeter_bodies_clipped_total", reason="flow_cap") == 1
+    assert value(typed, "hopmeter_stalls_total") > 0
+
+
+def test_a_result_read_back_is_observed_from_its_record() -> None:
+    """A result with no measurement (a record read back) is observed from its record alone."""
+    record = measured_results()[0].record
+    alone, from_record = CollectorRegistry(), CollectorRegistry()
+    Metrics(alone).observe_result(FlowResult(record=record, figures=None, tokens=None))
+    Metrics(from_record).observe_flow(record)
+    assert samples(alone) == samples(from_record)
+    assert value(alone, "hopmeter_flows_total") == 1
+
+
+def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
+    """Passing the gaps and per-event tokens measuring computed gives the same histograms as
+    reading them again from the record's events (the addon passes them; replays do not)."""
+    from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
+    from hopmeter.core.meter import FlowMeter
+    from hopmeter.core.record import finish
     from hopmeter.core.tokens import estimate_counter
 
     class Counters:
@@ -587,7 +681,7 @@ def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
         meter.feed(b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % text.encode(), t)
     meter.feed(b"data: [DONE]\n\n", t + 0.01)
     meter.close(t + 0.02)
-    result = finish_flow(
+    result = finish(Seen(
         flow_id="f",
         trace_id=TRACE,
         hop="edge",
@@ -603,9 +697,8 @@ def test_gaps_from_the_flow_end_observe_what_the_record_does() -> None:
         meter=meter,
         ended="complete",
         bytes_out=meter.bytes_wire,
-        counters=Counters(),
         stall_threshold_s=0.5,
-    )  # fmt: skip
+    ), Counters())  # fmt: skip
     assert result.figures is not None and result.tokens is not None
     from_record, passed = CollectorRegistry(), CollectorRegistry()
     Metrics(from_record).observe_flow(result.record)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.record import finish
 from hopmeter.core.tokens import Counter, estimate_counter
 from hopmeter.core.vocab import Severity
 from hopmeter.report import timeline
@@ -41,26 +42,28 @@ def measure(chunks: list[tuple[float, bytes]], headers: dict[str, str] = SSE) ->
     for t, data in chunks:
         meter.feed(data, t)
     meter.close(chunks[-1][0])
-    result = finish_flow(
-        flow_id="f1",
-        trace_id="t1",
-        hop="edge",
-        listener="edge",
-        request=RequestInfo(
-            method="POST",
-            scheme="http",
-            host="h",
-            path="/v1/chat/completions",
-            t_start=1.7e9,
-            t_end=1.7e9,
-            bytes=10,
+    result = finish(
+        Seen(
+            flow_id="f1",
+            trace_id="t1",
+            hop="edge",
+            listener="edge",
+            request=RequestInfo(
+                method="POST",
+                scheme="http",
+                host="h",
+                path="/v1/chat/completions",
+                t_start=1.7e9,
+                t_end=1.7e9,
+                bytes=10,
+            ),
+            response=ResponseInfo(status=200, http_version="HTTP/1.1", headers=headers),
+            meter=meter,
+            ended="complete",
+            bytes_out=meter.bytes_wire,
+            stall_threshold_s=0.5,
         ),
-        response=ResponseInfo(status=200, http_version="HTTP/1.1", headers=headers),
-        meter=meter,
-        ended="complete",
-        bytes_out=meter.bytes_wire,
-        counters=EstimateCounters(),
-        stall_threshold_s=0.5,
+        EstimateCounters(),
     )
     return result.record
 

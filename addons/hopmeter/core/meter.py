@@ -3,7 +3,7 @@
 The proxy layer calls `feed(chunk, now)` for each chunk the stream callable stamped (a millisecond
 later, from its measure queue) and `close(now)` when the flow ends. `feed` does only what must
 happen per chunk: count it, decode a side copy, frame it into events and read each event's text.
-Token counting, figures and detectors run once at the end (hopmeter.core.record.finish_flow).
+Token counting, figures and detectors run once at the end (hopmeter.core.measure.measure).
 """
 
 from __future__ import annotations

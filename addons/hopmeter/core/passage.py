@@ -3,6 +3,10 @@ body that had already gone to the client (hopmeter.proxy.addon.passage watches f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from hopmeter.core.detectors import FIXES, Finding
 from hopmeter.core.vocab import FindingKind, Severity
 
@@ -40,3 +44,24 @@ def edited_after_streaming(body_bytes: int | None) -> Finding:
         evidence={"streamed_bytes": body_bytes},
         fix=FIXES[FindingKind.EDITED_AFTER_STREAMING],
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassageSeen:
+    """How mitmproxy moved a flow, when that differs from `hopmeter run`'s way (the proxy layer's
+    hopmeter.proxy.addon.passage.FlowPassage, taken when the flow ended)."""
+
+    section: Mapping[str, Any]  # the record's `mitmproxy` section
+    error: str | None  # mitmproxy's own failure on the flow
+    informational: bool  # a 1xx response was taken for the final one
+    edited_after_streaming: bool  # a hook edited a body that had already gone to the client
+    streamed_bytes: int | None  # what of that body went out, when a copy counted it
+
+    def findings(self) -> list[Finding]:
+        """The findings about how the proxy moved the flow."""
+        out = []
+        if self.error is not None:
+            out.append(proxy_failed(self.error, informational=self.informational))
+        if self.edited_after_streaming:
+            out.append(edited_after_streaming(self.streamed_bytes))
+        return out

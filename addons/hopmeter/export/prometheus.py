@@ -32,6 +32,8 @@ from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
 from hopmeter.core.hops import Segment
+from hopmeter.core.measure import Measurement
+from hopmeter.core.record import FlowResult
 from hopmeter.export.labels import (
     APIS,
     BEACON_OUTCOMES,
@@ -240,6 +242,8 @@ class Metrics:
             GAP_BUCKETS_S,
             FLOW_LABELS,
         )
+        # one observation per flow each, in the order of TIMINGS
+        self._timings = (self.ttfb, self.ttfe, self.ttft, self.duration, self.max_gap)
         self.event_tokens = weighted(
             "event_tokens",
             "Tokens carried by each token-carrying event.",
@@ -362,6 +366,33 @@ class Metrics:
         self.outputs = OutputFamilies(registry)
 
     # --- observing ------------------------------------------------------------------------------
+    def observe_result(
+        self, result: FlowResult, *, paint_lags: Sequence[float] | None = None
+    ) -> None:
+        """Observe one finished flow as the proxy measured it: its figures, tokens, bytes and
+        delivery from the typed measurement (hopmeter.core.measure), never parsed back from its
+        record; what the waits after measuring added (pairing, a joined beacon, the findings
+        they add) from the record. A result without a measurement is read from its record.
+        `paint_lags` as in `observe_flow`."""
+        m = result.measurement
+        if m is None:
+            self.observe_flow(
+                result.record,
+                gaps=result.figures.gaps if result.figures is not None else None,
+                event_tokens=result.tokens.per_event if result.tokens is not None else None,
+                own_holds=result.delivery.holds if result.delivery is not None else None,
+                paint_lags=paint_lags,
+            )
+            return
+        self._observe(
+            result.record,
+            _measured_facts(m),
+            gaps=m.figures.gaps if m.figures is not None else None,
+            event_tokens=m.tokens.per_event if m.tokens is not None else None,
+            own_holds=m.delivery.holds if m.delivery is not None else None,
+            paint_lags=paint_lags,
+        )
+
     def observe_flow(
         self,
         record: Mapping[str, Any],
@@ -371,32 +402,44 @@ class Metrics:
         own_holds: Sequence[tuple[float, int]] | None = None,
         paint_lags: Sequence[float] | None = None,
     ) -> None:
-        """Observe one finished flow record (docs/design.md §4).
+        """Observe one finished flow record (docs/design.md §4): one read back, or written
+        elsewhere.
 
         `gaps` and `event_tokens` (the token-weighted gaps and the tokens of each event, as
-        finish_flow computed them) spare reading them again from the record's events;
+        measuring computed them) spare reading them again from the record's events;
         `own_holds` are the hop's own holds, (seconds, tokens) per chunk, when the proxy followed
         the flow's bytes to the client (FlowResult.delivery.holds); `paint_lags` the per-token
         lags from the page's read to the screen, when a beacon was joined (the `screen>browser`
         segment's holds).
         """
-        request = record.get("request") or {}
-        response = record.get("response") or {}
-        figures = record.get("figures") or {}
-        api = vocabulary_label(record.get("api"), APIS)
-        hop = self.hops.label(record.get("hop"))
-        model = self.models.label(record.get("model"))
-        labels = (hop, api, model, self.routes.label(request.get("path")))  # FLOW_LABELS
+        self._observe(
+            record,
+            _record_facts(record),
+            gaps=gaps,
+            event_tokens=event_tokens,
+            own_holds=own_holds,
+            paint_lags=paint_lags,
+        )
+
+    def _observe(
+        self,
+        record: Mapping[str, Any],
+        facts: _Facts,
+        *,
+        gaps: Gaps | None,
+        event_tokens: Sequence[int] | None,
+        own_holds: Sequence[tuple[float, int]] | None,
+        paint_lags: Sequence[float] | None,
+    ) -> None:
+        """One flow: `facts` as measured (or read from its record), the rest from its record."""
+        api = vocabulary_label(facts.api, APIS)
+        hop = self.hops.label(facts.hop)
+        model = self.models.label(facts.model)
+        labels = (hop, api, model, self.routes.label(facts.path))  # FLOW_LABELS
         child = self._child
-        exemplar = _exemplar(record.get("trace_id"))
-        for hist, key in (
-            (self.ttfb, "ttfb_s"),
-            (self.ttfe, "ttfe_s"),
-            (self.ttft, "ttft_s"),
-            (self.duration, "duration_s"),
-            (self.max_gap, "max_gap_s"),
-        ):
-            value = _num(figures.get(key))
+        exemplar = _exemplar(facts.trace_id)
+        for hist, timing in zip(self._timings, facts.timings, strict=True):
+            value = _num(timing)
             if value is not None:
                 child(hist, labels).observe(value, exemplar)
         if gaps is not None and event_tokens is not None:
@@ -405,31 +448,28 @@ class Metrics:
         else:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
-        ended = vocabulary_label(response.get("ended", record.get("ended")), ENDINGS)
+        ended = vocabulary_label(facts.ended, ENDINGS)
         # no response: the status the proxy answered in its place (502, 504), if it did
-        sent = (record.get("upstream_error") or {}).get("status_sent")
-        status = status_class(response.get("status", sent))
-        child(self.flows, (*labels, status, ended)).inc(1, exemplar)
+        child(self.flows, (*labels, status_class(facts.status), ended)).inc(1, exemplar)
         short = (hop, api, model)
-        tokens = _num(figures.get("tokens"))
+        tokens = _num(facts.tokens)
         if tokens:
-            source = vocabulary_label(figures.get("tokens_source"), TOKEN_SOURCES)
+            source = vocabulary_label(facts.tokens_source, TOKEN_SOURCES)
             child(self.tokens, (*short, source)).inc(tokens)
-        events = _num(figures.get("events"))
-        events = float(len(record.get("events") or ())) if events is None else events
-        if events:
-            child(self.events, short).inc(events)
-        stalls = _num(figures.get("stalls"))
+        if facts.events:
+            child(self.events, short).inc(facts.events)
+        stalls = _num(facts.stalls)
         stalls_child = child(self.stalls, short)  # created at 0: see _initialise
         if stalls:
             stalls_child.inc(stalls, exemplar)
-        malformed = _num((record.get("stream") or {}).get("malformed_events"))
+        malformed = _num(facts.malformed)
         malformed_child = child(self.malformed_events, (hop, api))  # created at 0, as stalls
         if malformed:
             malformed_child.inc(malformed, exemplar)
         self._initialise(hop, api)
-        self._observe_bytes(hop, api, response, figures)
-        self._observe_delivery(record.get("delivery"), own_holds, labels, exemplar)
+        self._observe_bytes(hop, api, facts)
+        if facts.delivered:
+            self._observe_delivery(facts, own_holds, labels, exemplar)
         browser = record.get("browser")
         client = browser.get("findings") if isinstance(browser, Mapping) else None
         for finding in (*(record.get("findings") or ()), *(client or ())):
@@ -470,15 +510,13 @@ class Metrics:
 
     def _observe_delivery(
         self,
-        section: object,
+        facts: _Facts,
         own_holds: Sequence[tuple[float, int]] | None,
         labels: tuple[str, ...],
         exemplar: dict[str, str] | None,
     ) -> None:
         """Client wait per flow and the hop's own hold per token, for flows that were followed."""
-        if not isinstance(section, Mapping) or section.get("measured") is not True:
-            return
-        wait = _num(section.get("client_wait_s"))
+        wait = _num(facts.client_wait_s)
         if wait is not None:
             self._child(self.client_wait, labels).observe(wait, exemplar)
         if own_holds:
@@ -487,7 +525,7 @@ class Metrics:
             # call each); NaN is dropped as `_num` drops it
             values = [(v, k) for v, k in own_holds if k > 0 and v >= 0]
             self.own_hold.observe(labels, values, exemplar)
-        below = _num(section.get("negative_holds"))
+        below = _num(facts.negative_holds)
         if below:
             self._child(self.negative, ("own_hold",)).inc(below)
 
@@ -562,12 +600,10 @@ class Metrics:
         self.event_tokens.observe(labels, [(float(k), n) for k, n in per_k.items()], None)
         self.itl.observe(labels, gaps, exemplar)
 
-    def _observe_bytes(
-        self, hop: str, api: str, response: Mapping[str, Any], figures: Mapping[str, Any]
-    ) -> None:
-        payload = _num(figures.get("payload_bytes")) or 0.0
-        for direction, key in (("in", "bytes_wire"), ("out", "bytes_out")):
-            wire = _num(response.get(key))
+    def _observe_bytes(self, hop: str, api: str, facts: _Facts) -> None:
+        payload = _num(facts.payload_bytes) or 0.0
+        for direction, count in (("in", facts.bytes_wire), ("out", facts.bytes_out)):
+            wire = _num(count)
             if not wire:
                 continue
             # framing = everything on the wire that is not visible text (envelopes, event
@@ -625,6 +661,111 @@ class Metrics:
     def stream_finished(self) -> None:
         """A response that began streaming has ended, however it ended."""
         self.streams_active.dec()
+
+
+# The per-flow timings, in the order of Metrics._timings: the record's figures of those names.
+TIMINGS = ("ttfb_s", "ttfe_s", "ttft_s", "duration_s", "max_gap_s")
+NO_TIMINGS = (None,) * len(TIMINGS)
+
+
+class _Facts(NamedTuple):
+    """What the metrics read of one flow besides what the end's waits add to its record: from
+    its typed measurement, or from a record of any origin (so each may be anything)."""
+
+    hop: object
+    api: object
+    model: object
+    path: object
+    trace_id: object
+    timings: tuple[object, ...]  # TIMINGS, to the microsecond as the record has them
+    ended: object
+    status: object  # the response's, else the one the proxy answered in its place
+    tokens: object
+    tokens_source: object
+    events: float
+    stalls: object
+    malformed: object
+    payload_bytes: object
+    bytes_wire: object
+    bytes_out: object
+    delivered: bool  # the proxy followed the flow's bytes to the client
+    client_wait_s: object
+    negative_holds: object
+
+
+def _measured_facts(m: Measurement) -> _Facts:
+    """The facts of a flow the proxy measured, as its record would say them."""
+    seen, f, meter, response = m.seen, m.figures, m.seen.meter, m.seen.response
+    timings: tuple[object, ...] = NO_TIMINGS
+    tokens = stalls = malformed = payload = None
+    events, wire = 0.0, 0 if response is not None else None
+    if f is not None and meter is not None:  # measured: the record has figures and a stream
+        timings = (_us(f.ttfb_s), _us(f.ttfe_s), _us(f.ttft_s), _us(f.duration_s), _us(f.max_gap_s))
+        tokens, stalls, events = f.tokens, f.stalls, float(meter.events_seen)
+        malformed, payload = meter.malformed_events, meter.facts.payload_bytes
+        wire = meter.bytes_wire
+    failure, d = seen.failure, m.delivery
+    if response is not None:
+        status: object = response.status
+    else:  # the status the proxy answered in its place, if it did
+        status = failure.status_sent if failure is not None else None
+    return _Facts(
+        hop=seen.hop,
+        api=m.api,
+        model=m.model,
+        path=seen.request.path,
+        trace_id=seen.trace_id,
+        timings=timings,
+        ended=seen.ended,
+        status=status,
+        tokens=tokens,
+        tokens_source=m.tokens.source if m.tokens is not None else None,
+        events=events,
+        stalls=stalls,
+        malformed=malformed,
+        payload_bytes=payload,
+        bytes_wire=wire,
+        bytes_out=seen.bytes_out if response is not None else None,
+        delivered=d is not None and d.measured,
+        client_wait_s=_us(d.client_wait_s) if d is not None else None,
+        negative_holds=d.negative_holds if d is not None else None,
+    )
+
+
+def _record_facts(record: Mapping[str, Any]) -> _Facts:
+    """The facts a record says (one of any origin: every value is checked where it is read)."""
+    request = record.get("request") or {}
+    response = record.get("response") or {}
+    figures = record.get("figures") or {}
+    delivery = record.get("delivery")
+    d = delivery if isinstance(delivery, Mapping) else {}
+    events = _num(figures.get("events"))
+    return _Facts(
+        hop=record.get("hop"),
+        api=record.get("api"),
+        model=record.get("model"),
+        path=request.get("path"),
+        trace_id=record.get("trace_id"),
+        timings=tuple(figures.get(key) for key in TIMINGS),
+        ended=response.get("ended", record.get("ended")),
+        status=response.get("status", (record.get("upstream_error") or {}).get("status_sent")),
+        tokens=figures.get("tokens"),
+        tokens_source=figures.get("tokens_source"),
+        events=float(len(record.get("events") or ())) if events is None else events,
+        stalls=figures.get("stalls"),
+        malformed=(record.get("stream") or {}).get("malformed_events"),
+        payload_bytes=figures.get("payload_bytes"),
+        bytes_wire=response.get("bytes_wire"),
+        bytes_out=response.get("bytes_out"),
+        delivered=d.get("measured") is True,
+        client_wait_s=d.get("client_wait_s"),
+        negative_holds=d.get("negative_holds"),
+    )
+
+
+def _us(x: float | None) -> float | None:
+    """To the microsecond, as the record writes a duration (hopmeter.core.record)."""
+    return None if x is None else round(x, 6)
 
 
 def _below_zero(value: object) -> bool:

@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.record import RequestInfo, ResponseInfo, finish_flow
+from hopmeter.core.record import finish
 from hopmeter.core.tokens import Counter, estimate_counter
 from hopmeter.core.vocab import Api, FindingKind, ProbeCheck
 from hopmeter.probe import strict
@@ -164,7 +165,7 @@ def _measure(
         meter.feed(data, t)
     end = reads[-1][0] if reads else (t_headers_s or 0.0)
     meter.close(end)
-    result = finish_flow(
+    seen = Seen(
         flow_id="probe",
         trace_id=None,
         hop="probe",
@@ -186,10 +187,9 @@ def _measure(
         meter=meter,
         ended="complete",
         bytes_out=meter.bytes_wire,
-        counters=_Estimates(),
         stall_threshold_s=STALL_THRESHOLD_S,
     )
-    return meter, result.record
+    return meter, finish(seen, _Estimates()).record
 
 
 def _events(

@@ -33,6 +33,12 @@ class Fixture:
             on_error=lambda where, exc: self.errors.append(where),
         )
 
+    def take(self, r: FlowResult) -> bool:
+        """Hand `r` to the joins as a flow's end does; True unless it was handed on as it is."""
+        n = len(self.emitted)
+        self.joins.take(r, self.emitted.append)
+        return not (len(self.emitted) == n + 1 and self.emitted[-1] is r)
+
     def fire(self) -> None:
         timers, self.timers = self.timers, []
         for _, fn in timers:
@@ -64,7 +70,7 @@ def test_a_record_waits_for_its_beacon_then_is_written_with_the_lanes() -> None:
     """The record is held; the beacon from the page's origin joins it (204) and writes it."""
     f = Fixture()
     f.joins.expect("t1", "f1", PAGE)
-    assert f.joins.take(result("t1")) is True
+    assert f.take(result("t1")) is True
     assert f.emitted == [] and f.joins.parked == 1 and f.timers[0][0] == WAIT_S
     answer = f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED)
     assert (answer.status, answer.outcome) == (204, None)
@@ -81,7 +87,7 @@ def test_a_beacon_before_its_record_waits_for_it() -> None:
     f.joins.expect("t1", "f1", PAGE)
     assert f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED).status == 202
     assert f.joins.waiting == 1 and f.emitted == []
-    assert f.joins.take(result("t1")) is True
+    assert f.take(result("t1")) is True
     assert f.emitted[0].record["browser"]["joined"] is True and f.joins.waiting == 0
 
 
@@ -89,7 +95,7 @@ def test_no_beacon_in_time_writes_the_record_without_lanes() -> None:
     """After WAIT_S the record is written saying no beacon came; a beacon after that is late."""
     f = Fixture()
     f.joins.expect("t1", "f1", PAGE)
-    f.joins.take(result("t1"))
+    f.take(result("t1"))
     f.fire()
     (rec,) = [r.record for r in f.emitted]
     assert rec["browser"] == {
@@ -114,7 +120,7 @@ def test_only_the_page_that_made_the_request_may_send_its_beacon(
     """Another origin, or none, is refused; the record keeps waiting for the right one."""
     f = Fixture()
     f.joins.expect("t1", "f1", PAGE)
-    f.joins.take(result("t1"))
+    f.take(result("t1"))
     answer = f.joins.beacon(page_beacon("t1"), origin, RECEIVED)
     assert (answer.status, answer.outcome) == (status, outcome)
     assert "only the page that made the request" in answer.message
@@ -125,7 +131,7 @@ def test_a_request_without_an_origin_cannot_be_joined() -> None:
     """A request that named no origin: no beacon can prove it comes from the same page."""
     f = Fixture()
     f.joins.expect("t1", "f1", None)
-    f.joins.take(result("t1"))
+    f.take(result("t1"))
     assert f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED).status == 403
 
 
@@ -137,7 +143,7 @@ def test_unknown_and_duplicate_beacons() -> None:
     f.joins.expect("t1", "f1", PAGE)
     f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED)
     assert f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED).outcome == BeaconOutcome.DUPLICATE
-    f.joins.take(result("t1"))
+    f.take(result("t1"))
     assert f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED).status == 409
 
 
@@ -147,9 +153,9 @@ def test_only_the_flow_the_page_talked_to_waits() -> None:
     f = Fixture()
     f.joins.expect("t1", "edge-flow", PAGE)
     f.joins.expect("t1", "origin-flow", PAGE)  # the inner listener saw the same headers
-    assert f.joins.take(result("t1", "origin-flow")) is False
-    assert f.joins.take(result("t2", "other")) is False
-    assert f.joins.take(result("t1", "edge-flow")) is True
+    assert f.take(result("t1", "origin-flow")) is False
+    assert f.take(result("t2", "other")) is False
+    assert f.take(result("t1", "edge-flow")) is True
 
 
 def test_held_records_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,7 +164,7 @@ def test_held_records_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     f = Fixture()
     for i in range(3):
         f.joins.expect(f"t{i}", f"f{i}", PAGE)
-        f.joins.take(result(f"t{i}", f"f{i}"))
+        f.take(result(f"t{i}", f"f{i}"))
     assert [r.record["trace_id"] for r in f.emitted] == ["t0"]
     assert f.emitted[0].record["browser"]["joined"] is False
     assert f.joins.parked == 2 and f.counts == {BeaconOutcome.MISSING: 1}
@@ -172,7 +178,7 @@ def test_waiting_beacons_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         f.joins.expect(f"t{i}", f"f{i}", PAGE)
         f.joins.beacon(page_beacon(f"t{i}"), PAGE, RECEIVED)
     assert f.joins.waiting == 2 and f.counts == {BeaconOutcome.DROPPED: 1}
-    assert f.joins.take(result("t0", "f0")) is True  # its beacon is gone: it waits again
+    assert f.take(result("t0", "f0")) is True  # its beacon is gone: it waits again
 
 
 def test_announced_requests_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +186,7 @@ def test_announced_requests_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(beacons, "MAX_EXPECTED", 2)
     f = Fixture()
     f.joins.expect("t0", "f0", PAGE)
-    f.joins.take(result("t0", "f0"))
+    f.take(result("t0", "f0"))
     f.joins.expect("t1", "f1", PAGE)
     f.joins.expect("t2", "f2", PAGE)
     assert [r.record["browser"]["joined"] for r in f.emitted] == [False]
@@ -192,7 +198,7 @@ def test_drain_writes_every_held_record() -> None:
     f = Fixture()
     for i in range(2):
         f.joins.expect(f"t{i}", f"f{i}", PAGE)
-        f.joins.take(result(f"t{i}", f"f{i}"))
+        f.take(result(f"t{i}", f"f{i}"))
     f.joins.drain()
     assert [r.record["browser"]["reason"] for r in f.emitted] == [
         "hopmeter stopped before the beacon came"
@@ -206,7 +212,7 @@ def test_a_failing_join_writes_the_record_anyway() -> None:
     f.joins.expect("t1", "f1", PAGE)
     broken = result("t1")
     broken.record["events"] = "not a list"
-    f.joins.take(broken)
+    f.take(broken)
     f.joins.beacon(page_beacon("t1"), PAGE, RECEIVED)
     assert f.errors == ["browser"]
     assert f.emitted[0].record["browser"]["joined"] is False

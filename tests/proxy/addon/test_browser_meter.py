@@ -9,13 +9,19 @@ from typing import Any
 
 import orjson
 import pytest
-from mitmproxy import http
+from mitmproxy import ctx, http
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.addon.browser_meter import BrowserMeter, RateBound, announces_beacon, origin_of
+from hopmeter.proxy.addon.browser_meter import (
+    BrowserMeter,
+    RateBound,
+    announces_beacon,
+    answered_here,
+    origin_of,
+)
 from hopmeter.proxy.addon.meter import HopMeter
 
 TP = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
@@ -38,10 +44,15 @@ class Recorder(FlowObserver):
 
 
 @pytest.fixture
-def browser() -> Iterator[BrowserMeter]:
+def meter() -> HopMeter:
+    """The measuring addon whose flow's end BrowserMeter holds records in."""
+    return HopMeter()
+
+
+@pytest.fixture
+def browser(meter: HopMeter) -> Iterator[BrowserMeter]:
     """A HopMeter with browser measuring on, in mitmproxy's test context."""
-    meter = HopMeter()
-    b = BrowserMeter(meter)
+    b = BrowserMeter(meter.ending)
     with taddons.context(meter, b) as tctx:
         tctx.configure(meter, hopmeter_hop="edge")
         tctx.configure(b, hopmeter_browser=True)
@@ -58,34 +69,45 @@ def request(path: str, method: str = "POST", body: bytes = b"", **headers: str) 
     return flow
 
 
-def answer(b: BrowserMeter, flow: http.HTTPFlow) -> http.Response:
+def answer(b: BrowserMeter, meter: HopMeter, flow: http.HTTPFlow) -> http.Response:
     """Run the request hooks as mitmproxy does; the response hopmeter set."""
-    b.meter.requestheaders(flow)
+    meter.requestheaders(flow)
     b.requestheaders(flow)
     b.request(flow)
     assert flow.response is not None
     return flow.response
 
 
-def test_the_snippet_is_served(browser: BrowserMeter) -> None:
+def test_the_snippet_is_served(browser: BrowserMeter, meter: HopMeter) -> None:
     """GET /_hopmeter/beacon.js is the packaged snippet, as JavaScript, answered by hopmeter."""
-    r = answer(browser, request("/_hopmeter/beacon.js?v=1", "GET"))
+    r = answer(browser, meter, request("/_hopmeter/beacon.js?v=1", "GET"))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
     assert b"hopmeter.beacon/1" in r.content and b"sendBeacon" in r.content
-    assert answer(browser, request("/_hopmeter/beacon.js", "POST")).status_code == 405
+    assert answer(browser, meter, request("/_hopmeter/beacon.js", "POST")).status_code == 405
 
 
-def test_a_beacon_path_is_never_measured(browser: BrowserMeter) -> None:
+def test_a_beacon_path_is_never_measured(browser: BrowserMeter, meter: HopMeter) -> None:
     """hopmeter's own paths get no measuring state: no record, no traceparent added."""
     flow = request("/_hopmeter/beacon", body=b"{}")
-    browser.meter.requestheaders(flow)
-    assert flow.id not in browser.meter.live and "traceparent" not in flow.request.headers
+    meter.requestheaders(flow)
+    assert flow.id not in meter.live and "traceparent" not in flow.request.headers
+
+
+def test_the_other_addons_tell_hopmeter_s_own_paths_from_the_option(
+    browser: BrowserMeter,
+) -> None:
+    """answered_here (what the measuring addon and the guard ask) agrees with the option: the
+    two paths while it is on, nothing once it is off."""
+    snippet, other = request("/_hopmeter/beacon.js", "GET"), request("/v1/chat/completions")
+    assert answered_here(snippet) and browser.owns(snippet) and not answered_here(other)
+    ctx.options.update(hopmeter_browser=False)
+    assert not answered_here(snippet) and not browser.owns(snippet)
 
 
 def test_without_the_option_nothing_is_answered() -> None:
     """Option off: hopmeter's paths are ordinary requests (measured, forwarded)."""
     meter = HopMeter()
-    b = BrowserMeter(meter)
+    b = BrowserMeter(meter.ending)
     with taddons.context(meter, b) as tctx:
         tctx.configure(meter, hopmeter_hop="edge")
         flow = request("/_hopmeter/beacon.js", "GET")
@@ -96,17 +118,17 @@ def test_without_the_option_nothing_is_answered() -> None:
         assert not b.owns(flow)
 
 
-def test_bad_beacons_are_answered_and_counted(browser: BrowserMeter) -> None:
+def test_bad_beacons_are_answered_and_counted(browser: BrowserMeter, meter: HopMeter) -> None:
     """Each refusal is a status, one line, the outcome in a header and in the observers."""
     rec = Recorder()
-    browser.meter.add_observer(rec)
+    meter.add_observer(rec)
     cases = [
         (request("/_hopmeter/beacon", body=b"nope", origin=PAGE), 400, "malformed"),
         (request("/_hopmeter/beacon", "GET"), 405, "wrong_method"),
         (request("/_hopmeter/beacon", body=b" " * 70_000), 413, "too_large"),
     ]
     for flow, status, outcome in cases:
-        r = answer(browser, flow)
+        r = answer(browser, meter, flow)
         assert r.status_code == status and r.headers["x-hopmeter-beacon"] == outcome
         assert r.text is not None and r.text.startswith("hopmeter: ") and r.text.count("\n") == 1
     assert rec.outcomes == ["malformed", "wrong_method", "too_large"]
@@ -139,7 +161,7 @@ def test_a_body_too_long_to_read_is_never_read(
     assert browser.counts == {outcome: 1}
 
 
-def test_an_announced_stream_waits_for_its_beacon(browser: BrowserMeter) -> None:
+def test_an_announced_stream_waits_for_its_beacon(browser: BrowserMeter, meter: HopMeter) -> None:
     """A request with the snippet's tracestate registers its trace, with its page's origin;
     its record is held until the beacon, then written with the browser lane."""
     flow = request(
@@ -149,7 +171,7 @@ def test_an_announced_stream_waits_for_its_beacon(browser: BrowserMeter) -> None
     expected = browser.joins.expected["ab" * 16]
     assert (expected.flow_id, expected.origin) == (flow.id, PAGE)
     rec = Recorder()
-    browser.meter.add_observer(rec)
+    meter.add_observer(rec)
     record: dict[str, Any] = {
         "trace_id": "ab" * 16,
         "flow_id": flow.id,
@@ -157,7 +179,7 @@ def test_an_announced_stream_waits_for_its_beacon(browser: BrowserMeter) -> None
         "request": {"t_start": 1733000000.0},
         "events": [[0.1, 1, 5]],
     }
-    browser.meter._emit(FlowResult(record=record, figures=None, tokens=None))
+    meter.ending.take_at("beacon", FlowResult(record=record, figures=None, tokens=None))
     assert rec.results == []  # held
     assert browser.joins.parked == 1
 
@@ -190,7 +212,7 @@ def test_the_tracestate_entry_and_the_origin_are_read_as_the_specs_say() -> None
     assert origin_of(http.Headers()) is None
 
 
-def test_a_joined_beacon_through_the_hooks(browser: BrowserMeter) -> None:
+def test_a_joined_beacon_through_the_hooks(browser: BrowserMeter, meter: HopMeter) -> None:
     """A real beacon body for a held record: 204, and the record written with both lanes."""
     from tests.core.literal_beacons import frames, reads
 
@@ -229,9 +251,9 @@ def test_a_joined_beacon_through_the_hooks(browser: BrowserMeter) -> None:
     }
     browser.joins.expect("ab" * 16, "f1", PAGE)
     rec = Recorder()
-    browser.meter.add_observer(rec)
-    browser.meter._emit(FlowResult(record=record, figures=None, tokens=None))
-    r = answer(browser, request("/_hopmeter/beacon", body=orjson.dumps(body), origin=PAGE))
+    meter.add_observer(rec)
+    meter.ending.take_at("beacon", FlowResult(record=record, figures=None, tokens=None))
+    r = answer(browser, meter, request("/_hopmeter/beacon", body=orjson.dumps(body), origin=PAGE))
     assert r.status_code == 204 and r.headers["x-hopmeter-beacon"] == "accepted"
     (out,) = rec.results
     assert out.record["browser"]["joined"] and out.record["screen"]["chars"] == 300
@@ -243,12 +265,12 @@ def _pairs(xs: list[Any]) -> list[tuple[Any, Any]]:
     return list(zip([None, *xs[:-1]], xs, strict=True))
 
 
-def test_the_proxy_stopping_writes_held_records(browser: BrowserMeter) -> None:
+def test_the_proxy_stopping_writes_held_records(browser: BrowserMeter, meter: HopMeter) -> None:
     """HopMeter.done drains the held records: none is lost at shutdown."""
     browser.joins.expect("t1", "f1", PAGE)
     rec = Recorder()
-    browser.meter.add_observer(rec)
+    meter.add_observer(rec)
     record = {"trace_id": "t1", "flow_id": "f1", "request": {"t_start": 1.0}, "events": []}
-    browser.meter._emit(FlowResult(record=record, figures=None, tokens=None))
-    browser.meter.done()
+    meter.ending.take_at("beacon", FlowResult(record=record, figures=None, tokens=None))
+    meter.done()
     assert [r.record["browser"]["joined"] for r in rec.results] == [False]

@@ -28,9 +28,9 @@ DONE = b"data: [DONE]\n\n"
 def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
     """The list is the HopMeter addon, the upstream guard (it reads the tap HopMeter installs)
     and the readiness check, then browser measuring, metrics, records, console, spans and what
-    mitmweb shows, each with that same HopMeter, and last the owner of the outputs' queues that
-    metrics, records and console share; nothing that changes the whole process is in it (the
-    drain, which takes the signals, is `hopmeter run`'s alone)."""
+    mitmweb shows, each with that same HopMeter (or its flow's end), and last the owner of the
+    outputs' queues that metrics, records and console share; nothing that changes the whole
+    process is in it (the drain, which takes the signals, is `hopmeter run`'s alone)."""
     meter, guard, readiness, *outputs, queues = default_addons()
     assert type(meter) is HopMeter
     assert (type(guard), type(readiness)) == (UpstreamGuard, Readiness)
@@ -44,7 +44,9 @@ def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
         OtelOutput,
         HopView,
     ]
-    assert all(o.meter is meter for o in outputs)
+    browser, *observers, view = outputs
+    assert browser.ending is view.ending is meter.ending  # they hold records in its flow's end
+    assert all(o.meter is meter for o in observers)
     assert type(queues) is OutputQueues
     assert all(o.outlets is queues.outlets for o in outputs[1:4])
     everything = [meter, guard, readiness, *outputs, queues]
@@ -64,7 +66,7 @@ def test_every_output_that_is_on_gets_the_flow(tmp_path: Path) -> None:
             hopmeter_metrics="off",
             hopmeter_console="off",
         )
-        assert meter.observers == [metrics, records, console]  # no OTel endpoint: no spans
+        assert list(meter.observers) == [metrics, records, console]  # no OTel endpoint: no spans
         flow = tflow.tflow(resp=True)
         flow.request.path = "/v1/chat/completions"
         flow.response.headers["content-type"] = "text/event-stream"

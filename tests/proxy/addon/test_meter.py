@@ -12,7 +12,7 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.addon import meter as addon_module
+from hopmeter.proxy.addon import tap as tap_module
 from hopmeter.proxy.addon.meter import HopMeter, classify_error
 from hopmeter.proxy.addon.meter_options import parse_listeners
 from tests.harness.live_client import live_client, run, unread
@@ -109,13 +109,13 @@ class TestHooks:
         def broken(**kwargs: object) -> None:
             raise RuntimeError("broken meter")
 
-        monkeypatch.setattr(addon_module, "FlowMeter", broken)
+        monkeypatch.setattr(tap_module, "FlowMeter", broken)
         rec = Recorder()
         meter.add_observer(rec)
         flow = sse_flow()
         out = stream_through(meter, flow, [SSE, DONE])
         assert out == [SSE, DONE, b""]
-        assert meter.internal_errors == 1
+        assert meter.observers.internal_errors == 1
         assert "error:response_tap" in rec.notices
         assert rec.results[0].record["measuring_error"].startswith("RuntimeError")
 
@@ -128,7 +128,7 @@ class TestHooks:
         assert out == [SSE, SSE, DONE, b""]
         assert len(rec.results) == 1
         # started, finished and observe each raised once; the error notices did not recurse
-        assert meter.internal_errors == 3
+        assert meter.observers.internal_errors == 3
 
     def test_a_failing_tap_with_a_raising_observer_returns_every_chunk(
         self, meter: HopMeter, monkeypatch: pytest.MonkeyPatch
@@ -242,7 +242,7 @@ class TestHooks:
         record = rec.results[0].record
         assert record["ended"] == record["response"]["ended"] == "error"
         assert record["relay_error"] == "RuntimeError: broken"
-        assert meter.internal_errors == 1 and rec.notices.count("error:relay") == 1
+        assert meter.observers.internal_errors == 1 and rec.notices.count("error:relay") == 1
 
     def test_a_relay_fault_that_left_the_read_to_mitmproxy_keeps_the_flow(
         self, meter: HopMeter
@@ -255,13 +255,13 @@ class TestHooks:
         meter.requestheaders(flow)
         meter.responseheaders(flow)
         meter.relay_failed(flow, RuntimeError("broken"), False)
-        meter.fast_path_failed("framing", RuntimeError("broken"))
+        meter.observers.fast_path_failed("framing", RuntimeError("broken"))
         for chunk in (SSE, DONE, b""):
             flow.response.stream(chunk)  # type: ignore[operator]
         meter.response(flow)
         record = rec.results[0].record
         assert record["ended"] == "complete" and "relay_error" not in record
-        assert meter.internal_errors == 2
+        assert meter.observers.internal_errors == 2
         assert [n for n in rec.notices if n.startswith("error:")] == [
             "error:relay",
             "error:framing",

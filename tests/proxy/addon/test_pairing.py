@@ -56,6 +56,20 @@ def test_inner_first_then_outer_with_hops() -> None:
     assert len(outer.segments) == 1
 
 
+def test_as_a_wait_the_records_go_on_in_the_order_they_can_be_written() -> None:
+    """take hands on what can be written now; an outer flow it held goes on, with its hops,
+    when the inner one is taken."""
+    p = Pairing()
+    p.start("t1", 0.0, "edge-t1")
+    p.start("t1", 0.001, "origin-t1", "edge-t1")
+    passed: list[FlowResult] = []
+    p.take(result("edge", 0.0), passed.append)
+    assert passed == []
+    p.take(result("origin", 0.001, parent="edge-t1"), passed.append)
+    assert [r.record["hop"] for r in passed] == ["edge", "origin"]
+    assert passed[0].record["hops"][0]["segment"] == "edge>origin"
+
+
 def test_outer_first_waits_for_inner() -> None:
     """An outer flow that finishes first is parked until the inner one finishes."""
     p = Pairing()
@@ -156,7 +170,7 @@ def reply(
     *,
     parent: str | None = None,
 ) -> FlowResult:
-    """A finished flow of `text`, fingerprinted as finish_flow does, lasting 0.5 s or so."""
+    """A finished flow of `text`, fingerprinted as measuring does, lasting 0.5 s or so."""
     base = result(hop, t_start, trace, parent=parent)
     fp = fingerprint(text, len(text))
     assert fp is not None

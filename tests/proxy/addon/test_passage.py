@@ -245,3 +245,18 @@ def test_the_default_section_is_left_out() -> None:
         "stream": "buffered",
         "buffered_by": "modify_body",
     }
+
+
+def test_what_the_record_says_is_taken_once_the_flow_ended() -> None:
+    """seen() is the record's section and what its findings need: nothing for a flow moved the
+    usual way; an edit after streaming counts the bytes that went out; a buffered body's edit is
+    no finding (the client got the edit)."""
+    assert FlowPassage().seen() is None
+    streamed = FlowPassage(stream="chained", edited=True, body=BodyCopy(100, BodyBudget(1000)))
+    streamed.body.add(b"x" * 42)  # type: ignore[union-attr]
+    taken = streamed.seen()
+    assert taken is not None and taken.section == streamed.as_dict()
+    assert taken.edited_after_streaming and taken.streamed_bytes == 42
+    buffered = FlowPassage(stream="buffered", buffered_by="modify_body", edited=True).seen()
+    assert buffered is not None and not buffered.edited_after_streaming
+    assert buffered.findings() == []

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mitmproxy.http import Headers
+from mitmproxy.test import tflow
+
 from hopmeter.core.meter import FlowMeter
+from hopmeter.core.wire import lower_headers
 from hopmeter.proxy.addon.tap import (
     REQUEST_SNIFF_BYTES,
     FlowState,
     MeasureQueue,
     RequestTap,
     ResponseTap,
+    header_map,
+    new_meter,
+    start_trace,
 )
 from tests.harness.procs import until
 
@@ -97,3 +107,68 @@ class TestRequestTap:
         assert len(st.request_head) == REQUEST_SNIFF_BYTES
         tap(b"")
         assert (st.request_model, st.stream_requested) == ("m", True)
+
+
+class TestFlowStart:
+    def test_a_trace_goes_on_with_this_flow_s_span_as_parent(self) -> None:
+        """An incoming trace keeps its id and flags; forwarded, its parent is this flow's span."""
+        flow = tflow.tflow()
+        flow.request.headers["traceparent"] = f"00-{'ab' * 16}-{'cd' * 8}-00"
+        trace, own = start_trace(flow, forward=True)
+        assert (trace.trace_id, trace.span_id, trace.created) == ("ab" * 16, "cd" * 8, False)
+        assert flow.request.headers["traceparent"] == f"00-{'ab' * 16}-{own}-00"
+
+    def test_a_request_without_a_trace_gets_one_made_up(self) -> None:
+        """No traceparent: a new trace whose span is this flow's; not forwarded when off."""
+        flow = tflow.tflow()
+        trace, own = start_trace(flow, forward=False)
+        assert trace.created and trace.span_id == own and len(trace.trace_id) == 32
+        assert "traceparent" not in flow.request.headers
+
+    def test_the_meter_is_for_the_api_the_request_and_headers_name(self) -> None:
+        """A chat path with an event stream gets an OpenAI chat meter with its content type."""
+        flow = tflow.tflow()
+        flow.request.path = "/v1/chat/completions?x=1"
+        m = new_meter(flow, {"content-type": "text/event-stream", "content-encoding": "gzip"})
+        assert m.api == "openai.chat" and m.event_stream
+
+
+class TestHeaderMap:
+    @pytest.mark.parametrize(
+        "fields",
+        [
+            [],
+            [(b"Content-Type", b"text/event-stream"), (b"X-Accel-Buffering", b"no")],
+            [(b"Vary", b"a"), (b"vary", b"b"), (b"VARY", b"c")],  # one name, three spellings
+            [(b"A", b"1"), (b"B", b"2"), (b"a", b"3")],
+            [(b"\xc3\x89tag", b"x"), (b"\xc3\xa9tag", b"y")],  # bytes differ; lower-cased alike
+            [(b"x-\xff", b"\xfe\xfd"), (b"X-\xff", b"ok")],  # not UTF-8: surrogate escapes
+        ],
+    )
+    def test_the_same_map_as_reading_mitmproxy_s_items(
+        self, fields: list[tuple[bytes, bytes]]
+    ) -> None:
+        """header_map is lower_headers over mitmproxy's Headers, field for field and in order."""
+        headers = Headers(fields)
+        expected = lower_headers(headers)
+        got = header_map(headers)
+        assert got == expected and list(got) == list(expected)
+
+    @given(
+        st.lists(
+            st.tuples(
+                st.lists(
+                    st.sampled_from([b"a", b"A", b"-", b"\xc3\x89", b"\xc3\xa9", b"\xff"])
+                ).map(b"x".join),
+                st.binary(max_size=4),
+            ),
+            max_size=8,
+        )
+    )
+    def test_any_fields_give_the_same_map(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """For any fields (names alike but for case or bytes, values of any bytes), header_map
+        and lower_headers over mitmproxy's Headers agree, in order."""
+        headers = Headers(fields)
+        expected = lower_headers(headers)
+        got = header_map(headers)
+        assert got == expected and list(got) == list(expected)

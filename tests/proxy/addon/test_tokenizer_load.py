@@ -12,7 +12,7 @@ import pytest
 from mitmproxy.test import taddons
 
 from hopmeter.proxy.addon.meter import HopMeter
-from hopmeter.proxy.addon.tokenizer_load import TokenizerLoad
+from hopmeter.proxy.addon.tokenizer_load import TokenizerLoad, Vocabulary
 from hopmeter.proxy.addon.tokenizers import Counters, _load
 from tests.harness import procs
 from tests.proxy.addon.test_meter import DONE, SSE, Recorder, sse_flow, stream_through
@@ -33,26 +33,26 @@ async def until(condition: Callable[[], Any]) -> None:
     await procs.until(condition, WAIT_S)
 
 
-def test_completions_wait_for_the_load_and_then_run_in_order_on_the_loop() -> None:
-    """Completions handed over before the vocabulary is ready run once it is, oldest first, on
-    the loop's thread, one per turn; after that a completion runs at once."""
+def test_items_wait_for_the_load_and_then_go_on_in_order_on_the_loop() -> None:
+    """Items taken before the vocabulary is ready are handed on once it is, oldest first, on
+    the loop's thread, one per turn; after that an item is handed on at once."""
     ran: list[tuple[str, str]] = []
     errors: list[object] = []
 
-    def note(name: str) -> Callable[[], None]:
-        return lambda: ran.append((name, threading.current_thread().name))
+    def note(name: str) -> None:
+        ran.append((name, threading.current_thread().name))
 
     async def go() -> None:
         quiet = threading.Event()  # the loading thread builds the encoder only once it is set
         load = TokenizerLoad(Counters(None), quiet.is_set, lambda *e: errors.append(e))
         load.start()
-        load.run(note("a"))
-        load.run(note("b"))
+        load.take("a", note)
+        load.take("b", note)
         await asyncio.sleep(0)
         assert ran == [] and load.parked == 2 and not load.ready
         quiet.set()
         await until(lambda: len(ran) == 2)
-        load.run(note("c"))
+        load.take("c", note)
         assert load.ready and load.parked == 0
 
     asyncio.run(go())
@@ -62,14 +62,14 @@ def test_completions_wait_for_the_load_and_then_run_in_order_on_the_loop() -> No
 
 
 def test_stopping_waits_for_the_load_and_runs_what_waits() -> None:
-    """drain() (the proxy stopping) builds at once, without waiting for a quiet loop, and runs
-    every waiting completion before it returns."""
+    """drain() (the proxy stopping) builds at once, without waiting for a quiet loop, and hands
+    on every waiting item before it returns."""
     ran: list[str] = []
 
     async def go() -> None:
         load = TokenizerLoad(Counters(None), lambda: False, lambda *e: None)
-        load.run(lambda: ran.append("a"))
-        load.run(lambda: ran.append("b"))
+        load.take("a", ran.append)
+        load.take("b", ran.append)
         load.drain()
         assert ran == ["a", "b"] and load.ready and load.parked == 0
 
@@ -77,15 +77,44 @@ def test_stopping_waits_for_the_load_and_runs_what_waits() -> None:
 
 
 def test_past_the_bound_the_loop_waits_for_the_load() -> None:
-    """With `max_parked` completions waiting, the next one waits for the load in place: all run,
-    in order, and no more than the bound ever wait."""
+    """With `max_parked` items waiting, the next one waits for the load in place: all go on, in
+    order, and no more than the bound ever wait."""
     ran: list[str] = []
 
     async def go() -> None:
         load = TokenizerLoad(Counters(None), lambda: False, lambda *e: None, max_parked=2)
         for name in "abc":
-            load.run(lambda name=name: ran.append(name))  # type: ignore[misc]
+            load.take(name, ran.append)
         assert ran == ["a", "b", "c"] and load.parked == 0
+
+    asyncio.run(go())
+
+
+def test_without_the_lazy_load_the_vocabulary_wait_lets_items_through_at_once() -> None:
+    """Counting with tokenizers loaded at start-up, the wait hands each item on as it comes."""
+    vocabulary = Vocabulary(lambda: True, lambda *e: None)
+    vocabulary.use(Counters(None), lazy=False)
+    passed: list[str] = []
+    vocabulary.take("a", passed.append)
+    vocabulary.drain()
+    assert passed == ["a"] and vocabulary.load is None
+
+
+def test_a_new_tokenizer_lets_the_records_of_the_old_one_through_first() -> None:
+    """Items waiting for the old vocabulary are handed on before the new counters are used."""
+    passed: list[str] = []
+
+    async def go() -> None:
+        vocabulary = Vocabulary(lambda: False, lambda *e: None)
+        old = Counters(None)
+        vocabulary.use(old, lazy=True)
+        vocabulary.flow_started()
+        vocabulary.take(
+            "waited", lambda item: passed.append(f"{item}:{vocabulary.counters is old}")
+        )
+        assert passed == []
+        vocabulary.use(Counters(None), lazy=False)
+        assert passed == ["waited:True"] and vocabulary.counters is not old
 
     asyncio.run(go())
 
@@ -99,9 +128,9 @@ def test_nothing_is_loaded_until_a_flow_starts() -> None:
         with taddons.context(hm) as tctx:
             tctx.configure(hm, hopmeter_hop="edge", hopmeter_lazy_tokenizer=True)
             assert _load.cache_info().currsize == 0
-            assert hm.tokenizer_load is not None and not hm.tokenizer_load.ready
+            assert hm.vocabulary.load is not None and not hm.vocabulary.load.ready
             stream_through(hm, sse_flow(), [SSE, DONE])
-            await until(lambda: hm.tokenizer_load is not None and hm.tokenizer_load.ready)
+            await until(lambda: hm.vocabulary.load is not None and hm.vocabulary.load.ready)
             assert _load.cache_info().currsize == 1
             tctx.master._legacy_log_events.uninstall()  # its loop closes with asyncio.run's
 
@@ -114,7 +143,7 @@ def test_without_the_option_the_vocabulary_loads_at_start_up() -> None:
     hm = HopMeter()
     with taddons.context(hm) as tctx:
         tctx.configure(hm, hopmeter_hop="edge")
-        assert hm.tokenizer_load is None
+        assert hm.vocabulary.load is None
         hm.running()
         assert _load.cache_info().currsize == 1
         rec = Recorder()
@@ -144,7 +173,7 @@ def test_a_flow_that_ends_before_the_load_gets_the_same_record_later() -> None:
         rec = Recorder()
         with taddons.context(hm) as tctx:
             tctx.configure(hm, hopmeter_hop="edge", hopmeter_lazy_tokenizer=True)
-            load = hm.tokenizer_load
+            load = hm.vocabulary.load
             assert load is not None
             quiet = threading.Event()
             load.quiet = quiet.is_set  # hold the build until this flow has ended

@@ -49,7 +49,7 @@ class Ui:
 
 def _context(interactive: bool) -> Iterator[Ui]:
     meter = HopMeter()
-    view = HopView(meter)
+    view = HopView(meter.ending)
     updates = Updates()
     with taddons.context(meter, view, updates) as tctx:
         # declared by mitmproxy's proxy server addon, which the test context does not load
@@ -124,7 +124,7 @@ def test_without_a_ui_nothing_happens_per_flow(dump: Ui) -> None:
     f = streamed(dump)
     assert META_KEY not in f.metadata and not f.marked and not f.comment
     assert dump.updates.flows == []
-    assert dump.meter.flow_listeners == [] and dump.view not in dump.meter.observers
+    assert dump.meter.ending.listeners == [] and dump.view not in dump.meter.observers
 
 
 def test_a_users_mark_and_comment_are_kept(web: Ui) -> None:

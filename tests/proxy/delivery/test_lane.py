@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
 from hopmeter.core.ledger import FLAG_SENT
-from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, Delivery, LoopLog
+from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, Delivery, FlowOut, LoopLog
 from tests.harness.live_client import flow_of, live_client, run, unread
 
 
@@ -123,7 +124,7 @@ class TestFinish:
                 live.writer.write(b"z" * (256 * 1024))
                 done: list[bool] = []
                 d.finish(out, lambda: done.append(True))
-                d.shutdown()
+                d.drain()
                 assert done == [True]
 
         run(test)
@@ -142,6 +143,68 @@ class TestFinish:
                 assert done == [True]
 
         run(test)
+
+
+class TestTake:
+    """Delivery as the first wait of a flow's end (hopmeter.proxy.addon.ending)."""
+
+    class End:
+        """An item of a flow's end: what the wait reads of it."""
+
+        def __init__(self, out: FlowOut | None) -> None:
+            self.out = out
+
+    def test_an_item_goes_on_once_its_bytes_reached_the_client(self) -> None:
+        """A followed flow's item is handed on once the kernel sent its last chunk, never
+        inside take."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                d = delivery()
+                end = self.End(d.attach(flow_of(live), chaos=False))
+                assert end.out is not None
+                end.out.chunk(256 * 1024, time.monotonic())
+                live.writer.write(b"z" * (256 * 1024))
+                passed: list[object] = []
+                d.take(end, passed.append)
+                assert passed == []
+                unread(live.peer)  # the client reads: the bytes leave the kernel
+                deadline = time.monotonic() + 10
+                while not passed and time.monotonic() < deadline:
+                    unread(live.peer)
+                    await asyncio.sleep(0.005)
+                assert passed == [end]
+
+        run(test)
+
+    def test_an_item_without_bytes_to_follow_goes_on_at_the_next_turn(self) -> None:
+        """Nothing followed: the item goes on soon after take returns (at once with no loop)."""
+        passed: list[object] = []
+        d = delivery()
+        d.take(self.End(None), passed.append)
+        assert len(passed) == 1  # no loop running here
+
+        async def test() -> None:
+            d.take(self.End(None), passed.append)
+            assert len(passed) == 1
+            await asyncio.sleep(0)
+            assert len(passed) == 2
+
+        asyncio.run(test())
+
+    def test_a_failing_wait_counts_and_lets_the_item_on(self) -> None:
+        """finish failing is counted as a delivery error; the item still goes on, once."""
+        errors: list[str] = []
+        d = delivery(errors)
+        end = self.End(FlowOut("HTTP/1.1"))
+
+        def broken(out: FlowOut, callback: Callable[[], None]) -> None:
+            raise RuntimeError("bug")
+
+        d.finish = broken  # type: ignore[method-assign]
+        passed: list[object] = []
+        d.take(end, passed.append)
+        assert errors == ["delivery"] and passed == [end]
 
 
 class TestLoopLog:

@@ -63,15 +63,16 @@ class Answer:
 
 
 class BeaconJoins:
-    """The tables, and the joins; `emit` writes a record, `count` counts an outcome."""
+    """The tables, and the joins; `emit` writes a record (the `then` of `take`, when it is the
+    wait of a flow's end), `count` counts an outcome."""
 
     def __init__(
         self,
         *,
         schedule: Callable[[float, Callable[[], None]], object],
-        emit: Callable[[FlowResult], None],
         count: Callable[[BeaconOutcome], None],
         on_error: Callable[[str, BaseException], None],
+        emit: Callable[[FlowResult], None] | None = None,
     ) -> None:
         self.expected: OrderedDict[str, Expected] = OrderedDict()
         self.finished: OrderedDict[str, BeaconOutcome] = OrderedDict()
@@ -93,7 +94,16 @@ class BeaconJoins:
             old_id, old = self.expected.popitem(last=False)
             self._forget(old_id, old, "too many requests announced a beacon at once")
 
-    def take(self, result: FlowResult) -> bool:
+    def take(self, result: FlowResult, then: Callable[[FlowResult], None]) -> None:
+        """A wait of a flow's end (hopmeter.proxy.addon.ending): hold `result` for its beacon if
+        its request announced one, else hand it to `then` now. A held record goes to `then` when
+        its beacon comes, when it waited WAIT_S, or at `drain` (every take of one chain passes
+        the same `then`)."""
+        self._emit = then
+        if not self._hold(result):
+            then(result)
+
+    def _hold(self, result: FlowResult) -> bool:
         """Hold `result` for its beacon if its request announced one; False to write it now."""
         rec = result.record
         trace_id = rec.get("trace_id")
@@ -189,7 +199,7 @@ class BeaconJoins:
         except Exception as exc:  # a bug in joining loses the lanes, never the record
             self._on_error("browser", exc)
             result = missing_beacon(result, f"joining the beacon failed: {type(exc).__name__}")
-        self._emit(result)
+        self._write(result)
 
     def _expire(self, trace_id: str, e: Expected) -> None:
         if self.expected.get(trace_id) is not e or e.result is None:
@@ -206,7 +216,11 @@ class BeaconJoins:
             self.parked -= 1
             self._finish(trace_id, BeaconOutcome.MISSING)
             self._count(BeaconOutcome.MISSING)
-            self._emit(missing_beacon(e.result, why))
+            self._write(missing_beacon(e.result, why))
+
+    def _write(self, result: FlowResult) -> None:
+        assert self._emit is not None  # a record is held only by `take`, which sets it
+        self._emit(result)
 
     def _finish(self, trace_id: str, outcome: BeaconOutcome) -> None:
         self.finished[trace_id] = outcome

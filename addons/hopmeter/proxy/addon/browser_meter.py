@@ -18,7 +18,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from importlib.resources import files
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from mitmproxy import ctx, http
@@ -30,13 +29,12 @@ from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.errors import BeaconError
 from hopmeter.proxy import options
 from hopmeter.proxy.addon.beacons import Answer, BeaconJoins
+from hopmeter.proxy.addon.ending import Ending
 from hopmeter.proxy.addon.failures import answer_and_close
-
-if TYPE_CHECKING:
-    from hopmeter.proxy.addon.meter import HopMeter
 
 SNIPPET_PATH = "/_hopmeter/beacon.js"
 BEACON_PATH = "/_hopmeter/beacon"
+OWN_PATHS = (SNIPPET_PATH, BEACON_PATH)
 # The tracestate entry the snippet adds to a request whose page will send a beacon.
 MARKER = ("hopmeter", "beacon")
 # A beacon body up to this long is read, then answered 413; a longer one (or one of unknown
@@ -93,22 +91,25 @@ def origin_of(headers: http.Headers) -> str | None:
     return None
 
 
-class BrowserMeter:
-    """The snippet, the beacon endpoint and the joins; one per HopMeter."""
+def answered_here(flow: http.HTTPFlow) -> bool:
+    """Whether hopmeter answers this request itself (browser measuring on, one of its two
+    paths): never measured, never forwarded, no upstream to wait for. Read from the option, so
+    the measuring addon and the upstream guard need no handle on this addon."""
+    return bool(getattr(ctx.options, "hopmeter_browser", False)) and _path(flow) in OWN_PATHS
 
-    def __init__(self, meter: HopMeter) -> None:
-        self.meter = meter
-        meter.browser = self
+
+class BrowserMeter:
+    """The snippet, the beacon endpoint and the joins: the beacon wait of a flow's end."""
+
+    def __init__(self, ending: Ending) -> None:
+        self.ending = ending
+        self.on_error = ending.observers.internal_error
         self.enabled = False
         self.snippet = b""
         self.counts: Counter[BeaconOutcome] = Counter()
         self.rate = RateBound(RATE_PER_S, BURST)
-        self.joins = BeaconJoins(
-            schedule=_call_later,
-            emit=meter.emit_now,
-            count=self.count,
-            on_error=meter.internal_error,
-        )
+        self.joins = BeaconJoins(schedule=_call_later, count=self.count, on_error=self.on_error)
+        ending.beacons = self.joins  # records wait here for their beacon (Ending.chain)
 
     def load(self, loader: Loader) -> None:
         options.declare(loader, options.BROWSER)
@@ -121,17 +122,14 @@ class BrowserMeter:
         if "hopmeter_log_content" in updated:
             self.joins.log_content = bool(ctx.options.hopmeter_log_content)
 
-    def done(self) -> None:
-        self.joins.drain()
-
     def count(self, outcome: BeaconOutcome) -> None:
         """Count an outcome here and in every observer (the metrics)."""
         self.counts[outcome] += 1
-        self.meter.notify_beacon(outcome)
+        self.ending.observers.notify(lambda obs: obs.beacon(outcome))
 
     def owns(self, flow: http.HTTPFlow) -> bool:
         """True for a request hopmeter answers itself (never measured, never forwarded)."""
-        return self.enabled and _path(flow) in (SNIPPET_PATH, BEACON_PATH)
+        return self.enabled and _path(flow) in OWN_PATHS
 
     # -- hooks ---------------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -140,7 +138,7 @@ class BrowserMeter:
         try:
             self._headers(flow)
         except Exception as exc:
-            self.meter.internal_error("browser", exc)
+            self.on_error("browser", exc)
 
     def _headers(self, flow: http.HTTPFlow) -> None:
         req = flow.request
@@ -172,16 +170,17 @@ class BrowserMeter:
             return
         # hopmeter's own step on the loop every stream shares: timed, as measuring steps are, so
         # the records of the flows it delayed say so (delivery.own_step_max_cpu_s, proxy_hold)
-        t0, cpu0 = time.monotonic(), time.thread_time()
+        self.ending.timed(lambda: self._answer_request(flow))
+
+    def _answer_request(self, flow: http.HTTPFlow) -> None:
         try:
             if _path(flow) == SNIPPET_PATH:
                 flow.response = self._snippet(flow)
             else:
                 flow.response = self._beacon(flow)
         except Exception as exc:  # a bug here must still answer, and never forward
-            self.meter.internal_error("browser", exc)
+            self.on_error("browser", exc)
             flow.response = _reply(500, "hopmeter could not handle this beacon (a bug; counted)")
-        self.meter.delivery.log.step(t0, cpu0)
 
     def _snippet(self, flow: http.HTTPFlow) -> http.Response:
         if flow.request.method not in ("GET", "HEAD"):

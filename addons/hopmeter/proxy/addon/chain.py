@@ -30,7 +30,7 @@ def default_addons(queues: OutputQueues | None = None) -> list[Any]:
         RecordsOutput(meter, outlets),
         ConsoleOutput(meter, outlets),
         OtelOutput(meter),
-        HopView(meter),
+        HopView(meter.ending),
     ]
     guard = UpstreamGuard(meter, readiness)
-    return [meter, guard, readiness, BrowserMeter(meter), *outputs, queues]
+    return [meter, guard, readiness, BrowserMeter(meter.ending), *outputs, queues]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
@@ -34,6 +34,7 @@ from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy import options
+from hopmeter.proxy.addon.browser_meter import answered_here
 from hopmeter.proxy.addon.failures import (
     CANCELLED,
     CauseLog,
@@ -42,7 +43,6 @@ from hopmeter.proxy.addon.failures import (
     connect_cause,
     http1_client,
 )
-from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
 from hopmeter.proxy.addon.tap import ResponseTap
 
@@ -65,10 +65,19 @@ class Watch:
     tap: ResponseTap | None = None
 
 
+class Measured(Protocol):
+    """What the guard needs of the measuring addon (HopMeter): whether it stopped measuring, and
+    where to say why an upstream failed a flow."""
+
+    stopped: bool
+
+    def upstream_failed(self, flow: http.HTTPFlow, failure: UpstreamFailure) -> None: ...
+
+
 class UpstreamGuard:
     """Names why an upstream failed a flow, enforces the connect and read timeouts, answers 504."""
 
-    def __init__(self, meter: HopMeter, readiness: Readiness | None = None) -> None:
+    def __init__(self, meter: Measured, readiness: Readiness | None = None) -> None:
         self.meter = meter
         self.readiness = readiness
         self.watches: dict[str, Watch] = {}  # flow id -> its watch
@@ -123,7 +132,7 @@ class UpstreamGuard:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if not flow.live or flow.request.method == "CONNECT" or self.meter.stopped:
             return
-        if self.meter.browser is not None and self.meter.browser.owns(flow):
+        if answered_here(flow):
             return  # hopmeter answers it itself: no upstream to wait for
         watch = Watch(flow=flow, phase=CONNECT, last_s=time.monotonic())
         self.watches[flow.id] = watch

@@ -29,7 +29,7 @@ from hopmeter.export.prometheus import Metrics, new_registry
 from hopmeter.export.server import MetricsServer, serve
 from hopmeter.log import get_logger
 from hopmeter.proxy import options
-from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.observers import Observed
 from hopmeter.proxy.addon.readiness import Readiness
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class RecordsOutput(FlowObserver):
     """Appends one JSON line per finished flow to `hopmeter_records` ("-" = stdout), through
     its outlet: what cannot be written is counted there (`hopmeter_output_lost_lines_total`)."""
 
-    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
+    def __init__(self, meter: Observed, outlets: Outlets) -> None:
         self.meter = meter
         self.outlets = outlets
         self.outlet: Outlet | None = None
@@ -88,7 +88,7 @@ class ConsoleOutput(FlowObserver):
     """A line (or a JSON object) per finished flow, and a summary every so often: the text
     through the log, the JSON lines on standard output through an outlet."""
 
-    def __init__(self, meter: HopMeter, outlets: Outlets) -> None:
+    def __init__(self, meter: Observed, outlets: Outlets) -> None:
         self.meter = meter
         self.outlets = outlets
         self.console: Console | None = None
@@ -145,7 +145,7 @@ class MetricsOutput(FlowObserver):
     /healthz and, given the proxy's `readiness`, /readyz beside them."""
 
     def __init__(
-        self, meter: HopMeter, readiness: Readiness | None = None, outlets: Outlets | None = None
+        self, meter: Observed, readiness: Readiness | None = None, outlets: Outlets | None = None
     ) -> None:
         self.meter = meter
         self.readiness = readiness
@@ -198,13 +198,7 @@ class MetricsOutput(FlowObserver):
         if self.metrics is None:
             return
         paint = next((s.holds_s for s in result.segments if s.segment == PAINT_SEGMENT), None)
-        self.metrics.observe_flow(
-            result.record,
-            gaps=result.figures.gaps if result.figures is not None else None,
-            event_tokens=result.tokens.per_event if result.tokens is not None else None,
-            own_holds=result.delivery.holds if result.delivery is not None else None,
-            paint_lags=paint,
-        )
+        self.metrics.observe_result(result, paint_lags=paint)
         trace_id = result.record.get("trace_id")
         for seg in result.segments:
             self.metrics.observe_segment(seg, trace_id)
@@ -233,7 +227,7 @@ class MetricsOutput(FlowObserver):
 class OtelOutput(FlowObserver):
     """One OpenTelemetry span per finished flow, to `hopmeter_otel_endpoint` over OTLP/HTTP."""
 
-    def __init__(self, meter: HopMeter) -> None:
+    def __init__(self, meter: Observed) -> None:
         self.meter = meter
         self.exporter: OtelExporter | None = None
 

@@ -189,6 +189,14 @@ class Pairing:
         trace.live[key] = (t_start, parent_span_id)
         trace.spans.add(key)
 
+    def take(self, result: FlowResult, then: Callable[[FlowResult], None]) -> None:
+        """A wait of a flow's end (hopmeter.proxy.addon.ending): hand the records that can be
+        written now to `then`, in order; those decided later (a timeout, a recheck, a later
+        turn) go to `then` too (every take of one chain passes the same `then`)."""
+        self._emit = then
+        for r in self.finish(result):
+            then(r)
+
     def finish(self, result: FlowResult) -> list[FlowResult]:
         """A flow finished: the records that can be written now, in order."""
         rec = result.record

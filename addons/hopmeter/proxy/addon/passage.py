@@ -37,13 +37,13 @@ from typing import Any
 from mitmproxy import flowfilter, http
 from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
 
-from hopmeter.core.passage import edited_after_streaming, proxy_failed
-from hopmeter.core.vocab import SEVERITY_ORDER, BodyClip
+from hopmeter.core.passage import PassageSeen
+from hopmeter.core.vocab import BodyClip
 from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon.failures import answer_and_close
-from hopmeter.proxy.addon.tap import ResponseTap
+from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, OnError, ResponseTap
 from hopmeter.proxy.options import read
 
 log = get_logger()
@@ -176,6 +176,20 @@ class FlowPassage:
         if not out:
             return None
         return {"stream": self.stream, **out}
+
+    def seen(self) -> PassageSeen | None:
+        """What the record says of it (its `mitmproxy` section and findings), taken when the flow
+        ended; None when mitmproxy's features left it as `hopmeter run` moves every flow."""
+        section = self.as_dict()
+        if section is None:
+            return None
+        return PassageSeen(
+            section=section,
+            error=self.error,
+            informational=bool(self.informational),
+            edited_after_streaming=self.edited and self.stream != BUFFERED,
+            streamed_bytes=self.body.seen if self.body is not None else None,
+        )
 
 
 class PassageTap(ResponseTap):
@@ -312,11 +326,61 @@ class Passage:
                     )
         p.hook_body = response.raw_content
 
+    def tap(
+        self, flow: http.HTTPFlow, state: FlowState | None, queue: MeasureQueue, on_error: OnError
+    ) -> ResponseTap:
+        """The response's tap, installed as its stream callable unless the body is left to
+        mitmproxy to buffer: chained after another addon's callable, keeping a copy of the body
+        when asked, or the plain tap. Set before anything can fail (only measuring is lost)."""
+        response = flow.response
+        assert response is not None
+        chosen = response.stream
+        p = state.passage if state is not None else None
+        why, keep = None, None
+        if p is not None:
+            try:
+                why = self.decide(flow) if chosen is False else None
+                keep = None if why is not None else self.copy()
+            except Exception as exc:  # measuring's loss only: the body is streamed
+                on_error("passage", exc)
+                why, keep = None, None
+        if why is not None and p is not None:
+            p.stream, p.buffered_by = BUFFERED, why
+            return ResponseTap(state, queue, on_error)  # measures; not called
+        if callable(chosen) or keep is not None:
+            tap: ResponseTap = PassageTap(state, queue, on_error)
+            if callable(chosen):
+                tap.inner = chosen  # type: ignore[attr-defined]
+                if p is not None:
+                    p.stream = CHAINED
+            tap.body = keep  # type: ignore[attr-defined]
+            if p is not None:
+                p.body = keep
+        else:
+            tap = ResponseTap(state, queue, on_error)
+        response.stream = tap
+        return tap
+
     def copy(self) -> BodyCopy | None:
         """A body copy for a streamed flow, or None when none is kept."""
         if self.keep_body <= 0 or self.store_streamed:
             return None
         return BodyCopy(self.keep_body, self.budget)
+
+
+def end_informational(flow: http.HTTPFlow, p: FlowPassage) -> None:
+    """A 1xx response reached the `response` hook: mitmproxy took it for the final one, and the
+    client would wait for a reply that never comes. Say so in the flow's passage and kill the
+    flow, which closes the client's connection (module doc); the flow then ends as an error."""
+    assert flow.response is not None
+    status = flow.response.status_code
+    p.informational.append(status)
+    if p.body is not None:  # a 1xx has no body to keep
+        p.body.release()
+        p.body = None
+    p.error = f"HTTP/1 {status} {flow.response.reason} taken for the final response"
+    if flow.killable:
+        flow.kill()
 
 
 def informational(flow: http.HTTPFlow) -> bool:
@@ -391,22 +455,6 @@ def settle(flow: http.HTTPFlow, p: FlowPassage, meter: Any, tap: Any) -> None:
             meter.feed(final, t_s)
         except Exception as exc:
             tap.fail(exc)
-
-
-def annotate(record: dict[str, Any], p: FlowPassage) -> None:
-    """The record's `mitmproxy` section and the findings about how the proxy moved the flow."""
-    section = p.as_dict()
-    if section is None:
-        return
-    record["mitmproxy"] = section
-    found = list(record.get("findings") or [])
-    if p.error is not None:
-        found.append(proxy_failed(p.error, informational=bool(p.informational)).as_dict())
-    if p.edited and p.stream != BUFFERED:
-        streamed = p.body.seen if p.body is not None else None
-        found.append(edited_after_streaming(streamed).as_dict())
-    found.sort(key=lambda f: SEVERITY_ORDER.get(f.get("severity"), len(SEVERITY_ORDER)))
-    record["findings"] = found
 
 
 def close_client(flow: http.HTTPFlow) -> None:

@@ -13,18 +13,21 @@ millisecond later with the time it was stamped, so nothing measured moves and no
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hopmeter.core.meter import FlowMeter
-from hopmeter.core.trace import TraceContext
+from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
-from hopmeter.core.wire import sniff_request
+from hopmeter.core.wire import detect_api, sniff_request
 from hopmeter.proxy.addon.chaos import Chaos
 
 if TYPE_CHECKING:
+    from mitmproxy import http
+
     from hopmeter.proxy.addon.passage import FlowPassage
     from hopmeter.proxy.delivery.lane import FlowOut, LoopLog
 
@@ -78,6 +81,63 @@ class FlowState:
     def offset(self, mono: float) -> float:
         """Seconds since the request started, on the monotonic clock."""
         return mono - self.mono0 + self.skew_s
+
+
+def start_trace(flow: http.HTTPFlow, forward: bool) -> tuple[TraceContext, str]:
+    """The flow's trace context as it came (made up when none came) and its own span id, which
+    goes on in `traceparent` as the next hop's parent when `forward` (W3C Trace Context: the
+    trace id and flags kept, the parent-id replaced, as Envoy and nginx's OpenTelemetry module
+    do); `tracestate` is passed on untouched."""
+    incoming = flow.request.headers.get("traceparent")
+    parsed = parse_traceparent(incoming) if incoming else None
+    own = secrets.token_hex(8)
+    trace = parsed or TraceContext(
+        trace_id=secrets.token_hex(16), span_id=own, flags="01", created=True
+    )
+    if forward:
+        flow.request.headers["traceparent"] = trace.child(own).header()
+    return trace, own
+
+
+def header_map(headers: http.Headers) -> dict[str, str]:
+    """`core.wire.lower_headers(headers)`, read from mitmproxy's raw fields in one pass.
+
+    The same map: each name lower-cased, with the values of every field of that name (names
+    compared as mitmproxy compares them, their bytes lower-cased) joined by ", ", as
+    `Headers.items()` gives them; `items()` looks each name up again over all fields, a scan
+    per name, twice per flow (the request's headers and the response's).
+    """
+    values: dict[bytes, list[bytes]] = {}
+    for name, value in headers.fields:
+        key = name.lower()
+        same = values.get(key)
+        if same is None:
+            values[key] = [value]
+        else:
+            same.append(value)
+    out: dict[str, str] = {}
+    for key, vals in values.items():
+        # the first spelling differs from `key` in ASCII case alone: the same once lower-cased
+        out.setdefault(
+            key.decode("utf-8", "surrogateescape").lower(),
+            ", ".join(v.decode("utf-8", "surrogateescape") for v in vals),
+        )
+    return out
+
+
+def new_meter(flow: http.HTTPFlow, headers: dict[str, str]) -> FlowMeter:
+    """The meter of a response whose (lower-cased) headers came, for the API they name."""
+    req = flow.request
+    content_type = headers.get("content-type", "")
+    api = detect_api(
+        req.method, req.path.split("?", 1)[0], header_map(req.headers), headers, content_type
+    )
+    return FlowMeter(
+        api=api,
+        content_type=content_type,
+        content_encoding=headers.get("content-encoding"),
+        headers=headers,
+    )
 
 
 class RequestTap:

@@ -11,9 +11,11 @@ The thread still waits for a moment when no flow is in flight before it loads
 Tokens are counted only when a record is built, so a flow that ends before the tokenizer is
 ready has its record built later, unchanged: everything the record says was taken when the flow
 ended; only the counting and what follows it (pairing, outputs, metrics) wait, in the order the
-flows ended, one per loop turn. A `--tokenizer` named on the command line is loaded at start-up
-(it is checked there). Under steady traffic records (and the metrics made from them) can come up
-to `QUIET_WAIT_MAX_S` late, and a beacon may come before its record.
+flows ended, one per loop turn (`Vocabulary` is that wait in a flow's end,
+hopmeter.proxy.addon.ending; without the option it lets every record through at once). A
+`--tokenizer` named on the command line is loaded at start-up (it is checked there). Under
+steady traffic records (and the metrics made from them) can come up to `QUIET_WAIT_MAX_S` late,
+and a beacon may come before its record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 from hopmeter.proxy.addon import tokenizers
 from hopmeter.proxy.addon.tokenizers import Counters
@@ -46,8 +50,49 @@ def wait_for_quiet(quiet: Callable[[], bool], max_s: float = QUIET_WAIT_MAX_S) -
         time.sleep(QUIET_POLL_S)
 
 
+class Vocabulary:
+    """The tokenizers records count with and, with `hopmeter_lazy_tokenizer`, the wait of a
+    flow's end for their default vocabulary (a `TokenizerLoad`); without it, no wait."""
+
+    def __init__(
+        self, quiet: Callable[[], bool], on_error: Callable[[str, Exception], None]
+    ) -> None:
+        self.counters: Counters | None = None  # set by the addon's configure, before any flow
+        self.load: TokenizerLoad | None = None
+        self.quiet = quiet  # True while no flow is in flight
+        self.on_error = on_error
+
+    def use(self, counters: Counters, *, lazy: bool) -> None:
+        """Count with `counters` from now on (the records waiting for the old ones first)."""
+        self.drain()
+        self.counters = counters
+        self.load = TokenizerLoad(counters, self.quiet, self.on_error) if lazy else None
+
+    def preload(self) -> None:
+        """Load the default vocabulary now, unless it is to be loaded at the first flow."""
+        if self.counters is not None and self.load is None:
+            self.counters.preload()
+
+    def flow_started(self) -> None:
+        """A flow started: the lazy load begins (once; at once after the first time)."""
+        if self.load is not None:
+            self.load.start()
+
+    def take(self, item: Any, then: Callable[[Any], None]) -> None:
+        """Hand `item` on now, or once the vocabulary is loaded (TokenizerLoad.take)."""
+        if self.load is None:
+            then(item)
+        else:
+            self.load.take(item, then)
+
+    def drain(self) -> None:
+        """Wait for the load here and hand on every waiting item (stopping, or a new tokenizer)."""
+        if self.load is not None:
+            self.load.drain()
+
+
 class TokenizerLoad:
-    """Starts the load at the first flow; runs each record's completion once the load is done."""
+    """Starts the load at the first flow; hands on each record's item once the load is done."""
 
     def __init__(
         self,
@@ -88,20 +133,21 @@ class TokenizerLoad:
         self._thread = threading.Thread(target=self._load, name="hopmeter-tokenizer", daemon=True)
         self._thread.start()
 
-    def run(self, complete: Callable[[], None]) -> None:
-        """Call `complete` now if the vocabulary is ready and nothing waits, else after those."""
+    def take(self, item: Any, then: Callable[[Any], None]) -> None:
+        """Hand `item` to `then` now if the vocabulary is ready and nothing waits, else after
+        those; past `max_parked` waiting, the loop waits for the load (drain) instead."""
         if self.ready and not self._parked:
-            complete()
+            then(item)
             return
         if len(self._parked) >= self.max_parked:
             self.drain()
-            complete()
+            then(item)
             return
-        self._parked.append(complete)
+        self._parked.append(partial(then, item))
         self.start()
 
     def drain(self) -> None:
-        """Wait for the load here, then run every waiting completion (stopping, or a flood)."""
+        """Wait for the load here, then hand on every waiting item (stopping, or a flood)."""
         if not self._parked:
             return  # nothing waits: a load under way goes on in its thread
         if not self.ready:

@@ -35,7 +35,7 @@ from hopmeter.core.vocab import Severity
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy import options
-from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.proxy.addon.ending import Ending
 
 log = get_logger()
 
@@ -75,8 +75,8 @@ def json_safe(record: Mapping[str, Any]) -> dict[str, Any]:
 class HopmeterContentview(Contentview):
     """hopmeter's timeline of a response: verdict, findings and fixes, figures, a row per event."""
 
-    def __init__(self, meter: HopMeter | None = None) -> None:
-        self.meter = meter
+    def __init__(self, ending: Ending | None = None) -> None:
+        self.ending = ending
 
     @property
     def name(self) -> str:
@@ -89,7 +89,9 @@ class HopmeterContentview(Contentview):
         f = metadata.flow
         path = f.request.path.split("?", 1)[0] if isinstance(f, http.HTTPFlow) else "/"
         rec = record_of(f)
-        live = self.meter.stall_threshold_s if self.meter is not None and rec is None else None
+        live = None
+        if self.ending is not None and rec is None:  # a flow in flight: the threshold now
+            live = self.ending.options.stall_threshold_s
         from hopmeter.report import timeline  # noqa: PLC0415 - see _show
 
         return timeline.render(
@@ -132,8 +134,8 @@ class HopmeterRecordContentview(Contentview):
 class HopView(FlowObserver):
     """Shows hopmeter's measurements in mitmproxy's own interfaces (see the module's docstring)."""
 
-    def __init__(self, meter: HopMeter) -> None:
-        self.meter = meter
+    def __init__(self, ending: Ending) -> None:
+        self.ending = ending  # a flow's end: its listeners and observers
         self.interactive = False
         # flows whose record may still gain hops from pairing, by flow id; weak references, so
         # bounded by the flows mitmproxy itself keeps, and each is dropped when pairing emits it
@@ -141,7 +143,7 @@ class HopView(FlowObserver):
 
     def load(self, loader: Loader) -> None:
         options.declare(loader, options.UI)
-        contentviews.add(HopmeterContentview(self.meter))
+        contentviews.add(HopmeterContentview(self.ending))
         contentviews.add(HopmeterRecordContentview())
 
     def running(self) -> None:
@@ -151,14 +153,14 @@ class HopView(FlowObserver):
             # mitmweb's default flow list has no comment column: add it, where the verdict shows
             ctx.options.update(web_columns=[*columns, "comment"])
         if self.interactive:  # elsewhere nobody looks at flows: no listener, no cost per flow
-            self.meter.add_flow_listener(self.recorded)
-            self.meter.add_observer(self)
+            self.ending.add_listener(self.recorded)
+            self.ending.observers.add_observer(self)
 
     def done(self) -> None:
-        self.meter.remove_flow_listener(self.recorded)
-        self.meter.remove_observer(self)
+        self.ending.remove_listener(self.recorded)
+        self.ending.observers.remove_observer(self)
 
-    # -- the meter's callbacks -----------------------------------------------------------------
+    # -- called by the flow's end --------------------------------------------------------------
     def recorded(self, f: http.HTTPFlow, result: FlowResult) -> None:
         """A flow's record was just built (before pairing): keep it, mark it, redraw it."""
         self._show(f, result.record)

@@ -5,8 +5,9 @@ tap hands it each chunk as it stamps it (`FlowOut.chunk`, the hot path: a list b
 the connection's `ConnTracker` (hopmeter.proxy.delivery.conn) counts the write that carries it. One
 loop timer looks at the queues of every connection with bytes on their way: 1 ms after a write
 that left bytes waiting and every 1 ms while they move, backing off to 8 ms while they do not move
-and to 64 ms while nothing waits. When a flow ends, its record waits (`finish`) until the kernel
-has sent its last chunk, the connection closes, or `WAIT_MAX_S` passes.
+and to 64 ms while nothing waits. When a flow ends, its record waits until the kernel has sent its
+last chunk, the connection closes, or `WAIT_MAX_S` passes: `Delivery` is the first wait of a
+flow's end (`take` and `drain`, hopmeter.proxy.addon.ending).
 
 `LoopLog` keeps what hopmeter's own work cost the event loop it shares with every stream: each of
 its steps that took longer than a couple of milliseconds (with the CPU it used, so a busy loop is
@@ -23,6 +24,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from mitmproxy import http
 
@@ -191,6 +193,13 @@ def _involuntary_switches() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
+class Followed(Protocol):
+    """An item of a flow's end that the client wait can read the flow's FlowOut from."""
+
+    @property
+    def out(self) -> FlowOut | None: ...
+
+
 class Delivery:
     """Every client connection's tracker, the one poller, and the loop's log."""
 
@@ -252,6 +261,24 @@ class Delivery:
             self._forget(old, "too many client connections followed at once")
         self.trackers[key] = tracker
 
+    # -- the wait of a flow's end ------------------------------------------------------------
+    def take[T: Followed](self, item: T, then: Callable[[T], None]) -> None:
+        """A flow ended: hand `item` to `then` once its bytes have reached the client's side (or
+        never will be seen to), soon after this returns; at once with no loop running."""
+        out = item.out
+        if out is not None:
+            try:
+                self.finish(out, lambda: then(item))
+                return
+            except Exception as exc:  # finish() itself guards; this is the last line
+                self.on_error("delivery", exc)
+                if out.done:
+                    return
+        try:
+            asyncio.get_running_loop().call_soon(then, item)
+        except RuntimeError:  # no running loop (offline tools, tests): now
+            then(item)
+
     def finish(self, out: FlowOut, callback: Callable[[], None]) -> None:
         """The flow ended: call `callback` once its bytes have reached the client's side (or
         never will be seen to), soon after this returns."""
@@ -283,8 +310,8 @@ class Delivery:
         self.active.discard(tracker)
         tracker.active = False
 
-    def shutdown(self) -> None:
-        """The proxy stops: every flow still waiting is written now, with what was seen."""
+    def drain(self) -> None:
+        """The proxy stops: every flow still waiting goes on now, with what was seen."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer, self._timer_at = None, math.inf

@@ -118,7 +118,7 @@ async def run_proxy(
         # drain step only when a writer could need it, its HTTP/1 framing decision kept per
         # response: all three, or none if the installed mitmproxy, h11 or Python is not one
         # they were read against (said once when the proxy runs); none with --no-relay
-        relays.started(fastpath.install(meter.fast_path_failed))
+        relays.started(fastpath.install(meter.observers.fast_path_failed))
     if metrics.metrics is not None:
         metrics.metrics.registry.register(ProcessCounters(relay.counts))
     loop = asyncio.get_running_loop()
