@@ -108,6 +108,17 @@ def test_no_function_in_the_proxy_layer_is_over_80_lines() -> None:
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
 
 
+# HopMeter keeps its hooks and options; a flow's end, its waits and outputs live beside it
+# (proxy/addon/ending.py, observers.py, outputs.py), so it does not grow back into the hub.
+METER_LINES = 350
+
+
+def test_the_measuring_addon_stays_its_hooks_and_options() -> None:
+    """proxy/addon/meter.py (HopMeter) is at most 350 lines."""
+    lines = (PACKAGE / "proxy" / "addon" / "meter.py").read_text().count("\n")
+    assert lines <= METER_LINES, f"proxy/addon/meter.py has {lines} lines (at most {METER_LINES})"
+
+
 def test_the_length_check_sees_a_long_function() -> None:
     """The check counts a function's lines, nested and async ones included (it can fail)."""
     source = (
