@@ -81,16 +81,19 @@ def feed_all(
 class ManualTimer:
     """A call scheduled on a ManualClock (hopmeter.clock.TimerHandle)."""
 
-    __slots__ = ("args", "callback", "cancelled", "due_s")
+    __slots__ = ("_cancelled", "args", "callback", "due_s")
 
     def __init__(self, due_s: float, callback: Callable[..., object], args: tuple[Any, ...]):
         self.due_s = due_s
         self.callback = callback
         self.args = args
-        self.cancelled = False
+        self._cancelled = False
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     def when(self) -> float:
         return self.due_s
@@ -117,7 +120,7 @@ class ManualClock:
 
     def pending(self) -> int:
         """Timers scheduled and neither fired nor cancelled."""
-        return sum(1 for _, _, timer in self._due if not timer.cancelled)
+        return sum(1 for _, _, timer in self._due if not timer.cancelled())
 
     def advance(self, seconds: float) -> None:
         """Move the clock `seconds` on, firing every timer that falls due on the way."""
@@ -126,9 +129,8 @@ class ManualClock:
         until_s = self.now_s + seconds
         while self._due and self._due[0][0] <= until_s:
             _, _, timer = heapq.heappop(self._due)
-            if timer.cancelled:
+            if timer.cancelled():
                 continue
             self.now_s = max(self.now_s, timer.due_s)
-            timer.cancelled = True  # fired: cancelling it now does nothing
             timer.callback(*timer.args)
         self.now_s = until_s

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import pytest
 from mitmproxy.test import taddons
 
-from hopmeter.proxy.addon.readiness import Readiness, UpstreamState, reverse_upstreams
+from hopmeter.proxy.addon.readiness import (
+    STALE_INTERVALS,
+    Readiness,
+    UpstreamState,
+    reverse_upstreams,
+)
+from hopmeter.testing import ManualClock
 
 UP = ("127.0.0.1", 8000)
 
@@ -27,9 +32,9 @@ def test_every_reverse_upstream_over_tcp_is_checked_once() -> None:
     assert reverse_upstreams(modes) == (UP, ("example.com", 443))
 
 
-def ready_with(*states: UpstreamState) -> Readiness:
+def ready_with(*states: UpstreamState, clock: ManualClock | None = None) -> Readiness:
     """A readiness whose targets are UP and 127.0.0.1:9000, with these states in that order."""
-    r = Readiness()
+    r = Readiness(clock=clock or ManualClock())
     r.targets = (UP, ("127.0.0.1", 9000))
     r.states = dict(zip(r.targets, states, strict=False))
     return r
@@ -37,9 +42,10 @@ def ready_with(*states: UpstreamState) -> Readiness:
 
 def test_ready_only_when_every_upstream_is() -> None:
     """Ready needs every upstream's last check to have passed; the body names each one."""
-    now = time.monotonic()
+    clock = ManualClock()
+    now = clock()
     ok, down = UpstreamState(True, "accepts connections", now), UpstreamState(False, "x", now)
-    assert ready_with(ok, ok).answer() == (
+    assert ready_with(ok, ok, clock=clock).answer() == (
         True,
         "127.0.0.1:8000 accepts connections; 127.0.0.1:9000 accepts connections",
     )
@@ -48,8 +54,11 @@ def test_ready_only_when_every_upstream_is() -> None:
         False,
         "127.0.0.1:8000 accepts connections; 127.0.0.1:9000 not checked yet",
     )
-    stale = UpstreamState(True, "accepts connections", now - 60)
-    ready, why = ready_with(stale, ok).answer()
+    aging = ready_with(ok, ok, clock=clock)
+    clock.advance(STALE_INTERVALS * aging.interval_s + aging.timeout_s)
+    assert aging.answer()[0] is True  # stale only past the limit
+    clock.advance(60 - STALE_INTERVALS * aging.interval_s - aging.timeout_s)
+    ready, why = aging.answer()
     assert not ready and "last checked 60s ago" in why
 
 
