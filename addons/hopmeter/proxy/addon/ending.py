@@ -294,7 +294,7 @@ class Ending:
         if out is None:
             return None
         try:
-            return out.seen(end.state.mono0, end.state.skew_s, self.log)
+            return out.seen(end.state.mono0, end.state.skew_s, self.log, self.delivery.clock)
         except Exception as exc:
             self.on_error("delivery", exc)
             return None
