@@ -75,7 +75,7 @@ class HopMeter:
         self.internal_error = self.observers.internal_error
         # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
         self.delivery = Delivery(self.internal_error, clock=clock, timers=timers)
-        self.queue = MeasureQueue(self.delivery.log, clock=clock)
+        self.queue = MeasureQueue(self.delivery.log, clock=clock, timers=timers)
         # a flow's end: the waits between the last hook and the observers, in one chain
         self.ending = Ending(
             self.observers,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hopmeter.clock import MONOTONIC, Clock
+from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
@@ -265,10 +265,13 @@ class MeasureQueue:
     is timed (wall and CPU) and its timer's lateness noted: hopmeter never hides its own cost.
     """
 
-    __slots__ = ("clock", "due", "log", "pending", "scheduled")
+    __slots__ = ("clock", "due", "log", "pending", "scheduled", "timers")
 
-    def __init__(self, log: LoopLog | None = None, *, clock: Clock = MONOTONIC) -> None:
-        self.clock = clock  # the chunks' stamps (ResponseTap); the timer is the loop's
+    def __init__(
+        self, log: LoopLog | None = None, *, clock: Clock = MONOTONIC, timers: Timers | None = None
+    ) -> None:
+        self.clock = clock  # the chunks' stamps (ResponseTap)
+        self.timers = timers  # the measuring's; None: the running loop's (hopmeter.clock)
         self.pending: list[tuple[ResponseTap, bytes, float]] = []
         self.scheduled = False
         self.log = log
@@ -282,7 +285,8 @@ class MeasureQueue:
 
     def _schedule(self, now: float) -> None:
         try:
-            asyncio.get_running_loop().call_later(MEASURE_DELAY_S, self._timed)
+            timers = self.timers  # timers_or_loop, inlined: once per batch of chunks
+            (timers or asyncio.get_running_loop()).call_later(MEASURE_DELAY_S, self._timed)
         except RuntimeError:  # no running loop (offline tools, tests): measure now
             self.measure()
             return
