@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from hopmeter import clock
 from hopmeter.core.frames import Frame
 from hopmeter.core.sse import SseDecoder
 from hopmeter.testing import ManualClock, feed_all, split_at, split_every_way
@@ -117,39 +114,3 @@ def test_a_timer_scheduled_by_a_callback_fires_in_the_same_advance_only_if_due()
     assert len(fired) == 2
     now.advance(0.1)
     assert fired[2] == ("later", 6.0)
-
-
-def test_sleep_waits_for_the_manual_clock_or_the_loop():
-    """clock.sleep on a ManualClock returns once the clock passes its delay; without timers it
-    sleeps on the running loop."""
-
-    async def main() -> None:
-        now = ManualClock()
-        sleeper = asyncio.create_task(clock.sleep(3, now))
-        await asyncio.sleep(0)
-        now.advance(2.5)
-        await asyncio.sleep(0)
-        assert not sleeper.done()
-        now.advance(0.5)
-        await asyncio.wait_for(sleeper, 5)
-        await clock.sleep(0)
-        assert clock.timers_or_loop(None) is asyncio.get_running_loop()
-        assert clock.timers_or_loop(now) is now
-
-    asyncio.run(main())
-
-
-def test_a_cancelled_sleep_cancels_its_timer():
-    """Cancelling a sleeping task leaves no timer behind on the manual clock."""
-
-    async def main() -> None:
-        now = ManualClock()
-        sleeper = asyncio.create_task(clock.sleep(3, now))
-        await asyncio.sleep(0)
-        assert now.pending() == 1
-        sleeper.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await sleeper
-        assert now.pending() == 0
-
-    asyncio.run(main())
