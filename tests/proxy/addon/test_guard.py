@@ -17,7 +17,7 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.addon.guard import BODY, HEADERS, UpstreamGuard
+from hopmeter.proxy.addon.guard import BODY, FORGET_CLOSED_S, HEADERS, UpstreamGuard
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
 from hopmeter.testing import ManualClock
@@ -125,7 +125,8 @@ def test_a_cancelled_connect_or_a_departed_client_is_not_an_upstream_failure() -
 
 def test_silence_before_the_headers_is_upstream_timeout() -> None:
     """Connected, then nothing within the read timeout: the flow's cause is upstream_timeout
-    with the timeout that expired, and its client connection is the guard's to close."""
+    with the timeout that expired, and its client connection is the guard's to close (and
+    remembered as such until FORGET_CLOSED_S after it disconnected)."""
 
     async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
         flow = request_flow()
@@ -144,6 +145,11 @@ def test_silence_before_the_headers_is_upstream_timeout() -> None:
         assert rec["ended"] == "upstream_timeout"
         assert rec["upstream_error"]["timeout_s"] == 0.05
         assert rec["upstream_error"]["status_sent"] == 504
+        guard.client_disconnected(flow.client_conn)  # its teardown's errors are still ours
+        guard.clock.advance(FORGET_CLOSED_S - 0.5)
+        assert flow.client_conn.id in guard.closed
+        guard.clock.advance(0.5)
+        assert flow.client_conn.id not in guard.closed  # forgotten FORGET_CLOSED_S later
 
     run(body, hopmeter_read_timeout="50ms")
 
