@@ -230,11 +230,11 @@ class BrowserMeter:
         return self._answer(self.joins.beacon(beacon, origin, received_s))
 
     def _later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run `fn` in `delay_s`; with no loop (offline tools) never: a held record then waits
+        for its beacon or `done()`."""
         try:
             timers = timers_or_loop(self.timers)
-        except (
-            RuntimeError
-        ):  # no loop (offline tools): a held record waits for its beacon or done()
+        except RuntimeError:
             return
         timers.call_later(delay_s, fn)
 
