@@ -1,4 +1,4 @@
-"""hopmeter.testing: the chunkings and the feed loop shared by tests and users."""
+"""hopmeter.testing: the chunkings, the feed loop and the manual clock shared by tests and users."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from hopmeter.core.frames import Frame
 from hopmeter.core.sse import SseDecoder
-from hopmeter.testing import feed_all, split_at, split_every_way
+from hopmeter.testing import ManualClock, feed_all, split_at, split_every_way
 
 
 def test_split_every_way_covers_whole_bytes_and_every_cut():
@@ -56,3 +56,61 @@ def test_split_at_cuts_at_valid_offsets():
     """split_at cuts at each offset inside the data once, in order, ignoring the rest."""
     assert split_at(b"abcdef", [4, 2, 2, 0, 6, 99]) == [b"ab", b"cd", b"ef"]
     assert split_at(b"", [1]) == [b""]
+
+
+def test_a_manual_clock_moves_only_when_advanced():
+    """The clock reads its start until advanced, then the sum of the advances."""
+    now = ManualClock(start_s=5.0)
+    assert now() == now() == 5.0
+    now.advance(1.5)
+    now.advance(0)
+    assert now() == 6.5
+    with pytest.raises(ValueError, match="forward"):
+        now.advance(-1)
+
+
+def test_timers_fire_in_due_order_with_the_clock_at_their_due_time():
+    """Timers fire in order of due time, ties in order of scheduling, each seeing its own time."""
+    now = ManualClock(start_s=0.0)
+    fired: list[tuple[str, float]] = []
+    now.call_later(2.0, lambda: fired.append(("b", now())))
+    now.call_later(1.0, lambda name: fired.append((name, now())), "a")
+    now.call_later(2.0, lambda: fired.append(("c", now())))
+    now.call_later(-1.0, lambda: fired.append(("past", now())))  # as asyncio: due now
+    now.advance(1.5)
+    assert fired == [("past", 0.0), ("a", 1.0)]
+    now.advance(10)
+    assert fired[2:] == [("b", 2.0), ("c", 2.0)]
+    assert now() == 11.5 and now.pending() == 0
+
+
+def test_a_cancelled_timer_does_not_fire():
+    """cancel() before the due time keeps the call from running; after it fired, it is a no-op."""
+    now = ManualClock()
+    fired: list[str] = []
+    kept = now.call_later(1, fired.append, "kept")
+    dropped = now.call_later(1, fired.append, "dropped")
+    dropped.cancel()
+    assert now.pending() == 1
+    now.advance(1)
+    kept.cancel()
+    assert fired == ["kept"] and now.pending() == 0
+
+
+def test_a_timer_scheduled_by_a_callback_fires_in_the_same_advance_only_if_due():
+    """A callback's delay-0 timer fires in the same advance; one due past its end waits."""
+    now = ManualClock(start_s=0.0)
+    fired: list[tuple[str, float]] = []
+
+    def first() -> None:
+        fired.append(("first", now()))
+        now.call_later(0, lambda: fired.append(("again", now())))
+        now.call_later(5, lambda: fired.append(("later", now())))
+
+    now.call_later(1, first)
+    now.advance(2)
+    assert fired == [("first", 1.0), ("again", 1.0)]
+    now.advance(3.9)
+    assert len(fired) == 2
+    now.advance(0.1)
+    assert fired[2] == ("later", 6.0)

@@ -2,12 +2,15 @@
 
 Every stateful parser in `hopmeter.core` must give the same frames however its input is chunked;
 `split_every_way()` produces the chunkings worth trying and `feed_all()` runs one through a decoder.
+`ManualClock` is a clock and timers (hopmeter.clock) that move only when a test advances them.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from hopmeter.core.frames import Frame
 from hopmeter.core.wire import Framer
@@ -73,3 +76,61 @@ def feed_all(
     close_time = times[-1] if times else 0.0
     frames.extend(decoder.close(close_time))
     return frames
+
+
+class ManualTimer:
+    """A call scheduled on a ManualClock (hopmeter.clock.TimerHandle)."""
+
+    __slots__ = ("_cancelled", "args", "callback", "due_s")
+
+    def __init__(self, due_s: float, callback: Callable[..., object], args: tuple[Any, ...]):
+        self.due_s = due_s
+        self.callback = callback
+        self.args = args
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def when(self) -> float:
+        return self.due_s
+
+
+class ManualClock:
+    """A clock (hopmeter.clock.Clock) and timers (hopmeter.clock.Timers) that move only when
+    `advance()` moves them: timers fire in order of due time (then of scheduling), each with the
+    clock set to its due time; one scheduled by a callback fires in the same advance if it falls
+    due within it."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now_s = start_s
+        self._due: list[tuple[float, int, ManualTimer]] = []
+        self._order = itertools.count()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> ManualTimer:
+        timer = ManualTimer(self.now_s + max(0.0, delay), callback, args)
+        heapq.heappush(self._due, (timer.due_s, next(self._order), timer))
+        return timer
+
+    def pending(self) -> int:
+        """Timers scheduled and neither fired nor cancelled."""
+        return sum(1 for _, _, timer in self._due if not timer.cancelled())
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock `seconds` on, firing every timer that falls due on the way."""
+        if seconds < 0:
+            raise ValueError(f"a clock moves forward, not by {seconds}")
+        until_s = self.now_s + seconds
+        while self._due and self._due[0][0] <= until_s:
+            _, _, timer = heapq.heappop(self._due)
+            if timer.cancelled():
+                continue
+            self.now_s = max(self.now_s, timer.due_s)
+            timer.callback(*timer.args)
+        self.now_s = until_s

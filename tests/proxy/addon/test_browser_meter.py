@@ -16,6 +16,8 @@ from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon.browser_meter import (
+    BURST,
+    RATE_PER_S,
     BrowserMeter,
     RateBound,
     announces_beacon,
@@ -23,6 +25,7 @@ from hopmeter.proxy.addon.browser_meter import (
     origin_of,
 )
 from hopmeter.proxy.addon.meter import HopMeter
+from hopmeter.testing import ManualClock
 
 TP = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
 PAGE = "http://page.example"
@@ -196,6 +199,26 @@ def test_a_flood_is_refused_past_the_rate() -> None:
     bound = RateBound(rate_per_s=10, burst=3)
     assert [bound.allow(0.0) for _ in range(4)] == [True, True, True, False]
     assert bound.allow(0.05) is False and bound.allow(0.1) is True
+
+
+def test_beacons_past_the_burst_are_answered_429_until_the_bucket_refills() -> None:
+    """Through the hooks: BURST beacons pass the bound, the next is refused 429 and counted a
+    flood, and one more passes once 1/RATE_PER_S has passed on BrowserMeter's clock."""
+    meter, now = HopMeter(), ManualClock()
+    b = BrowserMeter(meter.ending, clock=now, timers=now)
+    with taddons.context(meter, b) as tctx:
+        tctx.configure(meter, hopmeter_hop="edge")
+        tctx.configure(b, hopmeter_browser=True)
+        beacon = lambda: request("/_hopmeter/beacon", body=b"nope")  # noqa: E731
+        statuses = [answer(b, meter, beacon()).status_code for _ in range(int(BURST) + 1)]
+        assert statuses == [400] * int(BURST) + [429]
+        step_s = 2**-6  # exact in binary; under 1/RATE_PER_S, two of them over it
+        assert step_s < 1 / RATE_PER_S < 2 * step_s
+        now.advance(step_s)
+        assert answer(b, meter, beacon()).status_code == 429
+        now.advance(step_s)
+        assert answer(b, meter, beacon()).status_code == 400
+        assert b.counts[BeaconOutcome.FLOOD] == 2
 
 
 def test_the_tracestate_entry_and_the_origin_are_read_as_the_specs_say() -> None:

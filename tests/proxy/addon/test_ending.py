@@ -16,8 +16,8 @@ from hopmeter.proxy.addon.browser_meter import BrowserMeter
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.tokenizers import _load
 from hopmeter.proxy.delivery import lane
+from hopmeter.testing import ManualClock
 from tests.proxy.addon.test_meter import DONE, SSE, Recorder, sse_flow, stream_through
-from tests.proxy.addon.test_tokenizer_load import until
 
 TRACE = "ab" * 16
 
@@ -102,8 +102,9 @@ def test_the_drain_goes_in_the_chain_s_order() -> None:
     """A record still waiting for the vocabulary when the proxy stops is let through first,
     then held for its beacon and written without it: no wait drains before the ones above it."""
     _load.cache_clear()
-    meter = HopMeter()
-    browser = BrowserMeter(meter.ending)
+    now = ManualClock()  # never advanced: no timer of the flow's end may be needed
+    meter = HopMeter(clock=now, timers=now)
+    browser = BrowserMeter(meter.ending, clock=now, timers=now)
     rec = Recorder()
 
     async def go() -> None:
@@ -124,7 +125,9 @@ def test_the_drain_goes_in_the_chain_s_order() -> None:
             for chunk in (SSE, DONE, b""):
                 flow.response.stream(chunk)  # type: ignore[union-attr, operator]
             meter.response(flow)
-            await until(lambda: load.parked == 1)
+            assert load.parked == 0  # the flow's end measures what its tap queued itself
+            await asyncio.sleep(0)  # the client wait hands the record on, on the next turn
+            assert load.parked == 1
             assert rec.results == []
             meter.done()
             tctx.master._legacy_log_events.uninstall()  # its loop closes with asyncio.run's

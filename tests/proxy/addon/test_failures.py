@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 import pytest
 
 from hopmeter.core.vocab import Ended
 from hopmeter.proxy.addon.failures import CauseLog, address_text, connect_cause, error_body
+from hopmeter.testing import ManualClock
 
 
 @pytest.mark.parametrize(
@@ -56,19 +55,21 @@ def test_a_flood_of_one_cause_is_one_line_then_one_per_interval() -> None:
     cause quiet for a whole interval is forgotten, so its next failure is logged at once."""
     lines: list[str] = []
 
-    async def main() -> None:
-        log = CauseLog(interval_s=60, emit=lines.append)
-        for _ in range(1000):
-            log.report("connect_refused", "refused 127.0.0.1:8000")
-        log.report("tls_failed", "tls")
-        assert len(lines) == 2 and log.timer is not None
-        log.flush()  # the interval ends
-        assert lines[2:] == ["hopmeter: upstream connect_refused: 999 more in the last 60s"]
-        log.flush()  # a quiet interval: both causes forgotten, no timer left
-        assert len(lines) == 3 and log.active == {} and log.timer is None
-        log.report("connect_refused", "refused again")
-        assert lines[3].startswith("refused again")
-        log.close()
-        assert log.total == 1002
-
-    asyncio.run(main())
+    now = ManualClock()
+    log = CauseLog(interval_s=60, emit=lines.append, timers=now)
+    for _ in range(1000):
+        log.report("connect_refused", "refused 127.0.0.1:8000")
+    log.report("tls_failed", "tls")
+    assert len(lines) == 2 and log.timer is not None
+    now.advance(59.9)
+    assert len(lines) == 2
+    now.advance(0.1)  # the interval ends
+    assert lines[2:] == ["hopmeter: upstream connect_refused: 999 more in the last 60s"]
+    now.advance(60)  # a quiet interval: both causes forgotten, no timer left
+    assert len(lines) == 3 and log.active == {} and log.timer is None
+    assert now.pending() == 0
+    log.report("connect_refused", "refused again")
+    assert lines[3].startswith("refused again")
+    log.close()
+    assert now.pending() == 0
+    assert log.total == 1002

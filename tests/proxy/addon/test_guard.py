@@ -17,10 +17,10 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.addon.guard import BODY, HEADERS, UpstreamGuard
+from hopmeter.proxy.addon.guard import BODY, FORGET_CLOSED_S, HEADERS, UpstreamGuard
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
-from tests.harness.procs import until
+from hopmeter.testing import ManualClock
 
 UPSTREAM = ("127.0.0.1", 8000)
 
@@ -38,11 +38,14 @@ class Records(FlowObserver):
 def run(
     body: Callable[[HopMeter, UpstreamGuard, Records, Any], Awaitable[None]], **opts: Any
 ) -> None:
-    """Run `body` on an event loop with a HopMeter and a guard configured with `opts`."""
+    """Run `body` on an event loop with a HopMeter and a guard configured with `opts`, both on
+    a ManualClock (`guard.clock`) that the body advances."""
 
     async def main() -> None:
-        meter, records, readiness = HopMeter(), Records(), Readiness()
-        guard = UpstreamGuard(meter, readiness)
+        now = ManualClock()
+        meter, records = HopMeter(clock=now, timers=now), Records()
+        readiness = Readiness(clock=now, timers=now)
+        guard = UpstreamGuard(meter, readiness, clock=now, timers=now)
         meter.add_observer(records)
         with taddons.context(meter, guard, readiness, Proxyserver()) as tctx:
             tctx.configure(meter, hopmeter_hop="edge")
@@ -122,7 +125,8 @@ def test_a_cancelled_connect_or_a_departed_client_is_not_an_upstream_failure() -
 
 def test_silence_before_the_headers_is_upstream_timeout() -> None:
     """Connected, then nothing within the read timeout: the flow's cause is upstream_timeout
-    with the timeout that expired, and its client connection is the guard's to close."""
+    with the timeout that expired, and its client connection is the guard's to close (and
+    remembered as such until FORGET_CLOSED_S after it disconnected)."""
 
     async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
         flow = request_flow()
@@ -132,12 +136,20 @@ def test_silence_before_the_headers_is_upstream_timeout() -> None:
             ServerConnectionHookData(server=flow.server_conn, client=flow.client_conn)
         )
         assert guard.watches[flow.id].phase == HEADERS
-        await until(lambda: flow.client_conn.id in guard.closed, what="the read timeout")
+        guard.clock.advance(0.049)
+        assert flow.client_conn.id not in guard.closed
+        guard.clock.advance(0.001)
+        assert flow.client_conn.id in guard.closed  # the read timeout, to the tick
         await ended_by_error(meter, guard, flow)
         (rec,) = records.records
         assert rec["ended"] == "upstream_timeout"
         assert rec["upstream_error"]["timeout_s"] == 0.05
         assert rec["upstream_error"]["status_sent"] == 504
+        guard.client_disconnected(flow.client_conn)  # its teardown's errors are still ours
+        guard.clock.advance(FORGET_CLOSED_S - 0.5)
+        assert flow.client_conn.id in guard.closed
+        guard.clock.advance(0.5)
+        assert flow.client_conn.id not in guard.closed  # forgotten FORGET_CLOSED_S later
 
     run(body, hopmeter_read_timeout="50ms")
 
@@ -157,11 +169,14 @@ def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
         assert guard.watches[flow.id].phase == BODY
         tap = flow.response.stream
         assert callable(tap)
-        for _ in range(6):  # a chunk every 40 ms: never 100 ms of silence
+        for _ in range(6):  # a chunk every 90 ms: never 100 ms of silence
             tap(b"data: {}\n\n")
-            await asyncio.sleep(0.04)
+            guard.clock.advance(0.09)
         assert flow.client_conn.id not in guard.closed
-        await until(lambda: flow.client_conn.id in guard.closed, what="the read timeout")
+        guard.clock.advance(0.0099)
+        assert flow.client_conn.id not in guard.closed
+        guard.clock.advance(0.0001)
+        assert flow.client_conn.id in guard.closed  # 100 ms after the last chunk
         await ended_by_error(meter, guard, flow)
         (rec,) = records.records
         assert rec["ended"] == rec["response"]["ended"] == "upstream_idle"

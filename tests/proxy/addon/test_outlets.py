@@ -16,8 +16,9 @@ from mitmproxy import exceptions
 from mitmproxy.test import taddons
 
 from hopmeter.proxy.addon import outlets as outlets_module
-from hopmeter.proxy.addon.outlets import OutputQueues, QueuedTermLog
-from tests.harness.procs import until, wait_for
+from hopmeter.proxy.addon.outlets import LOOK_EVERY_S, OutputQueues, QueuedTermLog
+from hopmeter.testing import ManualClock
+from tests.harness.procs import wait_for
 
 
 def test_the_queue_bound_is_a_size_option() -> None:
@@ -89,20 +90,30 @@ def test_reopen_reopens_the_files_and_says_so(
     queues.outlets.close(time.monotonic() + 10)
 
 
-def test_losses_are_looked_at_while_running(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Once running, a loss is logged by the next look without anything else happening."""
+def test_losses_are_looked_at_while_running(caplog: pytest.LogCaptureFixture) -> None:
+    """Once running, a loss is logged by the next look (every LOOK_EVERY_S) without anything
+    else happening."""
     if not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full (Linux)")
-    monkeypatch.setattr(outlets_module, "LOOK_EVERY_S", 0.01)
-    queues = OutputQueues()
+    now = ManualClock()
+    queues = OutputQueues(clock=now, timers=now)
     outlet = queues.outlets.open("records", "/dev/full")
 
     async def main() -> None:
         queues.running()
+        await asyncio.sleep(0)  # the look's task starts and waits
         outlet.put(b"{}\n")
-        await until(lambda: "could not write every line" in caplog.text, what="the loss said")
+        wait_for(  # the output's thread, a real one, fails to write
+            lambda: any(sum(s.lost.values()) for s in queues.outlets.states()),
+            what="the loss counted",
+        )
+        now.advance(LOOK_EVERY_S - 0.125)  # binary fractions: exact sums
+        await asyncio.sleep(0)
+        assert "could not write every line" not in caplog.text
+        now.advance(0.125)
+        await asyncio.sleep(0)
+        assert "could not write every line" in caplog.text
+        queues.outlets.flush_by = now()  # nothing left to write: no wait on the manual clock
         queues.done()
 
     with caplog.at_level(logging.INFO, logger="hopmeter"):

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import pytest
 from mitmproxy.test import taddons
 
-from hopmeter.proxy.addon.readiness import Readiness, UpstreamState, reverse_upstreams
+from hopmeter.proxy.addon.readiness import (
+    STALE_INTERVALS,
+    Readiness,
+    UpstreamState,
+    reverse_upstreams,
+)
+from hopmeter.testing import ManualClock
 
 UP = ("127.0.0.1", 8000)
 
@@ -27,9 +32,9 @@ def test_every_reverse_upstream_over_tcp_is_checked_once() -> None:
     assert reverse_upstreams(modes) == (UP, ("example.com", 443))
 
 
-def ready_with(*states: UpstreamState) -> Readiness:
+def ready_with(*states: UpstreamState, clock: ManualClock | None = None) -> Readiness:
     """A readiness whose targets are UP and 127.0.0.1:9000, with these states in that order."""
-    r = Readiness()
+    r = Readiness(clock=clock or ManualClock())
     r.targets = (UP, ("127.0.0.1", 9000))
     r.states = dict(zip(r.targets, states, strict=False))
     return r
@@ -37,9 +42,10 @@ def ready_with(*states: UpstreamState) -> Readiness:
 
 def test_ready_only_when_every_upstream_is() -> None:
     """Ready needs every upstream's last check to have passed; the body names each one."""
-    now = time.monotonic()
+    clock = ManualClock()
+    now = clock()
     ok, down = UpstreamState(True, "accepts connections", now), UpstreamState(False, "x", now)
-    assert ready_with(ok, ok).answer() == (
+    assert ready_with(ok, ok, clock=clock).answer() == (
         True,
         "127.0.0.1:8000 accepts connections; 127.0.0.1:9000 accepts connections",
     )
@@ -48,9 +54,13 @@ def test_ready_only_when_every_upstream_is() -> None:
         False,
         "127.0.0.1:8000 accepts connections; 127.0.0.1:9000 not checked yet",
     )
-    stale = UpstreamState(True, "accepts connections", now - 60)
-    ready, why = ready_with(stale, ok).answer()
-    assert not ready and "last checked 60s ago" in why
+    aging = ready_with(ok, ok, clock=clock)
+    limit_s = STALE_INTERVALS * aging.interval_s + aging.timeout_s
+    clock.advance(limit_s)
+    assert aging.answer()[0] is True  # stale only past the limit
+    clock.advance(1)
+    ready, why = aging.answer()
+    assert not ready and f"last checked {limit_s + 1:.0f}s ago" in why
 
 
 def test_draining_is_not_ready_and_no_upstream_is_ready() -> None:
@@ -97,3 +107,39 @@ def test_options_set_the_targets_and_intervals() -> None:
         assert (r.targets, r.interval_s) == ((UP,), 0.5)
         with pytest.raises(Exception, match="hopmeter_ready_interval '0': expected a positive"):
             tctx.configure(r, hopmeter_ready_interval="0")
+
+
+async def turns(count: int = 5) -> None:
+    """Let the loop run `count` turns (no time passes on a ManualClock)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_the_upstreams_are_checked_once_an_interval_on_the_timers() -> None:
+    """Once running, every target is checked at once, then once per interval of the timers'
+    time; the state cached is the last check's."""
+    now = ManualClock()
+    r = Readiness(clock=now, timers=now)
+    r.targets = (UP,)
+    checked: list[float] = []
+
+    async def check(address: tuple[str, int]) -> UpstreamState:
+        checked.append(now())
+        return UpstreamState(len(checked) % 2 == 1, f"check {len(checked)}", now())
+
+    r.check = check  # type: ignore[method-assign]  # no socket: what the loop does with it
+
+    async def main() -> None:
+        r.running()
+        await turns()  # the task gathers the check and waits for the interval
+        assert checked == [1000.0] and r.states[UP].why == "check 1"
+        now.advance(r.interval_s - 0.5)
+        await turns()
+        assert len(checked) == 1
+        now.advance(0.5)
+        await turns()
+        assert checked == [1000.0, 1000.0 + r.interval_s] and r.states[UP].why == "check 2"
+        assert r.answer() == (False, "127.0.0.1:8000 check 2")
+        r.done()
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ from mitmproxy.test import tflow
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.wire import lower_headers
 from hopmeter.proxy.addon.tap import (
+    MEASURE_DELAY_S,
     REQUEST_SNIFF_BYTES,
     FlowState,
     MeasureQueue,
@@ -22,7 +23,7 @@ from hopmeter.proxy.addon.tap import (
     new_meter,
     start_trace,
 )
-from tests.harness.procs import until
+from hopmeter.testing import ManualClock
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
 
@@ -70,22 +71,25 @@ class TestResponseTap:
 
 class TestMeasureQueue:
     def test_measuring_waits_for_the_loop_and_keeps_the_order(self) -> None:
-        """With a loop running, chunks are measured together after the callable returned."""
+        """With a loop running, chunks are measured together MEASURE_DELAY_S after the first,
+        with the times the tap stamped from the queue's clock."""
+        now = ManualClock(start_s=100.0)  # the flow started at 100 (state())
 
-        async def run() -> tuple[int, int, list[float]]:
-            queue = MeasureQueue()
+        async def run() -> None:
+            queue = MeasureQueue(clock=now, timers=now)
             tap = ResponseTap(state(), queue, lambda where, exc: None)
             tap.meter = meter()
             tap(CHUNK)
+            now.advance(MEASURE_DELAY_S / 2)
             tap(CHUNK)
-            queued = len(queue.pending)
-            seen_before = tap.meter.events_seen
-            await until(lambda: tap.meter.events_seen == 2, what="the queued chunks measured")
-            return queued, seen_before, list(tap.meter.events.t_s)
+            assert len(queue.pending) == 2 and queue.due == 100.0 + MEASURE_DELAY_S
+            now.advance(MEASURE_DELAY_S / 4)
+            assert tap.meter.events_seen == 0  # not due yet
+            now.advance(queue.due - now())  # exact: the two are close (Sterbenz)
+            assert tap.meter.events_seen == 2 and queue.pending == []
+            assert list(tap.meter.events.t_s) == pytest.approx([0.0, MEASURE_DELAY_S / 2])
 
-        queued, seen_before, times = asyncio.run(run())
-        assert (queued, seen_before) == (2, 0)
-        assert len(times) == 2 and times[0] <= times[1]
+        asyncio.run(run())
 
 
 class TestRequestTap:

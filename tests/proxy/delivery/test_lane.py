@@ -10,7 +10,9 @@ from collections.abc import Callable
 import pytest
 
 from hopmeter.core.ledger import FLAG_SENT
-from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, Delivery, FlowOut, LoopLog
+from hopmeter.proxy.delivery.conn import POLL_IDLE_MAX_S
+from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, WAIT_MAX_S, Delivery, FlowOut, LoopLog
+from hopmeter.testing import ManualClock
 from tests.harness.live_client import flow_of, live_client, run, unread
 
 
@@ -93,6 +95,28 @@ class TestFinish:
 
         run(test)
 
+    def test_a_client_that_stops_reading_is_waited_for_at_most_wait_max_s(self) -> None:
+        """A flow whose client reads nothing gets its record at the poller's first look past
+        WAIT_MAX_S after it ended (on the poller's clock)."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                now = ManualClock()
+                d = Delivery(lambda where, exc: None, clock=now, timers=now)
+                out = d.attach(flow_of(live), chaos=False)
+                out.chunk(256 * 1024, now())
+                live.writer.write(b"z" * (256 * 1024))
+                done: list[float] = []
+                d.finish(out, lambda: done.append(now()))
+                now.advance(WAIT_MAX_S - 0.5)  # the poller looks, the bytes stay queued
+                await asyncio.sleep(0)
+                assert not done and now.pending() == 1
+                now.advance(0.5 + POLL_IDLE_MAX_S)  # the first look past the deadline
+                await asyncio.sleep(0)
+                assert len(done) == 1 and out.done
+
+        run(test)
+
     def test_a_client_that_disconnects_ends_the_wait_with_what_was_seen(self) -> None:
         """forget: the flow is completed at once, its last bytes not seen sent."""
 
@@ -154,6 +178,7 @@ class TestTake:
         def __init__(self, out: FlowOut | None) -> None:
             self.out = out
 
+    @pytest.mark.loopback  # a real loopback client
     def test_an_item_goes_on_once_its_bytes_reached_the_client(self) -> None:
         """A followed flow's item is handed on once the kernel sent its last chunk, never
         inside take."""

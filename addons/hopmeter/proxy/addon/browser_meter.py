@@ -13,7 +13,6 @@ parse and, once, one join.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from urllib.parse import urlsplit
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.clock import MONOTONIC, Clock, Timers, timers_or_loop
 from hopmeter.core.beacon import MAX_BEACON_BYTES, check_beacon, read_envelope
 from hopmeter.core.trace import parse_traceparent
 from hopmeter.core.vocab import BeaconOutcome
@@ -101,14 +101,18 @@ def answered_here(flow: http.HTTPFlow) -> bool:
 class BrowserMeter:
     """The snippet, the beacon endpoint and the joins: the beacon wait of a flow's end."""
 
-    def __init__(self, ending: Ending) -> None:
+    def __init__(
+        self, ending: Ending, *, clock: Clock = MONOTONIC, timers: Timers | None = None
+    ) -> None:
         self.ending = ending
+        self.clock = clock  # the beacons' rate; their received time is the wall clock's
+        self.timers = timers  # a held record's wait; None: the running loop's
         self.on_error = ending.observers.internal_error
         self.enabled = False
         self.snippet = b""
         self.counts: Counter[BeaconOutcome] = Counter()
         self.rate = RateBound(RATE_PER_S, BURST)
-        self.joins = BeaconJoins(schedule=_call_later, count=self.count, on_error=self.on_error)
+        self.joins = BeaconJoins(schedule=self._later, count=self.count, on_error=self.on_error)
         ending.beacons = self.joins  # records wait here for their beacon (Ending.chain)
 
     def load(self, loader: Loader) -> None:
@@ -198,7 +202,7 @@ class BrowserMeter:
     def _beacon(self, flow: http.HTTPFlow) -> http.Response:
         req = flow.request
         received_s = time.time()
-        if not self.rate.allow(time.monotonic()):
+        if not self.rate.allow(self.clock()):
             return self._answer(Answer(status=429, message="too many beacons; retry later",
                                        outcome=BeaconOutcome.FLOOD))  # fmt: skip
         if req.method != "POST":
@@ -225,6 +229,15 @@ class BrowserMeter:
                                        outcome=BeaconOutcome.MALFORMED))  # fmt: skip
         return self._answer(self.joins.beacon(beacon, origin, received_s))
 
+    def _later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run `fn` in `delay_s`; with no loop (offline tools) never: a held record then waits
+        for its beacon or `done()`."""
+        try:
+            timers = timers_or_loop(self.timers)
+        except RuntimeError:
+            return
+        timers.call_later(delay_s, fn)
+
     def _answer(self, answer: Answer) -> http.Response:
         if answer.outcome is not None:
             self.count(answer.outcome)
@@ -240,11 +253,3 @@ def _reply(status: int, message: str, headers: dict[str, str] | None = None) -> 
     body = f"hopmeter: {message}\n".encode() if message else b""
     h = {"content-type": "text/plain; charset=utf-8", "cache-control": "no-store"}
     return http.Response.make(status, body, {**h, **(headers or {})})
-
-
-def _call_later(delay_s: float, fn: Callable[[], None]) -> None:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # no loop (offline tools): a held record waits for its beacon or done()
-        return
-    loop.call_later(delay_s, fn)

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple, Protocol
 
 from mitmproxy import http
 
+from hopmeter.clock import MONOTONIC, Clock, Timers, timers_or_loop
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
@@ -142,15 +143,20 @@ class Ending:
         *,
         live: Live,
         options: RecordOptions,
+        clock: Clock = MONOTONIC,
+        timers: Timers | None = None,
     ) -> None:
         self.observers = observers
+        self.timers = timers  # the pairing's waits; None: the running loop's (hopmeter.clock)
         self.on_error = observers.internal_error
         self.delivery = delivery
         self.queue = queue
         self.live = live  # the flows in flight (read only)
         self.options = options
         self.vocabulary = Vocabulary(lambda: not live, self.on_error)
-        self.pairing = Pairing(schedule=self._later, in_flight=self._in_flight, soon=self._soon)
+        self.pairing = Pairing(
+            schedule=self._later, in_flight=self._in_flight, soon=self._soon, clock=clock
+        )
         self.beacons: Wait = Through()
         self.listeners: list[Listener] = []
         self._timing = False  # inside one of hopmeter's timed steps (`timed`)
@@ -288,7 +294,7 @@ class Ending:
         if out is None:
             return None
         try:
-            return out.seen(end.state.mono0, end.state.skew_s, self.log)
+            return out.seen(end.state.mono0, end.state.skew_s, self.log, self.delivery.clock)
         except Exception as exc:
             self.on_error("delivery", exc)
             return None
@@ -326,7 +332,7 @@ class Ending:
     # -- for pairing ---------------------------------------------------------------------------
     def _later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run `fn` later on the loop; a failure in it is counted, never raised into the loop."""
-        asyncio.get_running_loop().call_later(delay_s, partial(self._guarded, fn))
+        timers_or_loop(self.timers).call_later(delay_s, partial(self._guarded, fn))
 
     def _soon(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the loop's next turn, as one of hopmeter's timed steps; a failure in it is

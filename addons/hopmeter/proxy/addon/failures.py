@@ -8,7 +8,6 @@ flood of requests costs a few log lines, not one per request.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import re
 import socket
@@ -20,6 +19,7 @@ import orjson
 from mitmproxy import http
 from mitmproxy.net.http import http1
 
+from hopmeter.clock import TimerHandle, Timers, timers_or_loop
 from hopmeter.core.vocab import Ended
 from hopmeter.log import get_logger
 from hopmeter.proxy.fastpath.internals import connection_handlers
@@ -123,11 +123,18 @@ class CauseLog:
     nothing fails.
     """
 
-    def __init__(self, interval_s: float = 10.0, emit: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float = 10.0,
+        emit: Callable[[str], None] | None = None,
+        *,
+        timers: Timers | None = None,
+    ) -> None:
         self.interval_s = interval_s
         self.emit = emit or _warn
+        self.timers = timers  # None: the running loop's (hopmeter.clock)
         self.active: dict[str, _Burst] = {}
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: TimerHandle | None = None
         self.total = 0
 
     def report(self, cause: str, line: str) -> None:
@@ -143,10 +150,10 @@ class CauseLog:
         self.emit(f"{line} (more of the same: one line per {self.interval_s:g}s)")
         if self.timer is None:
             try:
-                loop = asyncio.get_running_loop()
+                timers = timers_or_loop(self.timers)
             except RuntimeError:  # no loop (offline tools, tests): no summaries
                 return
-            self.timer = loop.call_later(self.interval_s, self.flush)
+            self.timer = timers.call_later(self.interval_s, self.flush)
 
     def flush(self) -> None:
         """The interval's summary: one line per cause that failed again."""
@@ -161,7 +168,7 @@ class CauseLog:
             else:
                 del self.active[cause]  # quiet for an interval: its next failure is news
         if self.active:
-            self.timer = asyncio.get_running_loop().call_later(self.interval_s, self.flush)
+            self.timer = timers_or_loop(self.timers).call_later(self.interval_s, self.flush)
 
     def close(self) -> None:
         """Stop the timer (the proxy is stopping)."""

@@ -16,19 +16,21 @@
   makes it ready (hopmeter.proxy.addon.readiness).
 
 Measured on this project's VM (docs/reliability.md §3): with a 1.5 s read timeout the 504 came at
-1.51 s; a 600 s timeout costs a normal stream one `call_at` and one `cancel`.
+1.51 s; a 600 s timeout costs a normal stream one `call_later` and one `cancel`.
+
+The clock and the timers are the constructor's (hopmeter.clock: the monotonic clock and the
+running loop by default); tests hand in a `hopmeter.testing.ManualClock` and advance it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.clock import MONOTONIC, Clock, TimerHandle, Timers, timers_or_loop
 from hopmeter.core.upstream import CAUSE_FIXES, STATUS_SENT, UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
@@ -61,7 +63,8 @@ class Watch:
     flow: http.HTTPFlow
     phase: str
     last_s: float  # monotonic: the phase's start, or the body's last chunk (see `_last`)
-    handle: asyncio.TimerHandle | None = None
+    handle: TimerHandle | None = None
+    due_s: float = 0.0  # when `handle` fires
     tap: ResponseTap | None = None
 
 
@@ -77,13 +80,22 @@ class Measured(Protocol):
 class UpstreamGuard:
     """Names why an upstream failed a flow, enforces the connect and read timeouts, answers 504."""
 
-    def __init__(self, meter: Measured, readiness: Readiness | None = None) -> None:
+    def __init__(
+        self,
+        meter: Measured,
+        readiness: Readiness | None = None,
+        *,
+        clock: Clock = MONOTONIC,
+        timers: Timers | None = None,
+    ) -> None:
         self.meter = meter
+        self.clock = clock
+        self.timers = timers  # None: the running loop's
         self.readiness = readiness
         self.watches: dict[str, Watch] = {}  # flow id -> its watch
         self.by_client: dict[str, set[str]] = {}  # client connection id -> flow ids watched
         self.closed: set[str] = set()  # client connections a timeout of ours closed
-        self.causes = CauseLog()
+        self.causes = CauseLog(timers=timers)
         self.connect_timeout_s: float = options.default("hopmeter_connect_timeout")
         self.read_timeout_s: float = options.default("hopmeter_read_timeout")
         self.unanswered = 0  # failures with no flow to answer (the eager connection strategy)
@@ -134,10 +146,10 @@ class UpstreamGuard:
             return
         if answered_here(flow):
             return  # hopmeter answers it itself: no upstream to wait for
-        watch = Watch(flow=flow, phase=CONNECT, last_s=time.monotonic())
+        watch = Watch(flow=flow, phase=CONNECT, last_s=self.clock())
         self.watches[flow.id] = watch
         self.by_client.setdefault(flow.client_conn.id, set()).add(flow.id)
-        watch.handle = _loop().call_at(watch.last_s + self.connect_timeout_s, self._fire, watch)
+        self._arm(watch, watch.last_s + self.connect_timeout_s)
 
     def request(self, flow: http.HTTPFlow) -> None:
         # The request is forwarded whole: the upstream's turn. A request on a kept-alive upstream
@@ -165,7 +177,7 @@ class UpstreamGuard:
 
     def client_disconnected(self, client: Any) -> None:
         if client.id in self.closed:
-            _loop().call_later(FORGET_CLOSED_S, self.closed.discard, client.id)
+            timers_or_loop(self.timers).call_later(FORGET_CLOSED_S, self.closed.discard, client.id)
 
     # -- the upstream connection ---------------------------------------------------------------
     def server_connected(self, data: Any) -> None:
@@ -243,12 +255,18 @@ class UpstreamGuard:
     def _enter(self, watch: Watch, phase: str) -> None:
         """Start a phase; re-arm only if its deadline comes before the armed one (a few times
         per flow at most: otherwise the timer is re-armed lazily when it comes due)."""
-        watch.phase, watch.last_s = phase, time.monotonic()
+        watch.phase, watch.last_s = phase, self.clock()
         deadline = watch.last_s + self._limit(watch)
-        if watch.handle is None or deadline < watch.handle.when():
+        if watch.handle is None or deadline < watch.due_s:
             if watch.handle is not None:
                 watch.handle.cancel()
-            watch.handle = _loop().call_at(deadline, self._fire, watch)
+            self._arm(watch, deadline)
+
+    def _arm(self, watch: Watch, deadline: float) -> None:
+        watch.due_s = deadline
+        watch.handle = timers_or_loop(self.timers).call_later(
+            deadline - self.clock(), self._fire, watch
+        )
 
     def _fire(self, watch: Watch) -> None:
         """The timer came due: re-arm if there was life since, else act on the silence."""
@@ -257,8 +275,8 @@ class UpstreamGuard:
             return
         flow = watch.flow
         deadline = self._last(watch) + self._limit(watch)
-        if time.monotonic() < deadline:
-            watch.handle = _loop().call_at(deadline, self._fire, watch)
+        if self.clock() < deadline:
+            self._arm(watch, deadline)
             return
         if watch.phase == CONNECT and flow.server_conn.connected:
             # a reused upstream connection (no server_connected) whose request is still
@@ -301,7 +319,3 @@ class UpstreamGuard:
             self._log(failure, f"answered {status}")
         else:
             self._log(failure, "connection closed" if before_headers else "stream cut")
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-    return asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from typing import Any
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import HopmeterError, UsageError
@@ -59,7 +60,8 @@ log = get_logger()
 class HopMeter:
     """Measures every HTTP flow that passes: times, events, tokens, figures, a record per flow."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = MONOTONIC, timers: Timers | None = None) -> None:
+        self.clock = clock  # monotonic; the record's wall time is read from time.time()
         self.listener_names: dict[str, str] = {}
         # what runs once the tokenizers' patterns are compiled, in that thread (hopmeter run:
         # hopmeter.proxy.run.runner.FreezeAtStart freezes what the compiler left)
@@ -72,11 +74,17 @@ class HopMeter:
         self.observers = Observers()
         self.internal_error = self.observers.internal_error
         # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
-        self.delivery = Delivery(self.internal_error)
-        self.queue = MeasureQueue(self.delivery.log)
+        self.delivery = Delivery(self.internal_error, clock=clock, timers=timers)
+        self.queue = MeasureQueue(self.delivery.log, clock=clock, timers=timers)
         # a flow's end: the waits between the last hook and the observers, in one chain
         self.ending = Ending(
-            self.observers, self.delivery, self.queue, live=self.live, options=self
+            self.observers,
+            self.delivery,
+            self.queue,
+            live=self.live,
+            options=self,
+            clock=clock,
+            timers=timers,
         )
         self.pairing = self.ending.pairing  # configured here (hopmeter_listeners)
         self.vocabulary = self.ending.vocabulary  # the tokenizers (hopmeter_tokenizer)
@@ -143,7 +151,7 @@ class HopMeter:
         for flow, state in list(self.live.values()):
             if not state.finished:
                 state.finished = True
-                out.append(FlowEnd(flow, state, Ended.SHUTDOWN, state.offset(time.monotonic())))
+                out.append(FlowEnd(flow, state, Ended.SHUTDOWN, state.offset(self.clock())))
         self.live.clear()
         return out
 
@@ -173,7 +181,7 @@ class HopMeter:
             return  # the proxy is stopping: nothing could write its record any more
         if answered_here(flow):  # hopmeter's own paths (browser measuring): never measured
             return
-        mono0 = time.monotonic()
+        mono0 = self.clock()
         wall0 = time.time()
         state = None
         try:
@@ -304,7 +312,7 @@ class HopMeter:
         state.finished = True
         if state.relay_error is not None:
             ended = Ended.ERROR  # the relay cut the client's connection: never complete
-        end_s = state.offset(time.monotonic())
+        end_s = state.offset(self.clock())
         if state.streaming:
             state.streaming = False
             self.observers.notify(lambda obs: obs.stream_finished())

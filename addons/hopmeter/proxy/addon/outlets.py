@@ -6,6 +6,9 @@ log, and at `done` writes what is queued until the drain's deadline (hopmeter.pr
 it; else FLUSH_S), counting and saying what it could not. It touches nothing process-wide:
 `hopmeter run`'s runner is what routes mitmproxy's log lines through it (`QueuedTermLog`) and
 what turns SIGHUP into `reopen`.
+
+Its clock (the losses' times, the flush deadline) and timers (the looks) are the constructor's
+(hopmeter.clock); the flush deadline's clock must be the one the drain hands its deadline on.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ import asyncio
 import contextlib
 import logging
 import sys
-import time
 
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 from mitmproxy.addons import termlog
 
+from hopmeter.clock import MONOTONIC, Clock, Timers, sleep
 from hopmeter.errors import UsageError
 from hopmeter.export.outlets import STDOUT, Outlet, Outlets
 from hopmeter.log import get_logger
@@ -40,8 +43,10 @@ FLUSH_FLOOR_S = 1.0
 class OutputQueues:
     """Owns the outputs' `Outlets`: their bound, the loss reports, the flush at exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = MONOTONIC, timers: Timers | None = None) -> None:
         self.outlets = Outlets()
+        self.clock = clock
+        self.timers = timers  # the looks at the losses; None: the running loop's
         self._task: asyncio.Task[None] | None = None
 
     def load(self, loader: Loader) -> None:
@@ -64,10 +69,10 @@ class OutputQueues:
             self._task.cancel()
             self._task = None
         self.say_losses()
-        now = time.monotonic()
+        now = self.clock()
         flush_by = self.outlets.flush_by
         deadline = now + FLUSH_S if flush_by is None else max(flush_by, now + FLUSH_FLOOR_S)
-        self.outlets.close(deadline, say=log.error)
+        self.outlets.close(deadline, say=log.error, clock=self.clock)
 
     def reopen(self) -> None:
         """Open every records file again at its path (SIGHUP, after a rotation); never stops."""
@@ -77,12 +82,12 @@ class OutputQueues:
 
     def say_losses(self) -> None:
         """Log the losses not said yet (at most once a minute) and any failed reopen."""
-        for line in self.outlets.report(time.monotonic()):
+        for line in self.outlets.report(self.clock()):
             log.warning(line)
 
     async def _look(self) -> None:
         while True:
-            await asyncio.sleep(LOOK_EVERY_S)
+            await sleep(LOOK_EVERY_S, self.timers)
             self.say_losses()
 
 

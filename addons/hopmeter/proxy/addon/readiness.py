@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.clock import MONOTONIC, Clock, Timers, sleep
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
 from hopmeter.proxy import options
@@ -50,7 +50,9 @@ class UpstreamState:
 class Readiness:
     """A cached answer to "can the upstreams take requests?", for /readyz."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = MONOTONIC, timers: Timers | None = None) -> None:
+        self.clock = clock  # the states' times and their staleness (hopmeter.clock)
+        self.timers = timers  # the checks' interval; None: the running loop's
         self.targets: tuple[Address, ...] = ()
         # replaced whole on every change, never mutated: the endpoint's thread reads it
         self.states: dict[Address, UpstreamState] = {}
@@ -87,11 +89,11 @@ class Readiness:
         while True:
             found = await asyncio.gather(*(self.check(a) for a in self.targets))
             self.states = {**self.states, **dict(zip(self.targets, found, strict=True))}
-            await asyncio.sleep(self.interval_s)
+            await sleep(self.interval_s, self.timers)
 
     async def check(self, address: Address) -> UpstreamState:
         """Connect to `address` once; ready if it accepts within the timeout."""
-        now = time.monotonic()
+        now = self.clock()
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(*address), self.timeout_s)
         except TimeoutError:
@@ -109,7 +111,7 @@ class Readiness:
         """A flow could not connect to `address`: not ready, now."""
         key = _key(address)
         if key in self.targets:
-            state = UpstreamState(False, f"{cause} ({detail}) in traffic", time.monotonic())
+            state = UpstreamState(False, f"{cause} ({detail}) in traffic", self.clock())
             self.states = {**self.states, key: state}
 
     def succeeded(self, address: Any) -> None:
@@ -119,7 +121,7 @@ class Readiness:
             return
         current = self.states.get(key)
         if current is None or not current.ok:
-            state = UpstreamState(True, "answered a request", time.monotonic())
+            state = UpstreamState(True, "answered a request", self.clock())
             self.states = {**self.states, key: state}
 
     def answer(self) -> tuple[bool, str]:
@@ -128,7 +130,7 @@ class Readiness:
             return False, "draining: finishing the streams in flight, accepting no new ones"
         if not self.targets:
             return True, "no reverse listener: no fixed upstream to check"
-        states, now = self.states, time.monotonic()
+        states, now = self.states, self.clock()
         stale_s = STALE_INTERVALS * self.interval_s + self.timeout_s
         ready, parts = True, []
         for address in self.targets:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
@@ -174,6 +175,7 @@ class ResponseTap:
     __slots__ = (
         "bytes_out",
         "chaos",
+        "clock",
         "error",
         "last_s",
         "meter",
@@ -192,12 +194,13 @@ class ResponseTap:
         self.error: str | None = None
         self.chaos: Chaos | None = None  # only with --chaos: staging, never by default
         self.out: FlowOut | None = None  # follows the chunks to the client (proxy.delivery)
+        self.clock = queue.clock  # the process's monotonic clock (hopmeter.clock)
         # monotonic time of the last chunk: the read timeout's timer reads it when it comes due
         # (hopmeter.proxy.addon.guard), so a chunk costs one attribute store, never a timer
-        self.last_s = time.monotonic()
+        self.last_s = self.clock()
 
     def __call__(self, data: bytes) -> bytes | list[bytes]:
-        now = self.last_s = time.monotonic()
+        now = self.last_s = self.clock()
         if data and self.meter is not None:
             # Stamp now; measure after the chunk is written (MeasureQueue). The FlowOut arms the
             # client connection's write counter with the chunk. Nothing here can raise short of
@@ -262,9 +265,13 @@ class MeasureQueue:
     is timed (wall and CPU) and its timer's lateness noted: hopmeter never hides its own cost.
     """
 
-    __slots__ = ("due", "log", "pending", "scheduled")
+    __slots__ = ("clock", "due", "log", "pending", "scheduled", "timers")
 
-    def __init__(self, log: LoopLog | None = None) -> None:
+    def __init__(
+        self, log: LoopLog | None = None, *, clock: Clock = MONOTONIC, timers: Timers | None = None
+    ) -> None:
+        self.clock = clock  # the chunks' stamps (ResponseTap)
+        self.timers = timers  # the measuring's; None: the running loop's (hopmeter.clock)
         self.pending: list[tuple[ResponseTap, bytes, float]] = []
         self.scheduled = False
         self.log = log
@@ -278,7 +285,8 @@ class MeasureQueue:
 
     def _schedule(self, now: float) -> None:
         try:
-            asyncio.get_running_loop().call_later(MEASURE_DELAY_S, self._timed)
+            timers = self.timers  # timers_or_loop, inlined: once per batch of chunks
+            (timers or asyncio.get_running_loop()).call_later(MEASURE_DELAY_S, self._timed)
         except RuntimeError:  # no running loop (offline tools, tests): measure now
             self.measure()
             return

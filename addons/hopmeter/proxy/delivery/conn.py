@@ -36,13 +36,13 @@ import socket
 import struct
 import sys
 import termios
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import http, version
 
+from hopmeter.clock import MONOTONIC, Clock
 from hopmeter.core.ledger import GONE, T_IN, Ledger, N
 from hopmeter.proxy.fastpath.internals import connection_handlers
 
@@ -73,7 +73,6 @@ POLL_IDLE_MAX_S = 0.064
 OnFail = Callable[[str, BaseException], None]
 Sock = Any  # socket.socket, asyncio's TransportSocket or uvloop's PseudoSocket
 _SOCKET_TYPES = ("socket", "TransportSocket", "PseudoSocket")
-_monotonic = time.monotonic
 
 
 def mitmproxy_major() -> int:
@@ -150,8 +149,11 @@ class ConnTracker:
         want: Callable[[ConnTracker, float, bool], None],
         on_fail: OnFail,
         h2conn: Any = None,
+        *,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.writer = writer
+        self.clock = clock  # the writes' times: the poller's clock (hopmeter.clock)
         self.transport: Any = writer.transport
         # The socket object, never its number: asyncio closes this object (fileno() then reads
         # -1), while a remembered number may already belong to the next accepted connection.
@@ -189,13 +191,13 @@ class ConnTracker:
             if led.armed is None:
                 led.written += len(data)
             else:
-                now = _monotonic()
+                now = self.clock()
                 buf = self._buf
                 buffered = bool(buf) if buf is not None else self._buffered_bytes() > 0
                 if led.wrote(len(data), now, buffered) and (buffered or not self.active):
                     self.want(self, now, buffered)  # a look soon; already due otherwise
             if led.held:
-                self._released(_monotonic())
+                self._released(self.clock())
         except Exception as exc:
             self.fail("counting a write", exc)
 
@@ -203,7 +205,7 @@ class ConnTracker:
         """writer.close: a last look at the queues (the socket goes once they are flushed)."""
         try:
             if self.broken is None and self.is_open():
-                self.poll(_monotonic())
+                self.poll(self.clock())
                 self.queued_at_close = self._user_bytes() + _ioctl(self.sock, SIOCOUTQ)
                 self.rwnd_at_close_us = rwnd_limited_us(self.sock)
         except Exception as exc:

@@ -7,13 +7,16 @@ loop timer looks at the queues of every connection with bytes on their way: 1 ms
 that left bytes waiting and every 1 ms while they move, backing off to 8 ms while they do not move
 and to 64 ms while nothing waits. When a flow ends, its record waits until the kernel has sent its
 last chunk, the connection closes, or `WAIT_MAX_S` passes: `Delivery` is the first wait of a
-flow's end (`take` and `drain`, hopmeter.proxy.addon.ending).
+flow's end (`take` and `drain`, hopmeter.proxy.addon.ending). Its clock and timers are the
+constructor's (hopmeter.clock: the monotonic clock and the running loop by default).
 
 `LoopLog` keeps what hopmeter's own work cost the event loop it shares with every stream: each of
 its steps that took longer than a couple of milliseconds (with the CPU it used, so a busy loop is
-told apart from a process the OS left waiting) and each timer that ran late. A slow measuring step
-holds no chunk that was already written, but delays the *reading* of the next ones, which would
-otherwise pass for a slow upstream: the record carries both (docs/design.md §7, `proxy_hold`).
+told apart from a process the OS left waiting) and each timer that ran late; its steps are timed
+on the real clocks (monotonic and the thread's CPU), whatever clock the flows are followed on. A
+slow measuring step holds no chunk that was already written, but delays the *reading* of the next
+ones, which would otherwise pass for a slow upstream: the record carries both (docs/design.md §7,
+`proxy_hold`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Protocol
 
 from mitmproxy import http
 
+from hopmeter.clock import MONOTONIC, Clock, TimerHandle, Timers, timers_or_loop
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.ledger import GONE, NO_WRITE, FlowChunks
 from hopmeter.core.meter import MAX_CHUNKS
@@ -104,9 +108,9 @@ class FlowOut:
         "sid",
     )
 
-    def __init__(self, http_version: str) -> None:
+    def __init__(self, http_version: str, clock: Clock = MONOTONIC) -> None:
         self.http_version = http_version
-        self.mono_start = time.monotonic()
+        self.mono_start = clock()
         self.conn: ConnTracker | None = None
         self.sid: int | None = None  # HTTP/2 stream id
         self.reason: str | None = None
@@ -153,7 +157,9 @@ class FlowOut:
             queued += conn.stream_queued(self.sid)
         self.queued_max = max(self.queued_max, queued)
 
-    def seen(self, mono0: float, skew_s: float, log: LoopLog) -> DeliverySeen:
+    def seen(
+        self, mono0: float, skew_s: float, log: LoopLog, clock: Clock = MONOTONIC
+    ) -> DeliverySeen:
         """What was seen, for hopmeter.core.delivery.summarize (at the record's making)."""
         conn = self.conn
         if conn is None:
@@ -165,7 +171,7 @@ class FlowOut:
                 skew_s=skew_s,
                 http_version=self.http_version,
             )
-        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        end = self.ended_at if self.ended_at is not None else clock()
         steps, lags = log.window(self.mono_start, end)
         rwnd_s = None
         if self.rwnd0_us is not None:
@@ -203,18 +209,22 @@ class Followed(Protocol):
 class Delivery:
     """Every client connection's tracker, the one poller, and the loop's log."""
 
-    def __init__(self, on_error: OnFail) -> None:
+    def __init__(
+        self, on_error: OnFail, *, clock: Clock = MONOTONIC, timers: Timers | None = None
+    ) -> None:
         self.on_error = on_error
+        self.clock = clock
+        self.timers = timers  # the poller's; None: the running loop's
         self.trackers: dict[str, ConnTracker] = {}  # by client connection id
         self.active: set[ConnTracker] = set()  # trackers with something to look at
         self.log = LoopLog()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: TimerHandle | None = None
         self._timer_at = math.inf
 
     # -- flows -----------------------------------------------------------------------------------
     def attach(self, flow: http.HTTPFlow, *, chaos: bool) -> FlowOut:
         """A FlowOut for a flow whose response is about to stream; never raises."""
-        out = FlowOut(flow.request.http_version)
+        out = FlowOut(flow.request.http_version, self.clock)
         try:
             if chaos:
                 out.reason = "--chaos re-cuts responses on the way to the client"
@@ -240,7 +250,7 @@ class Delivery:
                 if isinstance(h2, str):
                     return h2
                 h2conn = h2[0]
-            tracker = ConnTracker(writer, sock, self.want, self.on_error, h2conn)
+            tracker = ConnTracker(writer, sock, self.want, self.on_error, h2conn, clock=self.clock)
             self._keep(key, tracker)
         if tracker.broken is not None:
             return tracker.broken
@@ -283,7 +293,7 @@ class Delivery:
         """The flow ended: call `callback` once its bytes have reached the client's side (or
         never will be seen to), soon after this returns."""
         out.callback = callback
-        out.ended_at = now = time.monotonic()
+        out.ended_at = now = self.clock()
         tracker = out.conn
         if tracker is None:
             self._complete(out)
@@ -299,7 +309,7 @@ class Delivery:
             self._forget(tracker, "the connection closed with bytes still queued")
 
     def _forget(self, tracker: ConnTracker, why: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         try:
             if tracker.ledger.pending() and tracker.broken is None:
                 tracker.poll(now)
@@ -363,16 +373,16 @@ class Delivery:
         if at >= self._timer_at - _TOGETHER_S:
             return
         try:
-            loop = asyncio.get_running_loop()
+            timers = timers_or_loop(self.timers)
         except RuntimeError:  # no loop: only the looks at a flow's end and close happen
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = loop.call_later(max(0.0, at - time.monotonic()), self._tick)
+        self._timer = timers.call_later(max(0.0, at - self.clock()), self._tick)
         self._timer_at = at
 
     def _tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         self.log.lag(now, now - self._timer_at)
         self._timer, self._timer_at = None, math.inf
         nxt = math.inf

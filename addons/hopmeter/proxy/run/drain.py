@@ -13,16 +13,18 @@ The first SIGTERM or SIGINT:
    `shutdown`, and the outputs write what they hold until the same deadline
    (hopmeter.proxy.addon.outlets: past it, what is left is counted lost and said).
 A second signal stops at once, with the same records.
+
+The clock and the timers are the constructor's (hopmeter.clock; tests advance a ManualClock).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
+from hopmeter.clock import MONOTONIC, Clock, Timers, sleep
 from hopmeter.errors import UsageError
 from hopmeter.export.outlets import Outlets
 from hopmeter.log import get_logger
@@ -43,9 +45,17 @@ class Drain:
     """Graceful drain on the first SIGTERM/SIGINT; an immediate stop on the second."""
 
     def __init__(
-        self, meter: HopMeter, readiness: Readiness | None = None, outlets: Outlets | None = None
+        self,
+        meter: HopMeter,
+        readiness: Readiness | None = None,
+        outlets: Outlets | None = None,
+        *,
+        clock: Clock = MONOTONIC,
+        timers: Timers | None = None,
     ) -> None:
         self.meter = meter
+        self.clock = clock
+        self.timers = timers  # the looks at the flows in flight; None: the running loop's
         self.readiness = readiness
         self.outlets = outlets  # told the drain's deadline, to write what they hold by then
         self.draining = False
@@ -70,13 +80,13 @@ class Drain:
         if self.draining:
             log.warning("hopmeter: second signal: stopping now; flows in flight end as shutdown")
             if self.outlets is not None:
-                self.outlets.flush_by = time.monotonic()
+                self.outlets.flush_by = self.clock()
             ctx.master.shutdown()
             return
         self.draining = True
         if self.readiness is not None:
             self.readiness.draining = True
-        self.task = asyncio.get_running_loop().create_task(self._drain(time.monotonic()))
+        self.task = asyncio.get_running_loop().create_task(self._drain(self.clock()))
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # HTTP/1: the connection closes after this response (mitmproxy's mark_done reads it).
@@ -109,8 +119,8 @@ class Drain:
             f"finish or in {timeout_s:g}s (a second signal stops now)"
         )
         deadline = started_s + timeout_s
-        while self.in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_S)
+        while self.in_flight() and self.clock() < deadline:
+            await sleep(POLL_S, self.timers)
         left = self.in_flight()
         if left:
             log.warning(
@@ -118,7 +128,7 @@ class Drain:
                 f"flight (recorded as shutdown)"
             )
         else:
-            log.warning(f"hopmeter: drained in {time.monotonic() - started_s:.1f}s")
+            log.warning(f"hopmeter: drained in {self.clock() - started_s:.1f}s")
         ctx.master.shutdown()
 
     def _close_idle(self) -> None:
