@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_right
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopmeter.core.delivery import DeliverySeen, summarize, tokens_per_chunk, union_s
 from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
@@ -135,6 +139,36 @@ def test_union_counts_overlaps_once() -> None:
 def test_tokens_belong_to_the_chunk_that_ended_their_event() -> None:
     """An event's time is its last chunk's read time; events without tokens add none."""
     assert tokens_per_chunk([0.1, 0.2, 0.3], [0.1, 0.3, 0.3, 0.3], [2, 1, 0, 4]) == [2, 0, 5]
+
+
+def searched(chunk_t: list[float], event_t: list[float], tokens: list[int]) -> list[int]:
+    """tokens_per_chunk's definition: each event's chunk searched by its time."""
+    out = [0] * len(chunk_t)
+    for t, k in zip(event_t, tokens, strict=False):
+        i = bisect_right(chunk_t, t) - 1
+        if 0 <= i < len(out) and k > 0:
+            out[i] += k
+    return out
+
+
+@given(
+    st.lists(st.integers(0, 40), max_size=30),
+    st.lists(st.integers(-1, 5), max_size=40),
+    st.integers(0, 35),
+    st.booleans(),
+)
+def test_tokens_per_chunk_without_search_is_the_search(
+    steps: list[int], tokens: list[int], chunks: int, arrays: bool
+) -> None:
+    """When the chunk times are the events' first times (the meter's usual stream) the tokens
+    are taken without searching: the same as searching, equal times and extra events included."""
+    times = [sum(steps[: i + 1]) / 1000 for i in range(len(steps))]  # non-decreasing
+    chunk_t = times[:chunks]
+    want = searched(chunk_t, times, tokens)
+    if arrays:
+        assert tokens_per_chunk(array("d", chunk_t), array("d", times), tokens) == want
+    assert tokens_per_chunk(chunk_t, times, tokens) == want
+    assert tokens_per_chunk(chunk_t, times[::-1], tokens) == searched(chunk_t, times[::-1], tokens)
 
 
 def test_a_write_stamped_before_its_read_is_counted_not_observed() -> None:

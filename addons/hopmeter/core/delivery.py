@@ -7,9 +7,11 @@ flow (`DeliverySeen`) and `summarize` turns it into the record's numbers, with n
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +114,26 @@ def union_s(intervals: Iterable[tuple[float, float]]) -> float:
 def tokens_per_chunk(
     chunk_t_s: Sequence[float], event_t_s: Sequence[float], event_tokens: Sequence[int]
 ) -> list[int]:
-    """Tokens each chunk completed: an event's time is the read time of the chunk that ended it."""
-    out = [0] * len(chunk_t_s)
-    for t, k in zip(event_t_s, event_tokens, strict=False):
+    """Tokens each chunk completed: an event's time is the read time of the chunk that ended it.
+
+    In the usual stream every chunk completes one event, and the meter then gives the chunk times
+    as the first events' times (`FlowMeter.chunk_t`): the i-th chunk's tokens are the i-th
+    event's, with no search. The same as searching each event's chunk when the chunk times are
+    the events' first times and strictly increasing; otherwise each event's chunk is searched.
+    """
+    n = len(chunk_t_s)
+    out = [0] * n
+    events: Iterator[tuple[float, int]] = zip(event_t_s, event_tokens, strict=False)
+    if (
+        n
+        and min(len(event_t_s), len(event_tokens)) >= n
+        and type(chunk_t_s) is type(event_t_s)
+        and chunk_t_s == event_t_s[:n]
+        and all(map(operator.lt, chunk_t_s, itertools.islice(chunk_t_s, 1, None)))
+    ):
+        out = [k if k > 0 else 0 for k in itertools.islice(event_tokens, n)]
+        events = itertools.islice(events, n, None)  # events past the listed chunks: searched
+    for t, k in events:
         i = bisect_right(chunk_t_s, t) - 1
         if 0 <= i < len(out) and k > 0:
             out[i] += k
