@@ -220,6 +220,12 @@ class FlowMeter:
         return self.events.t_s[: len(self.chunk_bytes)]
 
     @property
+    def chunk_t_shared(self) -> bool:
+        """Whether `chunk_t` is the first events' times (every chunk so far completed one
+        event, each at its chunk's time), so a caller may take them from `events.t_s`."""
+        return self._chunk_t is None
+
+    @property
     def framer(self) -> Framer | None:
         """The SSE or NDJSON decoder in use, if the body is an event stream."""
         return self._framer
