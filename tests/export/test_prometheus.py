@@ -220,6 +220,25 @@ def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequenc
     assert text(ours, generate_openmetrics) == text(theirs, generate_openmetrics)
 
 
+def test_observing_columns_writes_what_observing_pairs_does() -> None:
+    """A flow's gaps given as two columns (values, weights) expose the same bytes as the same
+    gaps given as (value, weight) pairs: buckets, sum, count and the exemplar's bucket."""
+    values = [(0.5, 3), (0.0001, 1), (2.0, 2), (0.125, 1), (1000.0, 1), (0.01, 1), (0.01, 1)]
+    exemplar = {"trace_id": TRACE}
+    pairs, columns = CollectorRegistry(), CollectorRegistry()
+    by_pairs = WeightedHistogram("h_seconds", "Doc.", ("x",), prometheus.GAP_BUCKETS_S, pairs)
+    by_columns = WeightedHistogram("h_seconds", "Doc.", ("x",), prometheus.GAP_BUCKETS_S, columns)
+    for rows in (values, values[1:2], [], [(v, 1) for v, _ in values]):
+        by_pairs.observe(("a",), rows, exemplar)
+        by_columns.observe_columns(("a",), [v for v, _ in rows], [k for _, k in rows], exemplar)
+
+    def text(registry: CollectorRegistry) -> str:
+        return re.sub(r"(# \{[^}]*\} \S+) \S+", r"\1 T", generate_openmetrics(registry).decode())
+
+    assert text(pairs) == text(columns)
+    assert "h_seconds_count" in text(columns)
+
+
 def test_weighted_series_exist_at_zero_from_the_first_flow(registry: CollectorRegistry) -> None:
     """A flow with no token gaps still creates its inter-token and tokens-per-event series, at 0,
     and a segment without holds its hold series, as a Histogram's labels() would."""
