@@ -86,9 +86,11 @@ class SseDecoder:
                 self.line_endings["cr"] += 1
         if not data:
             return []
-        # one scan for each line end: where the first LF is, and whether there is a CR
+        # one scan for each line end: where the first LF is, and whether there is a CR (find(),
+        # not `in`: bytes.__contains__ tries its operand as an int first and clears the
+        # TypeError, ~2,600 instructions a test)
         first = data.find(b"\n")
-        cr = b"\r" in data
+        cr = data.find(b"\r") >= 0
         if first < 0 and not cr:
             self._extend_partial(data)
             return []
@@ -126,7 +128,7 @@ class SseDecoder:
         self._plain_ends = None
         if (
             not data.startswith(head)
-            or data[-2:] != b"\n\n"
+            or not data.endswith(b"\n\n")
             or not self._started
             or self._partial
             or self._data
@@ -135,20 +137,20 @@ class SseDecoder:
             or self._discarding
             or self._closed
             or len(data) > _WHOLE_EVENT_MAX
-            or b"\r" in data
+            or data.find(b"\r") >= 0  # (not `in`: see feed)
         ):
             return None
         # an event's line ends: its head's, its data line's and the blank line's; a value with a
         # line end of its own, or an empty event, makes more
         per_event = 3 if event else 2
+        n = len(head)
+        if data.find(b"\n", n) == len(data) - 2:  # one event (the usual chunk): no LF in its value
+            self._plain_ends = (data, per_event)
+            return [data[n:-2]]
         ends = data.count(b"\n")
-        if ends == per_event:  # one event (the usual chunk)
-            self._plain_ends = (data, ends)
-            return [data[len(head) : -2]]
         events = data[:-2].split(b"\n\n")
         if ends != per_event * len(events):
             return None
-        n = len(head)
         for ev in events:
             if ev[:n] != head:
                 return None
