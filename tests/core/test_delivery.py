@@ -10,8 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hopmeter.core import delivery
 from hopmeter.core.delivery import DeliverySeen, summarize, tokens_per_chunk, union_s
-from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
+from hopmeter.core.ledger import (
+    GONE,
+    HELD,
+    OUT,
+    SENT,
+    T_WRITE,
+    WAITED,
+    FlowChunks,
+    Ledger,
+    new_chunk,
+)
 
 MONO0 = 100.0  # the request started at monotonic 100 s; record offsets are t - 100
 
@@ -181,3 +192,44 @@ def test_a_write_stamped_before_its_read_is_counted_not_observed() -> None:
     d = summarize(seen(flow_of(a, b)), [0.1, 0.2], [0.1, 0.2], [1, 3])
     assert d.holds == (pytest.approx((0.0000004, 1), abs=1e-6),)
     assert d.negative_holds == 3 and d.as_dict()["negative_holds"] == 3
+
+
+chunk_shapes = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.05),  # read this long after the chunk before
+        st.floats(-3e-6, 0.002),  # written this long after its read (a little before: rounding)
+        st.sampled_from(["kept up", "kept up", "kept up", "out later", "waited", "held", "lost"]),
+        st.integers(0, 3),  # tokens its events carried
+    ),
+    max_size=30,
+)
+
+
+@given(chunk_shapes, st.floats(-0.01, 0.01), st.booleans())
+def test_a_client_that_kept_up_is_followed_by_columns_as_chunk_by_chunk(
+    shapes: list[tuple[float, float, str, int]], skew: float, by_tokens: bool
+) -> None:
+    """For a flow whose every chunk was written, seen out and sent (never held nor seen
+    waiting), the columns give the same rows, holds and counts as the loop over each chunk; any
+    other flow is left to the loop."""
+    flow = FlowChunks()
+    t, chunk_t, tokens = MONO0, [], []
+    for step, hold, shape, k in shapes:
+        t += step
+        c = new_chunk(100, t)
+        c[T_WRITE] = None if shape == "lost" else t + hold
+        c[OUT] = c[T_WRITE] if shape != "out later" else t + hold + 0.001
+        c[SENT] = None if shape == "lost" else t + hold + 0.0005
+        c[WAITED] = t + hold + 0.0004 if shape == "waited" else None
+        c[HELD] = shape == "held"
+        c[GONE] = "gone" if shape == "lost" else None
+        flow.add(c)
+        chunk_t.append(round((t - MONO0 + skew) * 1e6) / 1e6)
+        tokens.append(k if by_tokens else 0)
+    flow.settle("end")
+    how = {"by_tokens": any(tokens), "mono0": MONO0, "skew": skew}
+    plain = delivery._follow_plain(flow, chunk_t, tokens, **how)
+    if all(s in ("kept up", "out later") for _, _, s, _ in shapes):
+        assert plain == delivery._follow_each(flow, chunk_t, tokens, **how)
+    else:
+        assert plain is None

@@ -13,6 +13,7 @@ import operator
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from hopmeter.core.figures import weighted_quantiles
@@ -164,9 +165,48 @@ def summarize(
     if len(chunks) != n:  # never a wrong number: unaligned lists are not measured
         why = f"followed {len(chunks)} chunks, the record lists {n}"
         return Delivery(**{**base, "reason": why}, measured=False, **_empty())
-    mono0, skew = seen.mono0, seen.skew_s
     tokens = tokens_per_chunk(chunk_t_s, event_t_s, event_tokens)
     by_tokens = any(tokens)
+    mono0, skew = seen.mono0, seen.skew_s
+    followed = _follow_plain(chunks, chunk_t_s, tokens, by_tokens=by_tokens, mono0=mono0, skew=skew)
+    if followed is None:
+        followed = _follow_each(
+            chunks, chunk_t_s, tokens, by_tokens=by_tokens, mono0=mono0, skew=skew
+        )
+    rows, holds, waits, negative, unseen = followed
+    values = [h for h, _ in holds]
+    weights = [k for _, k in holds]
+    p50, p99 = weighted_quantiles(values, weights, (0.5, 0.99))
+    base["reason"] = seen.reason or chunks.why
+    return Delivery(
+        **base,
+        measured=True,
+        chunks_out=rows,
+        client_wait_s=union_s(waits),
+        client_wait_is_lower_bound=unseen,
+        holds=tuple(holds),
+        hold_p50_s=p50,
+        hold_p99_s=p99,
+        hold_max_s=max(values) if values else None,
+        negative_holds=negative,
+    )
+
+
+_Followed = tuple[
+    list[list[float | None]], list[tuple[float, int]], list[tuple[float, float]], int, bool
+]  # rows [out_s, sent_s], holds (hold, weight), waits (from, to), negative holds, unseen
+
+
+def _follow_each(
+    chunks: FlowChunks,
+    chunk_t_s: Sequence[float],
+    tokens: list[int],
+    *,
+    by_tokens: bool,
+    mono0: float,
+    skew: float,
+) -> _Followed:
+    """Each chunk's out and sent offsets, hold and wait, one chunk at a time: any flow."""
     rows: list[list[float | None]] = []
     holds: list[tuple[float, int]] = []
     waits: list[tuple[float, float]] = []
@@ -198,22 +238,52 @@ def summarize(
                     negative += weight
             if waited is not None:
                 waits.append((t_in if held else t_write, waited))
-    values = [h for h, _ in holds]
-    weights = [k for _, k in holds]
-    p50, p99 = weighted_quantiles(values, weights, (0.5, 0.99))
-    base["reason"] = seen.reason or chunks.why
-    return Delivery(
-        **base,
-        measured=True,
-        chunks_out=rows,
-        client_wait_s=union_s(waits),
-        client_wait_is_lower_bound=unseen,
-        holds=tuple(holds),
-        hold_p50_s=p50,
-        hold_p99_s=p99,
-        hold_max_s=max(values) if values else None,
-        negative_holds=negative,
-    )
+    return rows, holds, waits, negative, unseen
+
+
+_PLAIN_FLAGS = FLAG_OUT | FLAG_SENT  # out at its write, seen sent, not held
+
+
+def _follow_plain(
+    chunks: FlowChunks,
+    chunk_t_s: Sequence[float],
+    tokens: list[int],
+    *,
+    by_tokens: bool,
+    mono0: float,
+    skew: float,
+) -> _Followed | None:
+    """`_follow_each`'s result for a client that kept up (the usual flow), mapped over whole
+    columns with no bytecode per chunk; None for any other flow. Kept up: every chunk written,
+    seen out and sent, never held nor seen waiting. Then a chunk's sent time is its out time,
+    there are no waits, and each hold is its write less its read: the same floats as
+    `_follow_each`, computed in the same order (tests/core/test_delivery.py holds the two
+    together)."""
+    n = len(chunks.flags)
+    if chunks.flags.count(_PLAIN_FLAGS) != n:
+        return None
+    t_write = chunks.t_write
+    if any(map(math.isnan, t_write)):
+        return None
+    waited = chunks.waited
+    if any(map(operator.eq, waited, waited)):  # a number, not nan: seen waiting
+        return None
+    out = chunks.out
+    # (out - mono0 + skew), to the microsecond: round(x * 1e6) / 1e6
+    offsets = map(operator.add, map(operator.sub, out, repeat(mono0)), repeat(skew))
+    micro = map(round, map(operator.mul, offsets, repeat(1e6)))
+    out_s = list(map(operator.truediv, micro, repeat(1e6)))
+    rows: list[list[float | None]] = list(map(list, zip(out_s, out_s, strict=True)))
+    # hold = t_write - (t_in_s + mono0 - skew)
+    t_in = map(operator.sub, map(operator.add, chunk_t_s, repeat(mono0)), repeat(skew))
+    raw = list(map(operator.sub, t_write, t_in))
+    ok = list(map(operator.ge, raw, repeat(-ROUNDING_S)))
+    weights: Sequence[int] = tokens if by_tokens else [1] * n
+    keep = list(map(operator.and_, map(bool, weights), ok)) if by_tokens else ok
+    kept = map(max, repeat(0.0), itertools.compress(raw, keep))
+    holds = list(zip(kept, itertools.compress(weights, keep), strict=True))
+    negative = sum(itertools.compress(weights, map(operator.not_, ok)))
+    return rows, holds, [], negative, False
 
 
 def _empty() -> dict[str, Any]:
