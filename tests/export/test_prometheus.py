@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -741,6 +742,27 @@ def test_client_wait_per_flow_and_own_hold_per_token(registry: CollectorRegistry
     assert value(registry, "hopmeter_client_wait_seconds_bucket", le="1.0", **labels) == 0
     assert value(registry, "hopmeter_own_hold_seconds_count", **labels) == 6
     assert value(registry, "hopmeter_own_hold_seconds_bucket", le="0.0005", **labels) == 4
+
+
+def test_own_holds_that_are_not_numbers_or_weigh_nothing_are_left_out() -> None:
+    """Holds of NaN, below zero or of no token are not observed: the same exposition as the
+    holds without them (every hold passes in the usual flow, taken apart without a filter)."""
+    rec = flow_record(delivery={"measured": True, "client_wait_s": 1.7})
+    clean = [(0.00008, 1), (0.0004, 3), (0.06, 2)]
+    odd = [(math.nan, 2), clean[0], (-0.001, 1), clean[1], (0.5, 0), clean[2]]
+    exposed = []
+    for holds in (clean, odd):
+        registry = CollectorRegistry()
+        Metrics(registry).observe_flow(rec, own_holds=holds)
+        exposed.append(
+            [
+                line
+                for line in generate_latest(registry).decode().splitlines()
+                if "own_hold_seconds" in line and "_created" not in line
+            ]
+        )
+    assert exposed[0] == exposed[1]
+    assert any("_count" in line and line.endswith(" 6.0") for line in exposed[0])
 
 
 def test_flows_not_followed_add_no_delivery_observation(registry: CollectorRegistry) -> None:
