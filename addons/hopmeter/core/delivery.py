@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -241,7 +242,8 @@ def _follow_each(
     return rows, holds, waits, negative, unseen
 
 
-_PLAIN_FLAGS = FLAG_OUT | FLAG_SENT  # out at its write, seen sent, not held
+_PLAIN_FLAGS = FLAG_OUT | FLAG_SENT  # seen out and sent, not held
+_NAN_BYTES = array("d", [math.nan]).tobytes()  # FlowChunks' nan, as its `waited` column holds it
 
 
 def _follow_plain(
@@ -266,12 +268,13 @@ def _follow_plain(
     if any(map(math.isnan, t_write)):
         return None
     waited = chunks.waited
-    if any(map(operator.eq, waited, waited)):  # a number, not nan: seen waiting
+    if waited.tobytes() != _NAN_BYTES * n:  # not every one nan (never seen waiting)
         return None
     out = chunks.out
-    # (out - mono0 + skew), to the microsecond: round(x * 1e6) / 1e6
+    # (out - mono0 + skew), to the microsecond: round(x * 1e6) / 1e6 (float.__round__: round()
+    # itself for a float, without its method lookup)
     offsets = map(operator.add, map(operator.sub, out, repeat(mono0)), repeat(skew))
-    micro = map(round, map(operator.mul, offsets, repeat(1e6)))
+    micro = map(float.__round__, map(operator.mul, offsets, repeat(1e6)))
     out_s = list(map(operator.truediv, micro, repeat(1e6)))
     rows: list[list[float | None]] = list(map(list, zip(out_s, out_s, strict=True)))
     # hold = t_write - (t_in_s + mono0 - skew)

@@ -179,8 +179,10 @@ def _measured(rec: dict[str, Any], resp: dict[str, Any], m: Measurement, meter: 
 
 
 def _micro(times: Iterable[float]) -> list[float]:
-    """Each time rounded to the microsecond, as round(t * 1e6) / 1e6 (the same floats)."""
-    return list(map(truediv, map(round, map(mul, times, repeat(1e6))), repeat(1e6)))
+    """Each time rounded to the microsecond, as round(t * 1e6) / 1e6 (the same floats): the
+    times are floats (array columns), and `float.__round__` is what round() calls for one,
+    without round()'s method lookup (a quarter of the cost, mapped)."""
+    return list(map(truediv, map(float.__round__, map(mul, times, repeat(1e6))), repeat(1e6)))
 
 
 def _abs(t0: float, offset: float | None) -> float | None:
