@@ -9,10 +9,13 @@ import re
 import string
 import subprocess
 import sys
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import (
@@ -190,11 +193,17 @@ def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry
 BUCKET_TABLES = [v for k, v in vars(prometheus).items() if k.endswith(("_BUCKETS", "_BUCKETS_S"))]
 
 
+@pytest.mark.parametrize("ones", [False, True], ids=["weighted", "one each"])
 @pytest.mark.parametrize("buckets", BUCKET_TABLES)
-def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequence[float]) -> None:
+def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(
+    buckets: Sequence[float], ones: bool
+) -> None:
     """Same observations, same text and OpenMetrics bytes (exemplar times aside) as
-    prometheus_client's Histogram, `_created` aside: names, `le` values, counts, sums."""
+    prometheus_client's Histogram, `_created` aside: names, `le` values, counts, sums; values
+    of several observations each, and of one each (counted from the sorted values)."""
     values = [(0.5, 3), (0.0001, 1), (2.0, 2), (0.125, 1), (1000.0, 1)]  # exact binary sums
+    if ones:
+        values = [(v, 1) for v, k in values for _ in range(k)] + [(0.0025, 1), (0.25, 1)]
     exemplar = {"trace_id": TRACE}
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     weighted = WeightedHistogram("h_seconds", "Doc.", ("segment",), buckets, ours)
@@ -219,6 +228,33 @@ def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequenc
 
     assert text(ours, generate_latest) == text(theirs, generate_latest)
     assert text(ours, generate_openmetrics) == text(theirs, generate_openmetrics)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(0.0, 100.0),
+            st.sampled_from([0.0, 0.001, 0.0025, 0.5, 60.0, math.inf]),  # on a bound, past all
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from(BUCKET_TABLES),
+)
+def test_values_of_one_observation_each_are_counted_as_one_by_one(
+    values: list[float], buckets: Sequence[float]
+) -> None:
+    """Counting sorted values per bucket bound gives each bucket the values a search per value
+    puts there (bounds and infinity included), the same sum and the widest value's bucket."""
+    hist = WeightedHistogram("h_seconds", "Doc.", (), buckets, CollectorRegistry())
+    counted = hist._count(values, [1] * len(values))
+    bounds = (*map(float, buckets), math.inf)
+    slots = [bisect_left(bounds, v) for v in values]
+    assert counted.counts == [slots.count(i) for i in range(len(bounds))]
+    assert counted.widest_value == max(values)
+    assert counted.widest_slot == slots[values.index(max(values))]
+    rest = math.fsum(values) - max(values)
+    assert counted.rest == rest or (math.isnan(rest) and math.isnan(counted.rest))
 
 
 def test_observing_columns_writes_what_observing_pairs_does() -> None:

@@ -15,7 +15,7 @@ import operator
 import re
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter as CountOf
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
@@ -877,10 +877,26 @@ class WeightedHistogram:
         if len(plain) != len(weights):
             raise ValueError("values and weights differ in length")
         widest_value = max(plain)
-        counts = [0] * len(self._bounds)
+        bounds = self._bounds
+        counts = [0] * len(bounds)
+        once = len(weights) == sum(weights) and min(weights) == 1  # one observation each
+        if once:  # the usual: a flow's gaps, one token per event
+            total = math.fsum(plain)
+            if not math.isnan(total):  # no NaN among them: they sort
+                # a value's bucket is the first whose bound is >= it, so the values up to a
+                # bound are those of its bucket and the ones before: one search per bucket in
+                # the sorted values instead of one per value
+                ordered = sorted(plain)
+                below = 0
+                for slot, bound in enumerate(bounds):
+                    upto = bisect_right(ordered, bound)
+                    counts[slot] = upto - below
+                    below = upto
+                widest_slot = bisect_left(bounds, widest_value)
+                return _Counted(counts, widest_slot, widest_value, total - widest_value)
         # the first bucket whose bound is >= each value, found in C (bisect over map)
-        slots = list(map(partial(bisect_left, self._bounds), plain))
-        if len(weights) == sum(weights) and min(weights) == 1:  # one observation each, the usual
+        slots = list(map(partial(bisect_left, bounds), plain))
+        if once:
             for slot, n in CountOf(slots).items():
                 counts[slot] += n
             rest = math.fsum(plain) - widest_value
