@@ -283,7 +283,9 @@ def _follow_plain(
     ok = list(map(operator.ge, raw, repeat(-ROUNDING_S)))
     weights: Sequence[int] = tokens if by_tokens else [1] * n
     keep = list(map(operator.and_, map(bool, weights), ok)) if by_tokens else ok
-    kept = map(max, repeat(0.0), itertools.compress(raw, keep))
+    kept = list(itertools.compress(raw, keep))
+    if not kept or min(kept) <= 0.0:  # max(0.0, hold): only a hold at or below 0 changes
+        kept = list(map(max, repeat(0.0), kept))
     holds = list(zip(kept, itertools.compress(weights, keep), strict=True))
     negative = sum(itertools.compress(weights, map(operator.not_, ok)))
     return rows, holds, [], negative, False

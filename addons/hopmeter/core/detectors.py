@@ -400,12 +400,14 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     )
 
 
-def _carrying(times: Sequence[float], tokens: Sequence[int]) -> tuple[list[float], list[int]]:
+def _carrying(
+    times: Sequence[float], tokens: Sequence[int]
+) -> tuple[Sequence[float], Sequence[int]]:
     """The times and token counts of the events that carry tokens (selected in C)."""
     if len(times) != len(tokens):
         raise ValueError("event times and tokens differ in length")
-    if min(tokens, default=1) > 0:  # every event carries tokens (the usual stream)
-        return list(times), list(tokens)
+    if min(tokens, default=1) > 0:  # every event carries tokens (the usual stream): as given
+        return times, tokens
     keep = list(map(operator.lt, itertools.repeat(0), tokens))  # k > 0
     return list(itertools.compress(times, keep)), list(itertools.compress(tokens, keep))
 
