@@ -3,6 +3,7 @@
     python bench/callgrind.py                                   # this checkout's hopmeter run
     python bench/callgrind.py --variant before=/tmp/base --variant after=.  # two checkouts
     python bench/callgrind.py --variant after=. --bare          # and bare mitmdump beside
+    python bench/callgrind.py --bare --protos http1,http1-norelay,tls,h2 --functions 40
 
 Each variant is `hopmeter run` from a checkout (its `addons/` first on PYTHONPATH, this venv's
 Python and libraries), with any extra run flags after a comma: `--variant off=.,--no-relay`.
@@ -18,6 +19,17 @@ the rest of the short load over its flows. With `--rounds N` the variants take t
 each on a fresh process, and the medians are reported (hopmeter's looks at the client's queues
 run on wall-clock timers, so a busy machine moves the counts by a percent or two). Writes
 bench/results/<UTC time>-callgrind.json.
+
+`--protos` picks the client's side of the proxy (the upstream is always plain HTTP/1.1): `http1`
+(the default, as above), `http1-norelay` (the same with `hopmeter run --no-relay`: every read
+through mitmproxy's own layers; bare mitmdump runs as for `http1`), `tls` (HTTP/1.1 in TLS from
+the client, a new connection and handshake per flow) and `h2` (HTTP/2 in TLS, ALPN h2: every flow
+of a load is a stream on one connection, one stream at a time). The last two go through
+mitmproxy's layers whatever hopmeter's relay does. Each proto's figures are under `protos`;
+`serial` repeats `http1`'s when it ran. With `--functions N`, one more round per proto and
+variant runs with Python's perf trampolines (bench/cg_functions.py) and records the top N
+functions by inclusive and by self Ir, per event and per flow, hopmeter's own marked; that
+round's totals are not in the medians (the trampolines add instructions of their own).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -41,7 +54,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cg_functions
 import procs
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import DataReceived, StreamEnded, StreamReset
 
 from harness import log
 from upstream import DONE, END, EVENT, FINISH, HEAD, chunk
@@ -52,6 +69,9 @@ WARM_EVENTS = 5
 START_TIMEOUT_S = 240.0  # importing mitmproxy under valgrind takes a minute or more
 FLOW_TIMEOUT_S = 600.0
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.M)
+PROTOS = ("http1", "http1-norelay", "tls", "h2")
+BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+MARK = b'data: {"t":'  # the start of every token event
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +82,7 @@ class Variant:
     checkout: Path | None  # None: bare mitmdump
     extra: tuple[str, ...] = ()
 
-    def command(self, upstream_port: int, port: int, logdir: Path) -> list[str]:
+    def command(self, upstream_port: int, port: int, logdir: Path, proto: str) -> list[str]:
         if self.checkout is None:
             mode = f"reverse:http://127.0.0.1:{upstream_port}@127.0.0.1:{port}"
             bare = procs.BENCH / "bare_addon.py"
@@ -76,13 +96,16 @@ class Variant:
             *("--listen", f"127.0.0.1:{port}"),
             *("--records", str(logdir / f"{self.label}.records.jsonl")),
             *("--metrics", f"127.0.0.1:{procs.free_port()}"),
+            *(("--no-relay",) if proto == "http1-norelay" else ()),
             *self.extra,
         ]
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, profile: bool) -> dict[str, str]:
         env = dict(os.environ)
         if self.checkout is not None:
             env["PYTHONPATH"] = str(self.checkout.resolve() / "addons")
+        if profile:
+            env["PYTHONPERFSUPPORT"] = "1"
         return env
 
 
@@ -101,9 +124,14 @@ class PingPong:
     def __init__(self) -> None:
         self.next = asyncio.Event()  # set by the client once it has read an event
         self.port = 0
+        self.h2_seen = 0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        # cancelled at the end of a run while the proxy keeps the connection: a quiet end (an
+        # escaping CancelledError makes asyncio's stream callback print a traceback)
+        with contextlib.suppress(
+            ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError
+        ):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 size = re.search(rb"content-length: (\d+)", head, re.I)
@@ -119,33 +147,125 @@ class PingPong:
                 await writer.drain()
         writer.close()
 
-    async def flow(self, port: int, events: int) -> None:
-        """One request through the proxy on a new connection; every event read before the next
-        is sent."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    def _seen(self, counter: EventCounter, data: bytes) -> None:
+        if counter.take(data):
+            self.next.set()
+
+    async def flow(self, port: int, events: int, tls: bool) -> None:
+        """One request through the proxy on a new connection (in TLS with `tls`); every event
+        read before the next is sent."""
+        context = _client_tls(["http/1.1"]) if tls else None
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, server_hostname="bench" if tls else None
+        )
         writer.write(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\n"
             b"content-type: application/json\r\nx-events: %d\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%s" % (events, len(body), body)
+            b"connection: close\r\n\r\n%s" % (events, len(BODY), BODY)
         )
-        seen, got = 0, b""
-        while not got.endswith(END):
+        counter = EventCounter()
+        tail = b""
+        while not tail.endswith(END):
             data = await reader.read(1 << 16)
             if not data:
-                raise RuntimeError(f"the proxy closed the flow after {seen} of {events} events")
-            got += data
-            now = got.count(b'data: {"t":')
-            if now > seen:
-                seen = now
-                self.next.set()
-        if seen != events:
-            raise RuntimeError(f"{seen} events of {events}")
+                raise RuntimeError(f"the proxy closed the flow after {counter.seen} of {events}")
+            tail = (tail + data)[-len(END) :]
+            self._seen(counter, data)
+        if counter.seen != events:
+            raise RuntimeError(f"{counter.seen} events of {events}")
         writer.close()
 
-    async def flows(self, port: int, count: int, events: int) -> None:
+    async def flows(self, port: int, count: int, events: int, proto: str) -> None:
+        if proto == "h2":
+            await self.h2_flows(port, count, events)
+            return
         for _ in range(count):
-            await asyncio.wait_for(self.flow(port, events), FLOW_TIMEOUT_S)
+            await asyncio.wait_for(self.flow(port, events, proto == "tls"), FLOW_TIMEOUT_S)
+
+    async def h2_flows(self, port: int, count: int, events: int) -> None:
+        """`count` requests as streams of one HTTP/2 connection, one after the other."""
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=_client_tls(["h2"]), server_hostname="bench"
+        )
+        alpn = writer.get_extra_info("ssl_object").selected_alpn_protocol()
+        if alpn != "h2":
+            raise RuntimeError(f"the proxy chose {alpn!r}, not h2")
+        conn = H2Connection(H2Configuration(client_side=True, header_encoding="utf-8"))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        for _ in range(count):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":path", "/v1/chat/completions"),
+                    (":authority", "bench"),
+                    (":scheme", "https"),
+                    ("content-type", "application/json"),
+                    ("x-events", str(events)),
+                    ("content-length", str(len(BODY))),
+                ],
+            )
+            conn.send_data(sid, BODY, end_stream=True)
+            writer.write(conn.data_to_send())
+            await asyncio.wait_for(self._h2_stream(conn, sid, reader, writer), FLOW_TIMEOUT_S)
+            if self.h2_seen != events:
+                raise RuntimeError(f"{self.h2_seen} events of {events} on stream {sid}")
+        conn.close_connection()
+        writer.write(conn.data_to_send())
+        writer.close()
+
+    async def _h2_stream(
+        self,
+        conn: H2Connection,
+        sid: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        counter = EventCounter()
+        ended = False
+        while not ended:
+            data = await reader.read(1 << 16)
+            if not data:
+                raise RuntimeError(f"the proxy closed the connection in stream {sid}")
+            for event in conn.receive_data(data):
+                if isinstance(event, DataReceived) and event.stream_id == sid:
+                    conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                    self._seen(counter, event.data)
+                elif isinstance(event, StreamEnded) and event.stream_id == sid:
+                    ended = True
+                elif isinstance(event, StreamReset):
+                    raise RuntimeError(f"stream {event.stream_id} reset: {event.error_code}")
+            out = conn.data_to_send()
+            if out:
+                writer.write(out)
+                await writer.drain()
+        self.h2_seen = counter.seen
+
+
+class EventCounter:
+    """Token events seen so far in a body read piece by piece (a mark may span two pieces)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self._tail = b""
+
+    def take(self, data: bytes) -> bool:
+        """Count the events `data` starts; whether there were any."""
+        buf = self._tail + data
+        new = buf.count(MARK)
+        self._tail = buf[-(len(MARK) - 1) :]
+        self.seen += new
+        return new > 0
+
+
+def _client_tls(alpn: list[str]) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # mitmproxy's certificate for "bench"
+    context.set_alpn_protocols(alpn)
+    return context
 
 
 def _listening(port: int) -> bool:
@@ -158,34 +278,36 @@ def _control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, check=True)
 
 
-def _dumped(out: Path, pid: int, before: set[Path]) -> int:
-    """The instructions in the dump callgrind_control just asked for."""
+def _dumped(out: Path, pid: int, before: set[Path]) -> tuple[int, Path]:
+    """The instructions in the dump callgrind_control just asked for, and its file."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         new = set(out.parent.glob(f"{out.name}.{pid}.*")) - before
         for path in new:
             found = _TOTALS.search(path.read_bytes())
             if found:
-                return int(found.group(1))
+                return int(found.group(1)), path
         time.sleep(0.2)
     raise RuntimeError("callgrind wrote no dump")
 
 
 @contextlib.contextmanager
-def proxy(variant: Variant, upstream_port: int, logdir: Path) -> Iterator[tuple[int, int, Path]]:
+def proxy(
+    variant: Variant, upstream_port: int, logdir: Path, proto: str, profile: bool
+) -> Iterator[tuple[int, int, Path]]:
     """The variant under callgrind: (its pid, its port, its dump file prefix)."""
     port = procs.free_port()
-    out = logdir / f"callgrind.{variant.label}"
+    out = logdir / f"callgrind.{variant.label}.{proto}{'.profiled' if profile else ''}"
     cmd = [
         "valgrind",
         "--tool=callgrind",
         "--instr-atstart=no",
         f"--callgrind-out-file={out}.%p",
-        *variant.command(upstream_port, port, logdir),
+        *variant.command(upstream_port, port, logdir, proto),
     ]
-    with (logdir / f"{variant.label}.log").open("wb") as log_file:
+    with (logdir / f"{variant.label}.{proto}.log").open("ab") as log_file:
         proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=variant.environment()
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=variant.environment(profile)
         )
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -198,39 +320,83 @@ def proxy(variant: Variant, upstream_port: int, logdir: Path) -> Iterator[tuple[
             yield proc.pid, port, out
         finally:
             procs.stop(proc)
+            if profile:
+                Path(f"/tmp/perf-{proc.pid}.map").unlink(missing_ok=True)
 
 
-def measure(variant: Variant, flows: int, short: int, long: int, logdir: Path) -> dict[str, Any]:
-    """The variant's two loads and what they give per event and per flow."""
+def measure(
+    variant: Variant,
+    flows: int,
+    short: int,
+    long: int,
+    logdir: Path,
+    *,
+    proto: str = "http1",
+    functions: int = 0,
+) -> dict[str, Any]:
+    """The variant's two loads and what they give per event and per flow; with `functions`,
+    run with Python's perf trampolines and add the top functions (`cg_functions`)."""
 
     async def go() -> dict[str, Any]:
         pp = PingPong()
         server = await asyncio.start_server(pp.serve, "127.0.0.1", 0)
         upstream_port = server.sockets[0].getsockname()[1]
-        loads = []
-        with proxy(variant, upstream_port, logdir) as (pid, port, out):
-            await pp.flows(port, WARM_FLOWS, WARM_EVENTS)
+        loads, dumps = [], []
+        profile = functions > 0
+        with proxy(variant, upstream_port, logdir, proto, profile) as (pid, port, out):
+            await pp.flows(port, WARM_FLOWS, WARM_EVENTS, proto)
             for events in (short, long):
                 before = set(out.parent.glob(f"{out.name}.{pid}.*"))
                 await asyncio.to_thread(_control, pid, "--zero")
                 await asyncio.to_thread(_control, pid, "--instr=on")
                 started = time.monotonic()
-                await pp.flows(port, flows, events)
+                await pp.flows(port, flows, events, proto)
                 elapsed = time.monotonic() - started
                 await asyncio.to_thread(_control, pid, "--instr=off")
                 await asyncio.to_thread(_control, pid, "--dump")
-                ir = await asyncio.to_thread(_dumped, out, pid, before)
+                ir, dump = await asyncio.to_thread(_dumped, out, pid, before)
+                dumps.append(dump)
                 loads.append(
                     {"flows": flows, "events_per_flow": events, "s": round(elapsed, 3), "ir": ir}
                 )
-                log(f"{variant.label}: {flows} x {events} events: {ir:,} Ir in {elapsed:.1f}s")
+                log(
+                    f"{variant.label} {proto}: {flows} x {events} events: {ir:,} Ir "
+                    f"in {elapsed:.1f}s{' (profiled)' if profile else ''}"
+                )
+            names = cg_functions.perf_map(pid) if profile else {}
         server.close()
         a, b = loads
         per_event = (b["ir"] - a["ir"]) / (flows * (long - short))
         per_flow = (a["ir"] - per_event * flows * short) / flows
-        return {"loads": loads, "per_event_ir": round(per_event), "per_flow_ir": round(per_flow)}
+        result: dict[str, Any] = {
+            "loads": loads,
+            "per_event_ir": round(per_event),
+            "per_flow_ir": round(per_flow),
+        }
+        if profile:
+            tables = [cg_functions.table(d, names) for d in dumps]
+            result["functions"] = cg_functions.per_unit(
+                tables[0], tables[1], flows, short, long, top=functions
+            )
+        return result
 
     return asyncio.run(go())
+
+
+def _protos(text: str) -> list[str]:
+    protos = [p for p in text.split(",") if p]
+    unknown = set(protos) - set(PROTOS)
+    if unknown or not protos:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected some of {','.join(PROTOS)}")
+    return protos
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "rounds": runs,
+        "per_event_ir": statistics.median(r["per_event_ir"] for r in runs),
+        "per_flow_ir": statistics.median(r["per_flow_ir"] for r in runs),
+    }
 
 
 def main() -> None:
@@ -241,6 +407,19 @@ def main() -> None:
     p.add_argument("--short", type=int, default=5, help="events per flow of the short load")
     p.add_argument("--long", type=int, default=325, help="events per flow of the long load")
     p.add_argument("--rounds", type=int, default=1, help="the variants in turn, this many times")
+    p.add_argument(
+        "--protos",
+        type=_protos,
+        default=["http1"],
+        help=f"the client's side, comma-separated: {','.join(PROTOS)} (default http1)",
+    )
+    p.add_argument(
+        "--functions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="one more round per proto and variant, profiled: its top N functions by Ir",
+    )
     p.add_argument("--note", default="", help="what the variants are, for the results file")
     args = p.parse_args()
     variants: list[Variant] = args.variant or [Variant("hopmeter", ROOT)]
@@ -249,22 +428,41 @@ def main() -> None:
     started = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%MZ")
     logdir = Path(f"/tmp/hopmeter-bench-{started}")
     logdir.mkdir(parents=True, exist_ok=True)
-    rounds: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
+    rounds: dict[str, dict[str, list[dict[str, Any]]]] = {
+        proto: {v.label: [] for v in variants} for proto in args.protos
+    }
+    profiled: dict[str, dict[str, Any]] = {proto: {} for proto in args.protos}
     for _ in range(args.rounds):
-        for variant in variants:
-            rounds[variant.label].append(
-                measure(variant, args.flows, args.short, args.long, logdir)
+        for proto in args.protos:
+            for variant in variants:
+                rounds[proto][variant.label].append(
+                    measure(variant, args.flows, args.short, args.long, logdir, proto=proto)
+                )
+    if args.functions:
+        for proto in args.protos:
+            for variant in variants:
+                profiled[proto][variant.label] = measure(
+                    variant,
+                    args.flows,
+                    args.short,
+                    args.long,
+                    logdir,
+                    proto=proto,
+                    functions=args.functions,
+                )
+    results = {proto: {k: _summary(v) for k, v in by.items()} for proto, by in rounds.items()}
+    for proto, by in results.items():
+        for label, summary in by.items():
+            each = ", ".join(f"{r['per_event_ir'] / 1e3:.1f}" for r in summary["rounds"])
+            log(
+                f"{label} {proto}: {summary['per_event_ir'] / 1e3:.1f} kIr per event "
+                f"(median of {each}), {summary['per_flow_ir'] / 1e6:.2f} MIr per flow"
             )
-    results = {}
-    for label, runs in rounds.items():
-        per_event = statistics.median(r["per_event_ir"] for r in runs)
-        per_flow = statistics.median(r["per_flow_ir"] for r in runs)
-        results[label] = {"rounds": runs, "per_event_ir": per_event, "per_flow_ir": per_flow}
-        each = ", ".join(f"{r['per_event_ir'] / 1e3:.1f}" for r in runs)
-        log(
-            f"{label}: {per_event / 1e3:.1f} kIr per event (median of {each}), "
-            f"{per_flow / 1e6:.2f} MIr per flow"
-        )
+            if label in profiled[proto]:
+                log(
+                    f"{label} {proto}, profiled:\n"
+                    + cg_functions.render(profiled[proto][label]["functions"])
+                )
     doc = {
         "schema": "hopmeter.bench/1",
         "kind": "callgrind",
@@ -277,8 +475,11 @@ def main() -> None:
             )
             for v in variants
         },
-        "serial": results,
+        "serial": results.get("http1", {}),
+        "protos": results,
     }
+    if args.functions:
+        doc["functions"] = profiled
     path = procs.BENCH / "results" / f"{started.replace('Z', '00Z')}-callgrind.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     log(f"wrote {path}")

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_right
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from hopmeter.core import delivery
 from hopmeter.core.delivery import DeliverySeen, summarize, tokens_per_chunk, union_s
-from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
+from hopmeter.core.ledger import (
+    GONE,
+    HELD,
+    OUT,
+    SENT,
+    T_WRITE,
+    WAITED,
+    FlowChunks,
+    Ledger,
+    new_chunk,
+)
 
 MONO0 = 100.0  # the request started at monotonic 100 s; record offsets are t - 100
 
@@ -137,6 +152,36 @@ def test_tokens_belong_to_the_chunk_that_ended_their_event() -> None:
     assert tokens_per_chunk([0.1, 0.2, 0.3], [0.1, 0.3, 0.3, 0.3], [2, 1, 0, 4]) == [2, 0, 5]
 
 
+def searched(chunk_t: list[float], event_t: list[float], tokens: list[int]) -> list[int]:
+    """tokens_per_chunk's definition: each event's chunk searched by its time."""
+    out = [0] * len(chunk_t)
+    for t, k in zip(event_t, tokens, strict=False):
+        i = bisect_right(chunk_t, t) - 1
+        if 0 <= i < len(out) and k > 0:
+            out[i] += k
+    return out
+
+
+@given(
+    st.lists(st.integers(0, 40), max_size=30),
+    st.lists(st.integers(-1, 5), max_size=40),
+    st.integers(0, 35),
+    st.booleans(),
+)
+def test_tokens_per_chunk_without_search_is_the_search(
+    steps: list[int], tokens: list[int], chunks: int, arrays: bool
+) -> None:
+    """When the chunk times are the events' first times (the meter's usual stream) the tokens
+    are taken without searching: the same as searching, equal times and extra events included."""
+    times = [sum(steps[: i + 1]) / 1000 for i in range(len(steps))]  # non-decreasing
+    chunk_t = times[:chunks]
+    want = searched(chunk_t, times, tokens)
+    if arrays:
+        assert tokens_per_chunk(array("d", chunk_t), array("d", times), tokens) == want
+    assert tokens_per_chunk(chunk_t, times, tokens) == want
+    assert tokens_per_chunk(chunk_t, times[::-1], tokens) == searched(chunk_t, times[::-1], tokens)
+
+
 def test_a_write_stamped_before_its_read_is_counted_not_observed() -> None:
     """A hold below zero by more than the record's microsecond rounding is left out of the holds
     and counted (token-weighted, as the holds are); within the rounding it is a hold of 0."""
@@ -147,3 +192,44 @@ def test_a_write_stamped_before_its_read_is_counted_not_observed() -> None:
     d = summarize(seen(flow_of(a, b)), [0.1, 0.2], [0.1, 0.2], [1, 3])
     assert d.holds == (pytest.approx((0.0000004, 1), abs=1e-6),)
     assert d.negative_holds == 3 and d.as_dict()["negative_holds"] == 3
+
+
+chunk_shapes = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.05),  # read this long after the chunk before
+        st.floats(-3e-6, 0.002),  # written this long after its read (a little before: rounding)
+        st.sampled_from(["kept up", "kept up", "kept up", "out later", "waited", "held", "lost"]),
+        st.integers(0, 3),  # tokens its events carried
+    ),
+    max_size=30,
+)
+
+
+@given(chunk_shapes, st.floats(-0.01, 0.01), st.booleans())
+def test_a_client_that_kept_up_is_followed_by_columns_as_chunk_by_chunk(
+    shapes: list[tuple[float, float, str, int]], skew: float, by_tokens: bool
+) -> None:
+    """For a flow whose every chunk was written, seen out and sent (never held nor seen
+    waiting), the columns give the same rows, holds and counts as the loop over each chunk; any
+    other flow is left to the loop."""
+    flow = FlowChunks()
+    t, chunk_t, tokens = MONO0, [], []
+    for step, hold, shape, k in shapes:
+        t += step
+        c = new_chunk(100, t)
+        c[T_WRITE] = None if shape == "lost" else t + hold
+        c[OUT] = c[T_WRITE] if shape != "out later" else t + hold + 0.001
+        c[SENT] = None if shape == "lost" else t + hold + 0.0005
+        c[WAITED] = t + hold + 0.0004 if shape == "waited" else None
+        c[HELD] = shape == "held"
+        c[GONE] = "gone" if shape == "lost" else None
+        flow.add(c)
+        chunk_t.append(round((t - MONO0 + skew) * 1e6) / 1e6)
+        tokens.append(k if by_tokens else 0)
+    flow.settle("end")
+    how = {"by_tokens": any(tokens), "mono0": MONO0, "skew": skew}
+    plain = delivery._follow_plain(flow, chunk_t, tokens, **how)
+    if all(s in ("kept up", "out later") for _, _, s, _ in shapes):
+        assert plain == delivery._follow_each(flow, chunk_t, tokens, **how)
+    else:
+        assert plain is None

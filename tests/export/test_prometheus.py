@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
 import string
 import subprocess
 import sys
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import (
@@ -189,11 +193,17 @@ def test_bucket_counting_equals_observing_one_by_one(registry: CollectorRegistry
 BUCKET_TABLES = [v for k, v in vars(prometheus).items() if k.endswith(("_BUCKETS", "_BUCKETS_S"))]
 
 
+@pytest.mark.parametrize("ones", [False, True], ids=["weighted", "one each"])
 @pytest.mark.parametrize("buckets", BUCKET_TABLES)
-def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequence[float]) -> None:
+def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(
+    buckets: Sequence[float], ones: bool
+) -> None:
     """Same observations, same text and OpenMetrics bytes (exemplar times aside) as
-    prometheus_client's Histogram, `_created` aside: names, `le` values, counts, sums."""
+    prometheus_client's Histogram, `_created` aside: names, `le` values, counts, sums; values
+    of several observations each, and of one each (counted from the sorted values)."""
     values = [(0.5, 3), (0.0001, 1), (2.0, 2), (0.125, 1), (1000.0, 1)]  # exact binary sums
+    if ones:
+        values = [(v, 1) for v, k in values for _ in range(k)] + [(0.0025, 1), (0.25, 1)]
     exemplar = {"trace_id": TRACE}
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     weighted = WeightedHistogram("h_seconds", "Doc.", ("segment",), buckets, ours)
@@ -218,6 +228,52 @@ def test_a_weighted_histogram_writes_the_bytes_a_histogram_does(buckets: Sequenc
 
     assert text(ours, generate_latest) == text(theirs, generate_latest)
     assert text(ours, generate_openmetrics) == text(theirs, generate_openmetrics)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(0.0, 100.0),
+            st.sampled_from([0.0, 0.001, 0.0025, 0.5, 60.0, math.inf]),  # on a bound, past all
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from(BUCKET_TABLES),
+)
+def test_values_of_one_observation_each_are_counted_as_one_by_one(
+    values: list[float], buckets: Sequence[float]
+) -> None:
+    """Counting sorted values per bucket bound gives each bucket the values a search per value
+    puts there (bounds and infinity included), the same sum and the widest value's bucket."""
+    hist = WeightedHistogram("h_seconds", "Doc.", (), buckets, CollectorRegistry())
+    counted = hist._count(values, [1] * len(values))
+    bounds = (*map(float, buckets), math.inf)
+    slots = [bisect_left(bounds, v) for v in values]
+    assert counted.counts == [slots.count(i) for i in range(len(bounds))]
+    assert counted.widest_value == max(values)
+    assert counted.widest_slot == slots[values.index(max(values))]
+    rest = math.fsum(values) - max(values)
+    assert counted.rest == rest or (math.isnan(rest) and math.isnan(counted.rest))
+
+
+def test_observing_columns_writes_what_observing_pairs_does() -> None:
+    """A flow's gaps given as two columns (values, weights) expose the same bytes as the same
+    gaps given as (value, weight) pairs: buckets, sum, count and the exemplar's bucket."""
+    values = [(0.5, 3), (0.0001, 1), (2.0, 2), (0.125, 1), (1000.0, 1), (0.01, 1), (0.01, 1)]
+    exemplar = {"trace_id": TRACE}
+    pairs, columns = CollectorRegistry(), CollectorRegistry()
+    by_pairs = WeightedHistogram("h_seconds", "Doc.", ("x",), prometheus.GAP_BUCKETS_S, pairs)
+    by_columns = WeightedHistogram("h_seconds", "Doc.", ("x",), prometheus.GAP_BUCKETS_S, columns)
+    for rows in (values, values[1:2], [], [(v, 1) for v, _ in values]):
+        by_pairs.observe(("a",), rows, exemplar)
+        by_columns.observe_columns(("a",), [v for v, _ in rows], [k for _, k in rows], exemplar)
+
+    def text(registry: CollectorRegistry) -> str:
+        return re.sub(r"(# \{[^}]*\} \S+) \S+", r"\1 T", generate_openmetrics(registry).decode())
+
+    assert text(pairs) == text(columns)
+    assert "h_seconds_count" in text(columns)
 
 
 def test_weighted_series_exist_at_zero_from_the_first_flow(registry: CollectorRegistry) -> None:
@@ -722,6 +778,27 @@ def test_client_wait_per_flow_and_own_hold_per_token(registry: CollectorRegistry
     assert value(registry, "hopmeter_client_wait_seconds_bucket", le="1.0", **labels) == 0
     assert value(registry, "hopmeter_own_hold_seconds_count", **labels) == 6
     assert value(registry, "hopmeter_own_hold_seconds_bucket", le="0.0005", **labels) == 4
+
+
+def test_own_holds_that_are_not_numbers_or_weigh_nothing_are_left_out() -> None:
+    """Holds of NaN, below zero or of no token are not observed: the same exposition as the
+    holds without them (every hold passes in the usual flow, taken apart without a filter)."""
+    rec = flow_record(delivery={"measured": True, "client_wait_s": 1.7})
+    clean = [(0.00008, 1), (0.0004, 3), (0.06, 2)]
+    odd = [(math.nan, 2), clean[0], (-0.001, 1), clean[1], (0.5, 0), clean[2]]
+    exposed = []
+    for holds in (clean, odd):
+        registry = CollectorRegistry()
+        Metrics(registry).observe_flow(rec, own_holds=holds)
+        exposed.append(
+            [
+                line
+                for line in generate_latest(registry).decode().splitlines()
+                if "own_hold_seconds" in line and "_created" not in line
+            ]
+        )
+    assert exposed[0] == exposed[1]
+    assert any("_count" in line and line.endswith(" 6.0") for line in exposed[0])
 
 
 def test_flows_not_followed_add_no_delivery_observation(registry: CollectorRegistry) -> None:

@@ -7,10 +7,14 @@ flow (`DeliverySeen`) and `summarize` turns it into the record's numbers, with n
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
+from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from hopmeter.core.figures import weighted_quantiles
@@ -112,9 +116,26 @@ def union_s(intervals: Iterable[tuple[float, float]]) -> float:
 def tokens_per_chunk(
     chunk_t_s: Sequence[float], event_t_s: Sequence[float], event_tokens: Sequence[int]
 ) -> list[int]:
-    """Tokens each chunk completed: an event's time is the read time of the chunk that ended it."""
-    out = [0] * len(chunk_t_s)
-    for t, k in zip(event_t_s, event_tokens, strict=False):
+    """Tokens each chunk completed: an event's time is the read time of the chunk that ended it.
+
+    In the usual stream every chunk completes one event, and the meter then gives the chunk times
+    as the first events' times (`FlowMeter.chunk_t`): the i-th chunk's tokens are the i-th
+    event's, with no search. The same as searching each event's chunk when the chunk times are
+    the events' first times and strictly increasing; otherwise each event's chunk is searched.
+    """
+    n = len(chunk_t_s)
+    out = [0] * n
+    events: Iterator[tuple[float, int]] = zip(event_t_s, event_tokens, strict=False)
+    if (
+        n
+        and min(len(event_t_s), len(event_tokens)) >= n
+        and type(chunk_t_s) is type(event_t_s)
+        and chunk_t_s == event_t_s[:n]
+        and all(map(operator.lt, chunk_t_s, itertools.islice(chunk_t_s, 1, None)))
+    ):
+        out = [k if k > 0 else 0 for k in itertools.islice(event_tokens, n)]
+        events = itertools.islice(events, n, None)  # events past the listed chunks: searched
+    for t, k in events:
         i = bisect_right(chunk_t_s, t) - 1
         if 0 <= i < len(out) and k > 0:
             out[i] += k
@@ -145,9 +166,48 @@ def summarize(
     if len(chunks) != n:  # never a wrong number: unaligned lists are not measured
         why = f"followed {len(chunks)} chunks, the record lists {n}"
         return Delivery(**{**base, "reason": why}, measured=False, **_empty())
-    mono0, skew = seen.mono0, seen.skew_s
     tokens = tokens_per_chunk(chunk_t_s, event_t_s, event_tokens)
     by_tokens = any(tokens)
+    mono0, skew = seen.mono0, seen.skew_s
+    followed = _follow_plain(chunks, chunk_t_s, tokens, by_tokens=by_tokens, mono0=mono0, skew=skew)
+    if followed is None:
+        followed = _follow_each(
+            chunks, chunk_t_s, tokens, by_tokens=by_tokens, mono0=mono0, skew=skew
+        )
+    rows, holds, waits, negative, unseen = followed
+    values = [h for h, _ in holds]
+    weights = [k for _, k in holds]
+    p50, p99 = weighted_quantiles(values, weights, (0.5, 0.99))
+    base["reason"] = seen.reason or chunks.why
+    return Delivery(
+        **base,
+        measured=True,
+        chunks_out=rows,
+        client_wait_s=union_s(waits),
+        client_wait_is_lower_bound=unseen,
+        holds=tuple(holds),
+        hold_p50_s=p50,
+        hold_p99_s=p99,
+        hold_max_s=max(values) if values else None,
+        negative_holds=negative,
+    )
+
+
+_Followed = tuple[
+    list[list[float | None]], list[tuple[float, int]], list[tuple[float, float]], int, bool
+]  # rows [out_s, sent_s], holds (hold, weight), waits (from, to), negative holds, unseen
+
+
+def _follow_each(
+    chunks: FlowChunks,
+    chunk_t_s: Sequence[float],
+    tokens: list[int],
+    *,
+    by_tokens: bool,
+    mono0: float,
+    skew: float,
+) -> _Followed:
+    """Each chunk's out and sent offsets, hold and wait, one chunk at a time: any flow."""
     rows: list[list[float | None]] = []
     holds: list[tuple[float, int]] = []
     waits: list[tuple[float, float]] = []
@@ -179,22 +239,56 @@ def summarize(
                     negative += weight
             if waited is not None:
                 waits.append((t_in if held else t_write, waited))
-    values = [h for h, _ in holds]
-    weights = [k for _, k in holds]
-    p50, p99 = weighted_quantiles(values, weights, (0.5, 0.99))
-    base["reason"] = seen.reason or chunks.why
-    return Delivery(
-        **base,
-        measured=True,
-        chunks_out=rows,
-        client_wait_s=union_s(waits),
-        client_wait_is_lower_bound=unseen,
-        holds=tuple(holds),
-        hold_p50_s=p50,
-        hold_p99_s=p99,
-        hold_max_s=max(values) if values else None,
-        negative_holds=negative,
-    )
+    return rows, holds, waits, negative, unseen
+
+
+_PLAIN_FLAGS = FLAG_OUT | FLAG_SENT  # seen out and sent, not held
+_NAN_BYTES = array("d", [math.nan]).tobytes()  # FlowChunks' nan, as its `waited` column holds it
+
+
+def _follow_plain(
+    chunks: FlowChunks,
+    chunk_t_s: Sequence[float],
+    tokens: list[int],
+    *,
+    by_tokens: bool,
+    mono0: float,
+    skew: float,
+) -> _Followed | None:
+    """`_follow_each`'s result for a client that kept up (the usual flow), mapped over whole
+    columns with no bytecode per chunk; None for any other flow. Kept up: every chunk written,
+    seen out and sent, never held nor seen waiting. Then a chunk's sent time is its out time,
+    there are no waits, and each hold is its write less its read: the same floats as
+    `_follow_each`, computed in the same order (tests/core/test_delivery.py holds the two
+    together)."""
+    n = len(chunks.flags)
+    if chunks.flags.count(_PLAIN_FLAGS) != n:
+        return None
+    t_write = chunks.t_write
+    if any(map(math.isnan, t_write)):
+        return None
+    waited = chunks.waited
+    if waited.tobytes() != _NAN_BYTES * n:  # not every one nan (never seen waiting)
+        return None
+    out = chunks.out
+    # (out - mono0 + skew), to the microsecond: round(x * 1e6) / 1e6 (float.__round__: round()
+    # itself for a float, without its method lookup)
+    offsets = map(operator.add, map(operator.sub, out, repeat(mono0)), repeat(skew))
+    micro = map(float.__round__, map(operator.mul, offsets, repeat(1e6)))
+    out_s = list(map(operator.truediv, micro, repeat(1e6)))
+    rows: list[list[float | None]] = list(map(list, zip(out_s, out_s, strict=True)))
+    # hold = t_write - (t_in_s + mono0 - skew)
+    t_in = map(operator.sub, map(operator.add, chunk_t_s, repeat(mono0)), repeat(skew))
+    raw = list(map(operator.sub, t_write, t_in))
+    ok = list(map(operator.ge, raw, repeat(-ROUNDING_S)))
+    weights: Sequence[int] = tokens if by_tokens else [1] * n
+    keep = list(map(operator.and_, map(bool, weights), ok)) if by_tokens else ok
+    kept = list(itertools.compress(raw, keep))
+    if not kept or min(kept) <= 0.0:  # max(0.0, hold): only a hold at or below 0 changes
+        kept = list(map(max, repeat(0.0), kept))
+    holds = list(zip(kept, itertools.compress(weights, keep), strict=True))
+    negative = sum(itertools.compress(weights, map(operator.not_, ok)))
+    return rows, holds, [], negative, False
 
 
 def _empty() -> dict[str, Any]:

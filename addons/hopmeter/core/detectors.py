@@ -262,8 +262,9 @@ def detect_whole_body_hold(v: StreamView) -> Finding | None:
         or span * THRESHOLDS["hold_wait_to_span"] > wait
     ):
         return None
-    inside = [t for t in v.event_times_s if t >= start]
-    gaps = sorted(b - a for a, b in itertools.pairwise(inside))
+    at_or_after = map(operator.le, itertools.repeat(start), v.event_times_s)
+    inside = list(itertools.compress(v.event_times_s, at_or_after))
+    gaps = sorted(map(operator.sub, inside[1:], inside))
     if not gaps or gaps[len(gaps) // 2] < THRESHOLDS["burst_join_s"]:  # at wire speed
         return _finding(
             FindingKind.WHOLE_BODY_HOLD,
@@ -339,10 +340,10 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     """
     if not v.event_stream:
         return None
-    pts = [(t, k) for t, k in zip(v.event_times_s, v.event_tokens, strict=True) if k > 0]
-    if len(pts) < THRESHOLDS["min_events"]:
+    times, tokens = _carrying(v.event_times_s, v.event_tokens)
+    if len(times) < THRESHOLDS["min_events"]:
         return None
-    gaps = [b[0] - a[0] for a, b in itertools.pairwise(pts)]
+    gaps = list(map(operator.sub, times[1:], times))  # mapped in C: no bytecode per gap
     # Necessary for the tests below, and cheap: the stall cluster's mean is at most the largest
     # gap and the burst cluster's at least the smallest, so a stream whose widest gap is under
     # one frame, or under `burst_gap_ratio` times its narrowest, has no bursts to find. Most
@@ -365,12 +366,12 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
         return None
     if len(hi) < THRESHOLDS["burst_min_stalls"]:
         return None
-    events_per_burst = len(pts) / (len(hi) + 1)
+    events_per_burst = len(times) / (len(hi) + 1)
     if events_per_burst < THRESHOLDS["burst_min_events"]:
         return None
     # the cut between the clusters, in seconds: a gap at or above it starts a new burst
     cut = math.exp((max(lo) + min(hi)) / 2)
-    tokens_per_burst = _burst_sums([t for t, _ in pts], [k for _, k in pts], cut)
+    tokens_per_burst = _burst_sums(times, tokens, cut)
     bytes_per_burst = _burst_sums(v.chunk_times_s, v.chunk_bytes, cut)
     # the last burst is whatever was left when the stream ended: not a full window
     inner_bytes = bytes_per_burst[:-1] if len(bytes_per_burst) > 2 else bytes_per_burst
@@ -397,6 +398,18 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
         gap_ratio=round(ratio, 1),
         pattern=pattern,
     )
+
+
+def _carrying(
+    times: Sequence[float], tokens: Sequence[int]
+) -> tuple[Sequence[float], Sequence[int]]:
+    """The times and token counts of the events that carry tokens (selected in C)."""
+    if len(times) != len(tokens):
+        raise ValueError("event times and tokens differ in length")
+    if min(tokens, default=1) > 0:  # every event carries tokens (the usual stream): as given
+        return times, tokens
+    keep = list(map(operator.lt, itertools.repeat(0), tokens))  # k > 0
+    return list(itertools.compress(times, keep)), list(itertools.compress(tokens, keep))
 
 
 def _burst_sums(times: Sequence[float], sizes: Sequence[int], cut_s: float) -> list[int]:

@@ -220,6 +220,12 @@ class FlowMeter:
         return self.events.t_s[: len(self.chunk_bytes)]
 
     @property
+    def chunk_t_shared(self) -> bool:
+        """Whether `chunk_t` is the first events' times (every chunk so far completed one
+        event, each at its chunk's time), so a caller may take them from `events.t_s`."""
+        return self._chunk_t is None
+
+    @property
     def framer(self) -> Framer | None:
         """The SSE or NDJSON decoder in use, if the body is an event stream."""
         return self._framer
@@ -378,7 +384,16 @@ class FlowMeter:
         if payloads is None:
             return False
         read = self._plain_read
-        deltas = [read(raw) for raw in payloads]
+        if len(payloads) == 1:  # one event per chunk: the usual stream, without the lists
+            delta = read(payloads[0])
+            if delta is not None:
+                self._plain_misses = 0
+                sse.took_plain_events(decoded)
+                self._on_delta(now_s, False, delta)
+                return True
+            deltas: list[Delta | None] = [None]
+        else:
+            deltas = [read(raw) for raw in payloads]
         if None in deltas:
             self._plain_misses += 1
             if self._plain_misses >= PLAIN_MISSES_MAX:
@@ -475,7 +490,8 @@ class FlowMeter:
         if len(recent) >= TEXT_BLOCK_EVENTS:
             self._fold_text()
         marks.t_s.append(t)
-        marks.said(stream_tokens, token_ids)
+        if stream_tokens is not None or token_ids is not None or marks.tokens_said is not None:
+            marks.said(stream_tokens, token_ids)  # (most streams never say: no call)
         marks.content_offset.append(self._visible_chars)
 
 

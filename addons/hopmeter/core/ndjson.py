@@ -46,21 +46,39 @@ class NdjsonDecoder:
         if self._closed:
             raise HopmeterError("NdjsonDecoder.feed() called after close()")
         self._fed += len(data)
-        if b"\n" not in data:
+        first = data.find(b"\n")
+        if first < 0:
             self._extend_partial(data)
             return []
+        if first == len(data) - 1 and not self._partial and not self._discarding:
+            # exactly one whole line (how Ollama writes nearly every chunk)
+            self._line_start = self._fed
+            if first and data[first - 1] == 0x0D:
+                self.line_endings["crlf"] += 1
+                line = data[: first - 1]
+            else:
+                self.line_endings["lf"] += 1
+                line = data[:first]
+            if first > MAX_LINE_BYTES:
+                self.overflows += 1
+                return []
+            frame = self._frame(line, self._fed, now)
+            return [] if frame is None else [frame]
         drop_first = self._discarding
         self._discarding = False
         buf = bytes(self._partial) + data if self._partial else data
         self._partial.clear()
         lines = buf.split(b"\n")
         tail = lines.pop()
+        # every line end counted at once: a CR before an LF makes it "crlf" (the tail has no LF)
+        crlfs = buf.count(b"\r\n")
+        self.line_endings["crlf"] += crlfs
+        self.line_endings["lf"] += len(lines) - crlfs
         frames: list[Frame] = []
         end = self._fed - len(buf)
         for index, line in enumerate(lines):
             end += len(line) + 1
             crlf = line[-1:] == b"\r"
-            self.line_endings["crlf" if crlf else "lf"] += 1
             if index == 0 and drop_first:
                 continue  # the end of a line that already overflowed
             if len(line) > MAX_LINE_BYTES:

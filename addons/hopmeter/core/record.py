@@ -6,8 +6,10 @@ A record is written from a typed `Measurement` (hopmeter.core.measure), never co
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
+from operator import mul, truediv
 from typing import Any
 
 from hopmeter.core.delivery import Delivery
@@ -155,17 +157,16 @@ def _measured(rec: dict[str, Any], resp: dict[str, Any], m: Measurement, meter: 
     resp["bytes_wire"] = meter.bytes_wire
     resp["bytes_decoded"] = meter.bytes_decoded
     # to the microsecond: round(t * 1e6) / 1e6 is round(t, 6) at half the cost (no decimal
-    # conversion), and these run once per chunk and per event of every flow
-    rec["chunks"] = [
-        [round(t * 1e6) / 1e6, n] for t, n in zip(meter.chunk_t, meter.chunk_bytes, strict=True)
-    ]
-    rec["chunks_dropped"] = meter.chunks_seen - len(meter.chunk_t)
-    rec["events"] = [
-        [round(t * 1e6) / 1e6, k, off]
-        for t, k, off in zip(
-            meter.events.t_s, account.per_event, meter.events.content_offset, strict=False
-        )
-    ]
+    # conversion); mapped over the whole column (no bytecode per time), and each time once: while
+    # every chunk completed one event the chunk times are the first events' (`chunk_t_shared`)
+    event_t = _micro(meter.events.t_s)
+    chunk_bytes = meter.chunk_bytes
+    chunk_t = event_t[: len(chunk_bytes)] if meter.chunk_t_shared else _micro(meter.chunk_t)
+    rec["chunks"] = list(map(list, zip(chunk_t, chunk_bytes, strict=True)))
+    rec["chunks_dropped"] = meter.chunks_seen - len(chunk_bytes)
+    rec["events"] = list(
+        map(list, zip(event_t, account.per_event, meter.events.content_offset, strict=False))
+    )
     rec["events_dropped"] = meter.events_seen - len(meter.events.t_s)
     if m.delivery is not None and m.delivery.measured:
         rec["chunks_out"] = m.delivery.chunks_out
@@ -175,6 +176,13 @@ def _measured(rec: dict[str, Any], resp: dict[str, Any], m: Measurement, meter: 
         rec["fingerprint"] = m.fingerprint.as_dict()
     if m.seen.log_content:
         rec["content"] = meter.text()
+
+
+def _micro(times: Iterable[float]) -> list[float]:
+    """Each time rounded to the microsecond, as round(t * 1e6) / 1e6 (the same floats): the
+    times are floats (array columns), and `float.__round__` is what round() calls for one,
+    without round()'s method lookup (a quarter of the cost, mapped)."""
+    return list(map(truediv, map(float.__round__, map(mul, times, repeat(1e6))), repeat(1e6)))
 
 
 def _abs(t0: float, offset: float | None) -> float | None:

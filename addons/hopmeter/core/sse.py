@@ -65,6 +65,8 @@ class SseDecoder:
         self._data_size = 0
         self._data_overflowed = False
         self._event_type = b""
+        # the chunk `plain_data_events` last accepted and its line ends, for `took_plain_events`
+        self._plain_ends: tuple[bytes, int] | None = None
 
     def feed(self, data: bytes, now: float) -> list[Frame]:
         """Take the next bytes of the body; return the events they complete, stamped `now`."""
@@ -84,24 +86,32 @@ class SseDecoder:
                 self.line_endings["cr"] += 1
         if not data:
             return []
+        # one scan for each line end: where the first LF is, and whether there is a CR (find(),
+        # not `in`: bytes.__contains__ tries its operand as an int first and clears the
+        # TypeError, ~2,600 instructions a test)
+        first = data.find(b"\n")
+        cr = data.find(b"\r") >= 0
+        if first < 0 and not cr:
+            self._extend_partial(data)
+            return []
+        last = len(data) - 2
         if (
-            data[-2:] == b"\n\n"
-            and data.find(b"\n\n") == len(data) - 2
-            and data[0] != 0x0A
+            first > 0  # not a blank line first: a line end was the last thing fed
+            and not cr
+            and data[-1] == 0x0A
             and not self._partial
             and not self._discarding
             and len(data) <= _WHOLE_EVENT_MAX
-            and b"\r" not in data
         ):
-            return self._whole_event(data, now)
-        if b"\n" not in data and b"\r" not in data:
-            self._extend_partial(data)
-            return []
+            if first == last:  # one line and the blank line (the usual chunk)
+                return self._whole_event(data, now, 2)
+            if data.find(b"\n\n", first) == last:  # the first blank line is the last line
+                return self._whole_event(data, now, 0)
         drop_first = self._discarding
         self._discarding = False
         buf = bytes(self._partial) + data if self._partial else data
         self._partial.clear()
-        return self._lines(buf, drop_first, now)
+        return self._lines(buf, drop_first, now, cr)
 
     def plain_data_events(self, data: bytes, event: bytes = b"") -> list[bytes] | None:
         """The data values when `data` is exactly whole events of one `data: <value>` line each,
@@ -115,9 +125,10 @@ class SseDecoder:
         `content_block_delta` events (`FlowMeter._pick_plain_path`).
         """
         head = b"event: " + event + b"\ndata: " if event else b"data: "
+        self._plain_ends = None
         if (
             not data.startswith(head)
-            or data[-2:] != b"\n\n"
+            or not data.endswith(b"\n\n")
             or not self._started
             or self._partial
             or self._data
@@ -126,29 +137,34 @@ class SseDecoder:
             or self._discarding
             or self._closed
             or len(data) > _WHOLE_EVENT_MAX
-            or b"\r" in data
+            or data.find(b"\r") >= 0  # (not `in`: see feed)
         ):
             return None
         # an event's line ends: its head's, its data line's and the blank line's; a value with a
         # line end of its own, or an empty event, makes more
         per_event = 3 if event else 2
+        n = len(head)
+        if data.find(b"\n", n) == len(data) - 2:  # one event (the usual chunk): no LF in its value
+            self._plain_ends = (data, per_event)
+            return [data[n:-2]]
         ends = data.count(b"\n")
-        if ends == per_event:  # one event (the usual chunk)
-            return [data[len(head) : -2]]
         events = data[:-2].split(b"\n\n")
         if ends != per_event * len(events):
             return None
-        n = len(head)
         for ev in events:
             if ev[:n] != head:
                 return None
+        self._plain_ends = (data, ends)
         return [ev[n:] for ev in events]
 
     def took_plain_events(self, data: bytes) -> None:
         """Account for a chunk whose events `plain_data_events` read, as `feed` would have: its
         lines all end in LF, and its last event ends where the stream now ends."""
         self._fed += len(data)
-        self.line_endings["lf"] += data.count(b"\n")
+        counted = self._plain_ends  # the line ends `plain_data_events` counted in these bytes
+        self._plain_ends = None
+        ends = counted[1] if counted is not None and counted[0] is data else data.count(b"\n")
+        self.line_endings["lf"] += ends
         self._event_start = self._frame_start = self._fed
 
     def close(self, now: float) -> list[Frame]:
@@ -177,12 +193,13 @@ class SseDecoder:
             return data[len(_BOM) :]
         return data
 
-    def _whole_event(self, data: bytes, now: float) -> list[Frame]:
+    def _whole_event(self, data: bytes, now: float, ends: int) -> list[Frame]:
         """A chunk that is exactly one event's lines and its blank line, LF only, after a line
         end: how nearly every LLM server writes its events. The same steps as `_lines`, without
         its general bookkeeping: each line is a field (none is empty or overlong), then dispatch.
+        `ends` is 2 when the caller found one line and the blank line (0: more lines).
         """
-        if data[:6] == b"data: " and not self._data and data.count(b"\n") == 2:
+        if ends == 2 and data[:6] == b"data: " and not self._data:
             # the commonest of all: one data line; _field and _dispatch inlined
             self.line_endings["lf"] += 2
             end = self._event_start = self._fed
@@ -220,9 +237,10 @@ class SseDecoder:
             self._discarding = True
             self._partial = bytearray()  # release the memory, not just the length
 
-    def _lines(self, buf: bytes, drop_first: bool, now: float) -> list[Frame]:
+    def _lines(self, buf: bytes, drop_first: bool, now: float, cr: bool) -> list[Frame]:
         # Split in C (bytes.split / re.split), not byte by byte: this runs on the proxy's loop.
-        if b"\r" in buf:
+        # `cr`: the bytes fed hold a CR (a pending partial line holds none: it would have ended)
+        if cr:
             parts = _EOL.split(buf)
             lines, endings, tail = parts[0:-1:2], parts[1::2], parts[-1]
             if not tail and endings[-1] == b"\r":

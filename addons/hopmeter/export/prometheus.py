@@ -11,14 +11,16 @@ collector. Importing this module changes nothing in prometheus_client or the env
 from __future__ import annotations
 
 import math
+import operator
 import re
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter as CountOf
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import pairwise
+from itertools import pairwise, repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -443,8 +445,7 @@ class Metrics:
             if value is not None:
                 child(hist, labels).observe(value, exemplar)
         if gaps is not None and event_tokens is not None:
-            weighted = list(zip(gaps.values_s, gaps.weights, strict=True))
-            self._observe_tokens(event_tokens, weighted, labels, exemplar)
+            self._observe_tokens(event_tokens, gaps.values_s, gaps.weights, labels, exemplar)
         else:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
@@ -521,10 +522,15 @@ class Metrics:
             self._child(self.client_wait, labels).observe(wait, exemplar)
         if own_holds:
             # floats from core.delivery.summarize, one per chunk, none negative (those are
-            # counted in the section's negative_holds): compared inline (`_num` per chunk was a
-            # call each); NaN is dropped as `_num` drops it
-            values = [(v, k) for v, k in own_holds if k > 0 and v >= 0]
-            self.own_hold.observe(labels, values, exemplar)
+            # counted in the section's negative_holds): taken apart and compared in C; only when
+            # one fails (NaN, below zero, no weight) are they filtered one by one (`_num` per
+            # chunk was a call each); NaN is dropped as `_num` drops it
+            values = list(map(itemgetter(0), own_holds))
+            weights = list(map(itemgetter(1), own_holds))
+            if not all(map(operator.ge, values, repeat(0.0))) or min(weights) <= 0:
+                kept = [(v, k) for v, k in own_holds if k > 0 and v >= 0]
+                values, weights = [v for v, _ in kept], [k for _, k in kept]
+            self.own_hold.observe_columns(labels, values, weights, exemplar)
         below = _num(facts.negative_holds)
         if below:
             self._child(self.negative, ("own_hold",)).inc(below)
@@ -586,19 +592,25 @@ class Metrics:
         except (TypeError, ValueError):
             pts = _token_events(events)
         gaps = [(max(0.0, b[0] - a[0]) / b[1], b[1]) for a, b in pairwise(pts)]
-        self._observe_tokens([k for _, k in pts], gaps, labels, exemplar)
+        values = [g for g, _ in gaps]
+        weights = [k for _, k in gaps]
+        self._observe_tokens([k for _, k in pts], values, weights, labels, exemplar)
 
     def _observe_tokens(
         self,
         event_tokens: Iterable[int],
-        gaps: Sequence[tuple[float, int]],
+        gaps: Sequence[float],
+        weights: Sequence[int],
         labels: tuple[str, ...],
         exemplar: dict[str, str] | None,
     ) -> None:
-        """Events by the tokens they carry (most carry one), and the token-weighted gaps."""
-        per_k = CountOf(k for k in event_tokens if k > 0)
-        self.event_tokens.observe(labels, [(float(k), n) for k, n in per_k.items()], None)
-        self.itl.observe(labels, gaps, exemplar)
+        """Events by the tokens they carry (most carry one), and the token-weighted gaps
+        (`gaps[i]` observed `weights[i]` times)."""
+        # every event counted in C, then the ones without tokens left out (the same counts, in
+        # the same order of first appearance, as counting only those with tokens)
+        per_k = CountOf(event_tokens)
+        self.event_tokens.observe(labels, [(float(k), n) for k, n in per_k.items() if k > 0], None)
+        self.itl.observe_columns(labels, gaps, weights, exemplar)
 
     def _observe_bytes(self, hop: str, api: str, facts: _Facts) -> None:
         payload = _num(facts.payload_bytes) or 0.0
@@ -825,7 +837,23 @@ class WeightedHistogram:
         The label set's series exists from the first call, values or not, as a Histogram's
         child does from labels(): at 0, so a first increase shows in rate().
         """
-        counted = self._count(values) if values else None
+        self.observe_columns(
+            labelvalues,
+            [value for value, _ in values],
+            [weight for _, weight in values],
+            exemplar,
+        )
+
+    def observe_columns(
+        self,
+        labelvalues: tuple[str, ...],
+        values: Sequence[float],
+        weights: Sequence[int],
+        exemplar: dict[str, str] | None,
+    ) -> None:
+        """`observe` with the values and their weights as two columns of one length (a flow's
+        gaps come that way: no pair built per value, nor taken apart again)."""
+        counted = self._count(values, weights) if values else None
         marked = None
         if counted is not None and exemplar is not None:
             marked = Exemplar(exemplar, counted.widest_value, time.time())
@@ -843,15 +871,32 @@ class WeightedHistogram:
                 if n:
                     series.counts[slot] += n
 
-    def _count(self, values: Sequence[tuple[float, int]]) -> _Counted:
-        """Observations per bucket for `values`, without touching any series."""
-        plain = [value for value, _ in values]
+    def _count(self, plain: Sequence[float], weights: Sequence[int]) -> _Counted:
+        """Observations per bucket for `plain` values of `weights`, without touching any
+        series."""
+        if len(plain) != len(weights):
+            raise ValueError("values and weights differ in length")
         widest_value = max(plain)
-        counts = [0] * len(self._bounds)
+        bounds = self._bounds
+        counts = [0] * len(bounds)
+        once = len(weights) == sum(weights) and min(weights) == 1  # one observation each
+        if once:  # the usual: a flow's gaps, one token per event
+            total = math.fsum(plain)
+            if not math.isnan(total):  # no NaN among them: they sort
+                # a value's bucket is the first whose bound is >= it, so the values up to a
+                # bound are those of its bucket and the ones before: one search per bucket in
+                # the sorted values instead of one per value
+                ordered = sorted(plain)
+                below = 0
+                for slot, bound in enumerate(bounds):
+                    upto = bisect_right(ordered, bound)
+                    counts[slot] = upto - below
+                    below = upto
+                widest_slot = bisect_left(bounds, widest_value)
+                return _Counted(counts, widest_slot, widest_value, total - widest_value)
         # the first bucket whose bound is >= each value, found in C (bisect over map)
-        slots = list(map(partial(bisect_left, self._bounds), plain))
-        weights = [weight for _, weight in values]
-        if len(weights) == sum(weights) and min(weights) == 1:  # one observation each, the usual
+        slots = list(map(partial(bisect_left, bounds), plain))
+        if once:
             for slot, n in CountOf(slots).items():
                 counts[slot] += n
             rest = math.fsum(plain) - widest_value

@@ -3,6 +3,7 @@ the code they were read against, and a difference is one line naming it."""
 
 from __future__ import annotations
 
+import linecache
 from typing import Any
 
 import pytest
@@ -67,3 +68,12 @@ def test_a_fingerprint_is_the_digest_of_the_source() -> None:
     assert gate.fingerprint(gate.check) == gate.fingerprint(gate.check)
     assert gate.fingerprint(b"abc") != gate.fingerprint(b"abd")
     assert len(gate.fingerprint(b"abc")) == 16
+
+
+def test_the_check_leaves_no_source_lines_behind() -> None:
+    """The sources read for the digests are not kept in linecache after the check (it runs once
+    at start; the lines would stay for the process's life), and a file cached before stays."""
+    linecache.getlines(gate.__file__)
+    before = set(linecache.cache)
+    assert gate.check() is None
+    assert set(linecache.cache) == before

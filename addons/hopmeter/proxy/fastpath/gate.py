@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import importlib
 import inspect
+import linecache
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -150,7 +151,22 @@ def fingerprint(obj: Any) -> str:
 def check(
     version: Callable[[str], str] = version_of, digest: Callable[[Any], str] = fingerprint
 ) -> str | None:
-    """None when the fast paths may be installed; else one line naming what differs."""
+    """None when the fast paths may be installed; else one line naming what differs.
+
+    Run once, before the proxy starts. The sources `inspect` reads for the digests go through
+    `linecache`, which would keep every line of each file for the process's life (objects a
+    full collection walks, files a traceback's `checkcache` stats): the entries it adds are
+    dropped again, so nothing of the check stays behind for the flows.
+    """
+    cached = set(linecache.cache)
+    try:
+        return _check(version, digest)
+    finally:
+        for name in set(linecache.cache) - cached:
+            linecache.cache.pop(name, None)
+
+
+def _check(version: Callable[[str], str], digest: Callable[[Any], str]) -> str | None:
     for library, prefixes in SUPPORTED.items():
         try:
             found = version(library)
