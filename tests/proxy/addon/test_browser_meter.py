@@ -15,13 +15,8 @@ from mitmproxy.test import taddons, tflow
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.export import FlowObserver
-from hopmeter.proxy.addon.browser_meter import (
-    BrowserMeter,
-    RateBound,
-    announces_beacon,
-    answered_here,
-    origin_of,
-)
+from hopmeter.proxy.addon.browser_gate import answered_here
+from hopmeter.proxy.addon.browser_meter import BrowserMeter, RateBound, announces_beacon, origin_of
 from hopmeter.proxy.addon.meter import HopMeter
 
 TP = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
