@@ -174,6 +174,40 @@ def summary(out: dict[str, Any]) -> list[str]:
     return lines
 
 
+def markdown(out: dict[str, Any]) -> list[str]:
+    """The rows' CPU per event and delay p99 against bare's, a Markdown table for the README."""
+    points = sorted({(r["mode"], r["streams"]) for r in out["loads"]}, key=lambda p: p[::-1])
+    head = " | ".join(f"{mode} {streams}" for mode, streams in points)
+    lines = [f"| row | figure | {head} |", "| --- | --- |" + " ---: |" * len(points)]
+    for proto, names in PROTOCOLS.items():
+        for name in names[1:]:
+            found = {(r["mode"], r["streams"]): r for r in ratios(out, name, proto)}
+            if not found:
+                continue
+            label = f"{proto}: {name} / {names[0]}"
+            for figure, key, ratio, unit in (
+                ("CPU per event", "cpu_us", "cpu_ratio", " µs"),
+                ("delay p99", "p99_ms", "p99_ratio", " ms"),
+            ):
+                cells = []
+                for p in points:
+                    r = found.get(p)
+                    if r is None:
+                        cells.append("")
+                        continue
+                    a, b = r[key]
+                    cells.append(f"{_num(a)} / {_num(b)}{unit} = {r[ratio]}×")
+                lines.append(f"| {label} | {figure} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _num(x: float | None) -> str:
+    """Three significant digits or so: what a table of shared-machine figures can carry."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
 def attempts(
     cls: type[Topology], up: Any, load: Load, logdir: Path, proto: str
 ) -> list[dict[str, Any]]:
@@ -301,8 +335,9 @@ def main() -> None:
                 save()
     out["load_average_after"] = os.getloadavg()
     out["summary"] = summary(out)
+    out["table"] = markdown(out)
     save()
-    print("\n".join(out["summary"]))
+    print("\n".join([*out["summary"], "", *out["table"]]))
     log(f"wrote {path}")
 
 
