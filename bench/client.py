@@ -7,6 +7,13 @@
 `load` prints one JSON object with the delay percentiles; `soak` prints `{"flows": N}` each
 `--report-every` flows (so the harness can read RSS at that moment) and a summary at the end.
 
+`load --proto` picks what the client speaks to the proxy: `h1` (plain HTTP/1.1, one connection
+per stream), `tls` (HTTP/1.1 over TLS, one connection per stream) or `h2` (HTTP/2 over TLS, the
+streams multiplexed on as few connections as the proxy's SETTINGS_MAX_CONCURRENT_STREAMS allows;
+mitmproxy announces 100). TLS runs through `ssl.MemoryBIO` over the same raw socket, so the
+kernel's receive stamp is still read with each segment; the proxy's certificate is not checked
+(it is the proxy's own CA's, and the bench measures time, not trust).
+
 Delay of an event = arrival − send. The send time is the `t` the upstream embeds in the event
 (`time.time_ns()`, CLOCK_REALTIME). Arrival is taken twice: from the kernel (SO_TIMESTAMPNS: when
 the segment reached this socket, also CLOCK_REALTIME), which does not depend on how soon this
@@ -23,11 +30,17 @@ import asyncio
 import importlib
 import json
 import socket
+import ssl
 import struct
 import sys
 import time
 from array import array
 from typing import Any
+
+import h2.config  # installed with mitmproxy
+import h2.connection
+import h2.events
+from h2.settings import SettingCodes
 
 # uvloop when installed (bench/README.md); imported by name, so that this module type-checks
 # with and without it
@@ -43,15 +56,25 @@ TERMINATOR = b"\r\n0\r\n\r\n"  # the last chunk of a chunked body (our payloads 
 RECV_BYTES = 256 * 1024
 WAVE = 64  # connections opened together
 WAVE_WAIT_S = 2.0  # the longest a wave waits for its response headers
+H2_PER_CONNECTION = (
+    100  # mitmproxy's HTTP/2 server announces h2's default of 100 concurrent streams
+)
+H2_WINDOW = 1 << 24  # flow-control window per stream and for the connection: never the limit
+BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+
+
+def bench_header(n: int, rate: float, mode: str) -> bytes:
+    """The upstream's X-Bench header value: which stream to send (bench/upstream.py)."""
+    return b"n=%d;rate=%s;mode=%s" % (n, repr(rate).encode(), mode.encode())
 
 
 def request(target: str, n: int, rate: float, mode: str) -> bytes:
-    body = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    body = BODY
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\n"
         b"host: %s\r\ncontent-type: application/json\r\naccept: text/event-stream\r\n"
-        b"x-bench: n=%d;rate=%s;mode=%s\r\ncontent-length: %d\r\n\r\n%s"
-        % (target.encode(), n, repr(rate).encode(), mode.encode(), len(body), body)
+        b"x-bench: %s\r\ncontent-length: %d\r\n\r\n%s"
+        % (target.encode(), bench_header(n, rate, mode), len(body), body)
     )
 
 
@@ -79,15 +102,130 @@ class Sink:
         self.events = 0  # all token events received, measured or not
 
 
-class Stream:
-    """One streamed response read from a raw non-blocking socket, kernel-timestamped."""
+def kernel_stamp(anc: list[tuple[int, int, bytes]], user: int) -> int:
+    """The kernel's receive time of a read (SCM_TIMESTAMPNS), or `user` when it gave none."""
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS:
+            sec, nsec = struct.unpack("qq", raw[:16])
+            return int(sec) * 1_000_000_000 + int(nsec)
+    return user
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sink: Sink, req: bytes, n: int) -> None:
+
+def scan(sink: Sink, buf: bytes, kernel: int, user: int) -> tuple[int, int]:
+    """Count and measure every whole event mark in `buf`: (events seen, where to keep from).
+
+    What is kept is a mark not yet complete, or else the tail that could still begin one (or
+    the chunked body's terminator)."""
+    lo, hi = sink.window
+    seen = 0
+    pos = buf.find(MARK)
+    keep_from = max(0, len(buf) - len(TERMINATOR))
+    while pos >= 0:
+        comma = buf.find(b",", pos + 5)
+        comma2 = buf.find(b",", comma + 1) if comma >= 0 else -1
+        if comma2 < 0:
+            keep_from = pos
+            break
+        sent = int(buf[pos + 5 : comma])
+        late = int(buf[comma + 5 : comma2])  # `"l":` is 4 bytes after the comma
+        seen += 1
+        if lo <= sent < hi:
+            sink.kernel_ns.append(kernel - sent)
+            sink.user_ns.append(user - sent)
+            sink.late_us.append(late)
+        pos = buf.find(MARK, comma2)
+    sink.events += seen
+    return seen, keep_from
+
+
+def client_context(alpn: str) -> ssl.SSLContext:
+    """A TLS client context that offers `alpn` and takes the proxy's certificate unchecked."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols([alpn])
+    return ctx
+
+
+class Tls:
+    """TLS over a raw non-blocking socket through memory BIOs: the socket stays ours, so its
+    reads keep their kernel stamps."""
+
+    def __init__(self, ctx: ssl.SSLContext) -> None:
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_hostname="localhost")
+
+    async def handshake(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        while True:
+            try:
+                self.obj.do_handshake()
+            except ssl.SSLWantReadError:
+                await loop.sock_sendall(sock, self.outgoing.read())
+                data = await loop.sock_recv(sock, RECV_BYTES)
+                if not data:
+                    raise ConnectionResetError("closed during the TLS handshake") from None
+                self.incoming.write(data)
+            else:
+                await loop.sock_sendall(sock, self.outgoing.read())
+                return
+
+    def wrap(self, data: bytes) -> bytes:
+        """`data` as TLS records to send."""
+        self.obj.write(data)
+        return self.outgoing.read()
+
+    def unwrap(self, data: bytes) -> bytes:
+        """The plaintext of the records received so far (b"" when none is whole yet)."""
+        if data:
+            self.incoming.write(data)
+        else:
+            self.incoming.write_eof()
+        out = []
+        while True:
+            try:
+                piece = self.obj.read(RECV_BYTES)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not piece:
+                break
+            out.append(piece)
+        return b"".join(out)
+
+
+async def connect(
+    loop: asyncio.AbstractEventLoop, addr: tuple[str, int], alpn: str | None
+) -> tuple[socket.socket, Tls | None]:
+    """A connected, kernel-stamping, non-blocking socket; with `alpn`, TLS shaken hands."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        await loop.sock_connect(sock, addr)
+        tls = None
+        if alpn is not None:
+            tls = Tls(client_context(alpn))
+            await tls.handshake(loop, sock)
+    except (OSError, ssl.SSLError):
+        sock.close()
+        raise
+    return sock, tls
+
+
+class Stream:
+    """One streamed response read from a raw non-blocking socket, kernel-timestamped; over TLS
+    when `tls` (HTTP/1.1 either way)."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sink: Sink, req: bytes, n: int, tls: bool = False
+    ) -> None:
         self.loop = loop
         self.sink = sink
         self.req = req
         self.expected = n
         self.received = 0
+        self.use_tls = tls
+        self.tls: Tls | None = None
         self.sock: socket.socket | None = None
         self.buf = b""
         self.headers_done = False
@@ -96,18 +234,16 @@ class Stream:
         self.answered: asyncio.Future[None] = loop.create_future()  # response headers read
 
     async def start(self, addr: tuple[str, int]) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
         try:
-            await self.loop.sock_connect(sock, addr)
-            await self.loop.sock_sendall(sock, self.req)
-        except OSError as exc:
+            self.sock, self.tls = await connect(
+                self.loop, addr, "http/1.1" if self.use_tls else None
+            )
+            req = self.tls.wrap(self.req) if self.tls is not None else self.req
+            await self.loop.sock_sendall(self.sock, req)
+        except (OSError, ssl.SSLError) as exc:
             self.end(f"connect: {exc}")
             return
-        self.loop.add_reader(sock.fileno(), self.readable)
+        self.loop.add_reader(self.sock.fileno(), self.readable)
 
     def readable(self) -> None:
         assert self.sock is not None
@@ -119,11 +255,17 @@ class Stream:
             self.end(f"recv: {exc}")
             return
         user = time.time_ns()
-        kernel = user
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS:
-                sec, nsec = struct.unpack("qq", raw[:16])
-                kernel = sec * 1_000_000_000 + nsec
+        kernel = kernel_stamp(anc, user)
+        if self.tls is not None:
+            try:
+                plain = self.tls.unwrap(data)
+            except ssl.SSLError as exc:
+                self.end(f"tls: {exc}")
+                return
+            if plain:
+                self.take(plain, kernel, user)
+            if data or self.sock is None:
+                return
         if not data:
             self.end("eof" if self.received < self.expected else "ok")
             return
@@ -140,25 +282,8 @@ class Stream:
             self.headers_done = True
             self.answered.set_result(None)
             buf = buf[end + 2 :]  # keep "\r\n" so a body that is only "0\r\n\r\n" still matches
-        sink = self.sink
-        lo, hi = sink.window
-        pos = buf.find(MARK)
-        keep_from = max(0, len(buf) - len(TERMINATOR))
-        while pos >= 0:
-            comma = buf.find(b",", pos + 5)
-            comma2 = buf.find(b",", comma + 1) if comma >= 0 else -1
-            if comma2 < 0:
-                keep_from = pos
-                break
-            sent = int(buf[pos + 5 : comma])
-            late = int(buf[comma + 5 : comma2])  # `"l":` is 4 bytes after the comma
-            self.received += 1
-            sink.events += 1
-            if lo <= sent < hi:
-                sink.kernel_ns.append(kernel - sent)
-                sink.user_ns.append(user - sent)
-                sink.late_us.append(late)
-            pos = buf.find(MARK, comma2)
+        seen, keep_from = scan(self.sink, buf, kernel, user)
+        self.received += seen
         if TERMINATOR in buf:
             self.end("ok" if self.received >= self.expected else "short")
             return
@@ -175,6 +300,142 @@ class Stream:
             self.answered.set_result(None)
 
 
+class H2Stream:
+    """One response of an HTTP/2 connection: the same marks, counted per stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+        self.expected = n
+        self.received = 0
+        self.buf = b""
+        self.status = 0
+        self.done: asyncio.Future[str] = loop.create_future()
+        self.answered: asyncio.Future[None] = loop.create_future()
+
+    def end(self, how: str) -> None:
+        if not self.done.done():
+            self.done.set_result(how if self.status in (0, 200) else f"http {self.status}")
+        if not self.answered.done():
+            self.answered.set_result(None)
+
+
+class H2Connection:
+    """Several streams on one HTTP/2-over-TLS connection (the `h2` package, sans-I/O)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sink: Sink,
+        streams: list[H2Stream],
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+
+        self.loop = loop
+        self.sink = sink
+        self.streams = streams
+        self.by_id: dict[int, H2Stream] = {}
+        self.headers = headers
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.sock: socket.socket | None = None
+        self.tls: Tls | None = None
+        self.pending = b""  # TLS records not yet taken by the socket
+
+    async def start(self, addr: tuple[str, int]) -> None:
+        try:
+            self.sock, self.tls = await connect(self.loop, addr, "h2")
+        except (OSError, ssl.SSLError) as exc:
+            self.end_all(f"connect: {exc}")
+            return
+        assert self.tls is not None
+        if self.tls.obj.selected_alpn_protocol() != "h2":
+            self.end_all(f"alpn: {self.tls.obj.selected_alpn_protocol()}")
+            return
+        self.h2.initiate_connection()
+        self.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: H2_WINDOW})
+        self.h2.increment_flow_control_window(H2_WINDOW)
+        for s in self.streams:
+            sid = self.h2.get_next_available_stream_id()
+            self.by_id[sid] = s
+            self.h2.send_headers(sid, self.headers)
+            self.h2.send_data(sid, BODY, end_stream=True)
+        self.loop.add_reader(self.sock.fileno(), self.readable)
+        self.flush()
+
+    def flush(self) -> None:
+        """Send what h2 has for the peer; what the socket does not take waits for writability."""
+        if self.sock is None or self.tls is None:
+            return
+        out = self.h2.data_to_send()
+        if out:
+            self.pending += self.tls.wrap(out)
+        while self.pending:
+            try:
+                sent = self.sock.send(self.pending)
+            except BlockingIOError:
+                self.loop.add_writer(self.sock.fileno(), self.writable)
+                return
+            except OSError as exc:
+                self.end_all(f"send: {exc}")
+                return
+            self.pending = self.pending[sent:]
+
+    def writable(self) -> None:
+        if self.sock is not None:
+            self.loop.remove_writer(self.sock.fileno())
+        self.flush()
+
+    def readable(self) -> None:
+        assert self.sock is not None and self.tls is not None
+        try:
+            data, anc, _flags, _addr = self.sock.recvmsg(RECV_BYTES, 64)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.end_all(f"recv: {exc}")
+            return
+        user = time.time_ns()
+        kernel = kernel_stamp(anc, user)
+        try:
+            plain = self.tls.unwrap(data)
+            events = self.h2.receive_data(plain) if plain else []
+        except Exception as exc:  # a TLS or HTTP/2 fault ends every stream on it
+            self.end_all(f"h2: {exc}")
+            return
+        for ev in events:
+            s = self.by_id.get(getattr(ev, "stream_id", 0) or 0)
+            if isinstance(ev, h2.events.ResponseReceived) and s is not None:
+                s.status = int(dict(ev.headers).get(b":status", b"0"))
+                s.answered.set_result(None)
+            elif isinstance(ev, h2.events.DataReceived) and s is not None:
+                self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                buf = s.buf + ev.data
+                seen, keep_from = scan(self.sink, buf, kernel, user)
+                s.received += seen
+                s.buf = buf[keep_from:]
+            elif isinstance(ev, h2.events.StreamEnded) and s is not None:
+                s.end("ok" if s.received >= s.expected else "short")
+            elif isinstance(ev, h2.events.StreamReset) and s is not None:
+                s.end(f"reset {ev.error_code}")
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                self.end_all(f"goaway {ev.error_code}")
+                return
+        if not data:
+            self.end_all("eof")
+            return
+        self.flush()
+
+    def end_all(self, how: str) -> None:
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+        for s in self.streams:
+            s.end(how)
+
+    def end(self, how: str) -> None:
+        self.end_all(how)
+
+
 async def enable_timestamps() -> None:
     """Linux switches packet timestamping on through a deferred work item: the first segments
     after the first socket asks for it can arrive unstamped. Ask once, early, and wait."""
@@ -182,6 +443,32 @@ async def enable_timestamps() -> None:
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     await asyncio.sleep(0.2)
     sock.close()
+
+
+async def open_h2(
+    loop: asyncio.AbstractEventLoop, sink: Sink, addr: tuple[str, int], args: argparse.Namespace
+) -> list[H2Stream]:
+    """`args.streams` streams over HTTP/2, H2_PER_CONNECTION to a connection, each connection
+    opened once the one before has its response headers."""
+    headers = [
+        (b":method", b"POST"),
+        (b":path", b"/v1/chat/completions"),
+        (b":authority", args.target.encode()),
+        (b":scheme", b"https"),
+        (b"content-type", b"application/json"),
+        (b"accept", b"text/event-stream"),
+        (b"x-bench", bench_header(args.events, args.rate, args.mode)),
+        (b"content-length", str(len(BODY)).encode()),
+    ]
+    streams = [H2Stream(loop, args.events) for _ in range(args.streams)]
+    conns = []
+    for i in range(0, len(streams), H2_PER_CONNECTION):
+        group = streams[i : i + H2_PER_CONNECTION]
+        conn = H2Connection(loop, sink, group, headers)
+        conns.append(conn)
+        await conn.start(addr)
+        await asyncio.wait([s.answered for s in group], timeout=WAVE_WAIT_S)
+    return streams
 
 
 async def run_load(args: argparse.Namespace) -> dict[str, object]:
@@ -192,17 +479,24 @@ async def run_load(args: argparse.Namespace) -> dict[str, object]:
     t0 = time.time_ns()
     window = (t0 + int(args.warmup_s * 1e9), t0 + int((args.warmup_s + args.measure_s) * 1e9))
     sink = Sink(window)
-    req = request(args.target, args.events, args.rate, args.mode)
-    streams = [Stream(loop, sink, req, args.events) for _ in range(args.streams)]
     started = time.monotonic()
-    # Open in waves, as clients arrive, each once the proxy has answered the one before: the
-    # kernel completes a handshake before the proxy accepts it, and 200 handshakes at once
-    # overflow mitmproxy's default accept queue (100); each dropped SYN costs its client a
-    # second, and the storm of late connections lands inside the measured window.
-    for i in range(0, len(streams), WAVE):
-        wave = streams[i : i + WAVE]
-        await asyncio.gather(*(s.start(addr) for s in wave))
-        await asyncio.wait([s.answered for s in wave], timeout=WAVE_WAIT_S)
+    streams: list[Stream] | list[H2Stream]
+    if args.proto == "h2":
+        streams = await open_h2(loop, sink, addr, args)
+    else:
+        req = request(args.target, args.events, args.rate, args.mode)
+        streams = [
+            Stream(loop, sink, req, args.events, tls=args.proto == "tls")
+            for _ in range(args.streams)
+        ]
+        # Open in waves, as clients arrive, each once the proxy has answered the one before: the
+        # kernel completes a handshake before the proxy accepts it, and 200 handshakes at once
+        # overflow mitmproxy's default accept queue (100); each dropped SYN costs its client a
+        # second, and the storm of late connections lands inside the measured window.
+        for i in range(0, len(streams), WAVE):
+            wave = streams[i : i + WAVE]
+            await asyncio.gather(*(s.start(addr) for s in wave))
+            await asyncio.wait([s.answered for s in wave], timeout=WAVE_WAIT_S)
     connected_s = time.monotonic() - started
     planned_s = args.events / args.rate if args.rate > 0 else 0.0
     budget = max(0.0, planned_s + args.grace_s - (time.monotonic() - started))
@@ -216,6 +510,10 @@ async def run_load(args: argparse.Namespace) -> dict[str, object]:
         outcomes[how] = outcomes.get(how, 0) + 1
     return {
         "streams": args.streams,
+        "proto": args.proto,
+        "connections": args.streams
+        if args.proto != "h2"
+        else -(-args.streams // H2_PER_CONNECTION),
         "rate": args.rate,
         "mode": args.mode,
         "events_per_stream": args.events,
@@ -273,6 +571,9 @@ def main() -> None:
     load.add_argument("--rate", type=float, default=50.0, help="events per second per stream")
     load.add_argument("--events", type=int, default=300, help="token events per stream")
     load.add_argument("--mode", choices=("paced", "lockstep"), default="paced")
+    load.add_argument(
+        "--proto", choices=("h1", "tls", "h2"), default="h1", help="what to speak to the proxy"
+    )
     load.add_argument("--warmup-s", type=float, default=1.5)
     load.add_argument("--measure-s", type=float, default=5.0)
     load.add_argument("--grace-s", type=float, default=3.0, help="wait past the planned end")

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import procs
@@ -37,7 +37,8 @@ def client(args: list[str], on_line: Any = None) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """One load: `streams` streams of `rate` token events per second, `mode` paced or lockstep.
+    """One load: `streams` streams of `rate` token events per second, `mode` paced or lockstep,
+    spoken as `proto` (bench/client.py's `--proto`: h1, tls or h2).
 
     Each stream lasts warm-up + measure; events sent during the warm-up are not measured (the
     connections are still opening); the client waits `grace_s` past the planned end.
@@ -49,6 +50,7 @@ class Load:
     warmup_s: float = 1.5
     measure_s: float = 5.0
     grace_s: float = 3.0
+    proto: str = "h1"
 
     def args(self, port: int) -> list[str]:
         """bench/client.py's command line for this load against 127.0.0.1:`port`."""
@@ -59,15 +61,18 @@ class Load:
             *("--rate", str(self.rate), "--events", str(events), "--mode", self.mode),
             *("--warmup-s", str(self.warmup_s), "--measure-s", str(self.measure_s)),
             *("--grace-s", str(self.grace_s)),
+            # only when asked: bench/loadgen.c speaks plain HTTP/1 and knows no --proto
+            *(("--proto", self.proto) if self.proto != "h1" else ()),
         ]
 
 
 WARM = Load(streams=1, rate=1000.0, warmup_s=0.0, measure_s=0.02, grace_s=2.0)
 
 
-def warm(topo: Topology) -> None:
-    """One short stream through a fresh proxy: imports, tokenizer, first connection."""
-    client(WARM.args(topo.port))
+def warm(topo: Topology, proto: str = "h1") -> None:
+    """One short stream through a fresh proxy: imports, tokenizer, first connection (and with
+    TLS, the proxy's first certificate)."""
+    client(replace(WARM, proto=proto).args(topo.port))
     time.sleep(0.3)
 
 

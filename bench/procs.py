@@ -212,6 +212,7 @@ class Upstream:
         self.log = logdir / "upstream.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.h2_port = 0  # HTTP/2 over TLS (bench/upstream.py --h2-listen); 0 for loadgen's
         self.uvloop = False
 
     def __enter__(self) -> Upstream:
@@ -225,6 +226,7 @@ class Upstream:
                         else [PY, str(BENCH / "upstream.py")]
                     ),
                     *("--listen", "127.0.0.1:0"),
+                    *(() if LAYOUT.loadgen else ("--h2-listen", "127.0.0.1:0")),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -234,6 +236,7 @@ class Upstream:
         if "port" not in ready:
             raise RuntimeError(f"upstream did not start: {self.log.read_text()}")
         self.port, self.uvloop = ready["port"], ready["uvloop"]
+        self.h2_port = ready.get("h2_port", 0)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -373,9 +376,24 @@ class Mitmdump(Process):
     name, label = "mitmdump", "bare mitmproxy"
     note = "mitmdump -q -s bench/bare_addon.py: only sets flow.response.stream = True"
 
+    scheme = "http"
+    extra: tuple[str, ...] = ()
+
     def command(self) -> list[str]:
-        mode = f"reverse:http://127.0.0.1:{self.upstream_port}@127.0.0.1:{self.port}"
-        return [str(BIN / "mitmdump"), "-q", "-s", str(BENCH / "bare_addon.py"), "--mode", mode]
+        mode = f"reverse:{self.scheme}://127.0.0.1:{self.upstream_port}@127.0.0.1:{self.port}"
+        return [
+            *(str(BIN / "mitmdump"), "-q", "-s", str(BENCH / "bare_addon.py"), "--mode", mode),
+            *self.extra,
+        ]
+
+
+class MitmdumpH2(Mitmdump):
+    """Bare mitmproxy in front of the HTTP/2 upstream (bench/upstream.py --h2-listen)."""
+
+    name, label = "mitmdump-h2up", "bare mitmproxy, HTTP/2 upstream"
+    note = "the same, to an HTTP/2-over-TLS upstream (its self-signed certificate unchecked)"
+    scheme = "https"
+    extra = ("--set", "ssl_insecure=true")
 
 
 class Hopmeter(Process):
@@ -385,6 +403,7 @@ class Hopmeter(Process):
         "console line (to a log file)"
     )
     extra: tuple[str, ...] = ()
+    scheme = "http"
     metrics_ports = 1  # --workers N serves metrics on N consecutive ports
 
     def __init__(self, upstream_port: int, logdir: Path) -> None:
@@ -397,7 +416,7 @@ class Hopmeter(Process):
         return [
             str(BIN / "hopmeter"),
             "run",
-            f"http://127.0.0.1:{self.upstream_port}",
+            f"{self.scheme}://127.0.0.1:{self.upstream_port}",
             "--listen",
             f"127.0.0.1:{self.port}",
             "--records",
@@ -423,6 +442,23 @@ class HopmeterWorkers(Hopmeter):
         return None
 
 
+class HopmeterNoRelay(Hopmeter):
+    """hopmeter run with every read through mitmproxy's own layers: what the relay saves."""
+
+    name, label = "hopmeter-norelay", "hopmeter --no-relay"
+    note = "hopmeter run --no-relay: streamed HTTP/1 bodies through mitmproxy's layers"
+    extra = ("--no-relay",)
+
+
+class HopmeterH2(Hopmeter):
+    """hopmeter run in front of the HTTP/2 upstream (bench/upstream.py --h2-listen)."""
+
+    name, label = "hopmeter-h2up", "hopmeter, HTTP/2 upstream"
+    note = "the same, to an HTTP/2-over-TLS upstream (its self-signed certificate unchecked)"
+    scheme = "https"
+    extra = ("--set", "ssl_insecure=true")
+
+
 class HopmeterBase(Hopmeter):
     """The same command from another checkout of hopmeter: before and after a change, one run."""
 
@@ -431,7 +467,8 @@ class HopmeterBase(Hopmeter):
 
     def available(self) -> str | None:
         base = os.environ.get("HOPMETER_BENCH_BASE", "")
-        if not (Path(base) / "addons" / "hopmeter").is_dir():
+        # unset is not the current directory, which is a checkout when run from the repo root
+        if not base or not (Path(base) / "addons" / "hopmeter").is_dir():
             return "skipped: set HOPMETER_BENCH_BASE to a hopmeter checkout to compare against"
         return None
 
@@ -445,4 +482,9 @@ class HopmeterBase(Hopmeter):
 
 TOPOLOGIES: dict[str, type[Topology]] = {
     t.name: t for t in (Direct, Nginx, Mitmdump, Hopmeter, HopmeterWorkers, HopmeterBase)
+}
+# bench/cost.py's rows beside them (not in bench/run.py's default matrix)
+COST_TOPOLOGIES: dict[str, type[Topology]] = {
+    **TOPOLOGIES,
+    **{t.name: t for t in (HopmeterNoRelay, MitmdumpH2, HopmeterH2)},
 }

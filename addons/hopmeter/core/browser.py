@@ -36,10 +36,8 @@ from hopmeter.core.detectors import Finding
 from hopmeter.core.figures import weighted_quantiles
 from hopmeter.core.hops import HopView, Segment, align, with_suspects
 from hopmeter.core.record import FlowResult
-from hopmeter.core.vocab import FindingKind
+from hopmeter.core.vocab import BROWSER, SCREEN, FindingKind
 
-BROWSER = "browser"  # the lanes' names, also the segments' ("browser>edge", "screen>browser")
-SCREEN = "screen"
 # The screen shows other than the stream's characters (Markdown hides link URLs and fences, a
 # page adds text): the alignment of frames to the stream, scaled, is called approximate when
 # the screen's count is off the stream's by more than this share. (U+FFFD a decoder per read

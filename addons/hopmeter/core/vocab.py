@@ -12,6 +12,12 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final
 
+# The browser and screen lanes' names (hopmeter.core.browser), also their segments'
+# ("browser>edge", "screen>browser") and the record's sections: here, so that what writes and
+# shows records needs no browser measuring loaded.
+BROWSER: Final = "browser"
+SCREEN: Final = "screen"
+
 
 class Api(StrEnum):
     """The wire format a response speaks (not the vendor: vLLM and Groq speak `openai.chat`)."""

@@ -16,9 +16,9 @@ from html import escape
 from typing import Any
 
 from hopmeter import __version__
-from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.client import FIXES as CLIENT_FIXES
 from hopmeter.core.detectors import FIXES
+from hopmeter.core.vocab import BROWSER, SCREEN
 from hopmeter.report import histogram, lanes
 from hopmeter.report.fleet import Fleet
 from hopmeter.report.text import clean, ms, when

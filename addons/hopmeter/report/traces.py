@@ -30,11 +30,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.hops import HopView, align, events_out, node, unordered
 from hopmeter.core.matching import JOIN_SLACK_S, match_records
 from hopmeter.core.order import HopOrder, chains
-from hopmeter.core.vocab import SEVERITY_ORDER, FindingKind, PairedBy, SegmentOrder, Severity
+from hopmeter.core.vocab import (
+    BROWSER,
+    SCREEN,
+    SEVERITY_ORDER,
+    FindingKind,
+    PairedBy,
+    SegmentOrder,
+    Severity,
+)
 
 Record = Mapping[str, Any]
 

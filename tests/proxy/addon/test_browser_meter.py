@@ -15,13 +15,13 @@ from mitmproxy.test import taddons, tflow
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.export import FlowObserver
+from hopmeter.proxy.addon.browser_gate import answered_here
 from hopmeter.proxy.addon.browser_meter import (
     BURST,
     RATE_PER_S,
     BrowserMeter,
     RateBound,
     announces_beacon,
-    answered_here,
     origin_of,
 )
 from hopmeter.proxy.addon.meter import HopMeter

@@ -9,7 +9,7 @@ import orjson
 from mitmproxy import hooks
 from mitmproxy.test import taddons, tflow
 
-from hopmeter.proxy.addon.browser_meter import BrowserMeter
+from hopmeter.proxy.addon.browser_gate import BrowserGate
 from hopmeter.proxy.addon.chain import default_addons
 from hopmeter.proxy.addon.guard import UpstreamGuard
 from hopmeter.proxy.addon.meter import HopMeter
@@ -37,7 +37,7 @@ def test_the_measuring_addon_comes_first_then_one_output_each() -> None:
     assert guard.meter is meter and guard.readiness is readiness
     assert outputs[1].readiness is readiness  # /readyz is served beside /metrics
     assert [type(o) for o in outputs] == [
-        BrowserMeter,
+        BrowserGate,
         MetricsOutput,
         RecordsOutput,
         ConsoleOutput,

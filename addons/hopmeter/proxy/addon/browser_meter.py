@@ -29,12 +29,11 @@ from hopmeter.core.vocab import BeaconOutcome
 from hopmeter.errors import BeaconError
 from hopmeter.proxy import options
 from hopmeter.proxy.addon.beacons import Answer, BeaconJoins
+from hopmeter.proxy.addon.browser_gate import BEACON_PATH, OWN_PATHS, SNIPPET_PATH
+from hopmeter.proxy.addon.browser_gate import path_of as _path
 from hopmeter.proxy.addon.ending import Ending
 from hopmeter.proxy.addon.failures import answer_and_close
 
-SNIPPET_PATH = "/_hopmeter/beacon.js"
-BEACON_PATH = "/_hopmeter/beacon"
-OWN_PATHS = (SNIPPET_PATH, BEACON_PATH)
 # The tracestate entry the snippet adds to a request whose page will send a beacon.
 MARKER = ("hopmeter", "beacon")
 # A beacon body up to this long is read, then answered 413; a longer one (or one of unknown
@@ -89,13 +88,6 @@ def origin_of(headers: http.Headers) -> str | None:
         if parts.scheme and parts.netloc:
             return f"{parts.scheme}://{parts.netloc}"
     return None
-
-
-def answered_here(flow: http.HTTPFlow) -> bool:
-    """Whether hopmeter answers this request itself (browser measuring on, one of its two
-    paths): never measured, never forwarded, no upstream to wait for. Read from the option, so
-    the measuring addon and the upstream guard need no handle on this addon."""
-    return bool(getattr(ctx.options, "hopmeter_browser", False)) and _path(flow) in OWN_PATHS
 
 
 class BrowserMeter:
@@ -243,10 +235,6 @@ class BrowserMeter:
             self.count(answer.outcome)
         name = answer.outcome or "accepted"
         return _reply(answer.status, answer.message, {"x-hopmeter-beacon": name})
-
-
-def _path(flow: http.HTTPFlow) -> str:
-    return flow.request.path.split("?", 1)[0]
 
 
 def _reply(status: int, message: str, headers: dict[str, str] | None = None) -> http.Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopmeter.proxy.addon.browser_meter import BrowserMeter
+from hopmeter.proxy.addon.browser_gate import BrowserGate
 from hopmeter.proxy.addon.guard import UpstreamGuard
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.outlets import OutputQueues
@@ -33,4 +33,4 @@ def default_addons(queues: OutputQueues | None = None) -> list[Any]:
         HopView(meter.ending),
     ]
     guard = UpstreamGuard(meter, readiness)
-    return [meter, guard, readiness, BrowserMeter(meter.ending), *outputs, queues]
+    return [meter, guard, readiness, BrowserGate(meter.ending), *outputs, queues]

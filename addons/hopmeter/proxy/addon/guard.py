@@ -36,7 +36,7 @@ from hopmeter.core.vocab import Ended
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy import options
-from hopmeter.proxy.addon.browser_meter import answered_here
+from hopmeter.proxy.addon.browser_gate import answered_here
 from hopmeter.proxy.addon.failures import (
     CANCELLED,
     CauseLog,

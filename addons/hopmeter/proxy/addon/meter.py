@@ -31,7 +31,7 @@ from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy import options
 from hopmeter.proxy.addon import passage
-from hopmeter.proxy.addon.browser_meter import answered_here
+from hopmeter.proxy.addon.browser_gate import answered_here
 from hopmeter.proxy.addon.chaos import Chaos
 from hopmeter.proxy.addon.ending import Ending, FlowEnd
 from hopmeter.proxy.addon.meter_options import (

@@ -18,8 +18,8 @@ from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.argtypes import parse_hostport
-from hopmeter.core.browser import BROWSER, SCREEN
 from hopmeter.core.record import FlowResult
+from hopmeter.core.vocab import BROWSER, SCREEN
 from hopmeter.errors import OtelConfigError, PortError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.export.console import MODES as CONSOLE_MODES
