@@ -208,7 +208,10 @@ class ResponseTap:
             out = self.out
             if out is not None:
                 out.chunk(len(data), now)
-            self.queue.add(self, data, now)
+            queue = self.queue  # MeasureQueue.add, inlined: a call less on every chunk
+            queue.pending.append((self, data, now))
+            if not queue.scheduled:
+                queue._schedule(now)
         if self.chaos is not None:
             return self._chaos(data)
         self.bytes_out += len(data)
@@ -265,7 +268,7 @@ class MeasureQueue:
     is timed (wall and CPU) and its timer's lateness noted: hopmeter never hides its own cost.
     """
 
-    __slots__ = ("clock", "due", "log", "pending", "scheduled", "timers")
+    __slots__ = ("clock", "due", "log", "pending", "scheduled", "timed", "timers")
 
     def __init__(
         self, log: LoopLog | None = None, *, clock: Clock = MONOTONIC, timers: Timers | None = None
@@ -276,9 +279,13 @@ class MeasureQueue:
         self.scheduled = False
         self.log = log
         self.due = 0.0  # when the scheduled measuring should run (monotonic)
+        self.timed = self._timed  # bound once: a batch's timer takes it as it is
 
     def add(self, tap: ResponseTap, data: bytes, now: float) -> None:
-        """Queue one stamped chunk; the first of a batch schedules the measuring."""
+        """Queue one stamped chunk; the first of a batch schedules the measuring.
+
+        `ResponseTap.__call__` does the same inline; keep the two alike.
+        """
         self.pending.append((tap, data, now))
         if not self.scheduled:
             self._schedule(now)
@@ -286,7 +293,7 @@ class MeasureQueue:
     def _schedule(self, now: float) -> None:
         try:
             timers = self.timers  # timers_or_loop, inlined: once per batch of chunks
-            (timers or asyncio.get_running_loop()).call_later(MEASURE_DELAY_S, self._timed)
+            (timers or asyncio.get_running_loop()).call_later(MEASURE_DELAY_S, self.timed)
         except RuntimeError:  # no running loop (offline tools, tests): measure now
             self.measure()
             return
