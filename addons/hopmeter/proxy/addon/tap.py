@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hopmeter.clock import MONOTONIC, Clock, Timers
+from hopmeter.core.ledger import GONE, SENT
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
@@ -239,8 +240,14 @@ class ResponseTap:
         try:
             meter.feed(data, now - st.mono0 + st.skew_s)  # st.offset(now), inlined
             out = self.out
-            if out is not None and len(out.chunks.live) > PACK_AFTER_CHUNKS:
-                out.chunks.pack()
+            if out is not None:
+                live = out.chunks.live
+                # FlowChunks.pack stops at the first chunk neither seen sent nor given up on:
+                # with the head still on its way there is nothing to pack, and no call is made
+                if len(live) > PACK_AFTER_CHUNKS and (
+                    live[0][SENT] is not None or live[0][GONE] is not None
+                ):
+                    out.chunks.pack()
         except Exception as exc:
             self.fail(exc)
 
