@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 from mitmproxy.http import Headers
 from mitmproxy.test import tflow
 
+from hopmeter.core.ledger import GONE, SENT, new_chunk
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.wire import lower_headers
 from hopmeter.proxy.addon.tap import (
     MEASURE_DELAY_S,
+    PACK_AFTER_CHUNKS,
     REQUEST_SNIFF_BYTES,
     FlowState,
     MeasureQueue,
@@ -23,6 +25,7 @@ from hopmeter.proxy.addon.tap import (
     new_meter,
     start_trace,
 )
+from hopmeter.proxy.delivery.lane import FlowOut
 from hopmeter.testing import ManualClock
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
@@ -67,6 +70,24 @@ class TestResponseTap:
         queue = MeasureQueue()
         tap = ResponseTap(None, queue, lambda where, exc: None)
         assert tap(CHUNK) == CHUNK and queue.pending == []
+
+    def test_measuring_packs_the_head_chunks_that_are_done_and_only_those(self) -> None:
+        """Past PACK_AFTER_CHUNKS chunks on their way, measuring moves the ones at the head that
+        were seen sent or given up on into the arrays; a head still on its way stops it."""
+        tap = ResponseTap(state(), MeasureQueue(), lambda where, exc: None)
+        tap.meter = meter()
+        out = tap.out = FlowOut("HTTP/1.1")
+        live = out.chunks.live
+        live.extend(new_chunk(1, 100.0 + i) for i in range(PACK_AFTER_CHUNKS + 2))
+        tap.measure(CHUNK, 101.0)
+        assert len(live) == PACK_AFTER_CHUNKS + 2 and len(out.chunks) == len(live)
+        live[0][SENT] = 101.0
+        live[1][GONE] = "gone"
+        live[3][SENT] = 101.0  # behind one still on its way: stays
+        tap.measure(CHUNK, 102.0)
+        assert len(live) == PACK_AFTER_CHUNKS and len(out.chunks) == PACK_AFTER_CHUNKS + 2
+        tap.measure(CHUNK, 103.0)  # PACK_AFTER_CHUNKS on their way: not looked at
+        assert len(live) == PACK_AFTER_CHUNKS
 
 
 class TestMeasureQueue:

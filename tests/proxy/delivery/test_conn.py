@@ -10,7 +10,11 @@ import os
 import socket
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.exceptions
 import pytest
+from mitmproxy.proxy.layers.http._http_h2 import BufferedH2Connection
 
 from hopmeter.core.ledger import END, GONE, OUT, SENT, T_WRITE, new_chunk
 from hopmeter.proxy.delivery import conn as client_conn
@@ -77,6 +81,69 @@ class TestLocate:
             async with live_client() as live:
                 why = locate(flow_of(live))
                 assert isinstance(why, str) and "were not read yet" in why
+
+        run(test)
+
+
+def h2_server_with_streams(*sids: int) -> BufferedH2Connection:
+    """mitmproxy's server side of an HTTP/2 connection (sans-I/O) whose client opened `sids`."""
+    server = BufferedH2Connection(h2.config.H2Configuration(client_side=False))
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    for sid in sids:
+        head = [(":method", "GET"), (":path", "/"), (":scheme", "https"), (":authority", "a")]
+        client.send_headers(sid, head)
+    server.receive_data(client.data_to_send())
+    return server
+
+
+class TestHttp2Chunks:
+    def test_a_chunk_is_armed_while_both_windows_cover_it_and_held_otherwise(self) -> None:
+        """An HTTP/2 chunk is armed for the next write when its stream has nothing buffered and
+        the smaller of the connection's and the stream's send windows covers it (mitmproxy
+        frames it at once then); otherwise it is held until the buffer releases it."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                tracker = tracker_of(live)
+                h2c = h2_server_with_streams(1, 3)
+                tracker.h2conn = h2c
+                led = tracker.ledger
+                first = new_chunk(100, 1.0)
+                tracker.h2_chunk(first, 1)
+                assert led.armed is first and not led.held
+                led.disarm()
+                # stream 1 takes all but 10 bytes of the connection's window; stream 3's own
+                # window stays whole, so the connection's is the smaller one for both
+                h2c.send_data(1, b"x" * (h2c.local_flow_control_window(1) - 10))
+                assert h2c.local_flow_control_window(3) == 10
+                fits = new_chunk(10, 2.0)
+                tracker.h2_chunk(fits, 3)
+                assert led.armed is fits and not led.held
+                led.disarm()
+                over = new_chunk(11, 3.0)
+                tracker.h2_chunk(over, 3)
+                assert led.armed is None and led.held == {3: [over]}
+                behind = new_chunk(1, 4.0)  # the stream holds a chunk: the next one waits too
+                tracker.h2_chunk(behind, 3)
+                assert led.held == {3: [over, behind]}
+                assert tracker.handed == {1: 100, 3: 22}
+
+        run(test)
+
+    def test_a_chunk_of_a_stream_h2_does_not_know_raises_as_h2_does(self) -> None:
+        """A stream h2 never opened raises h2's error (FlowOut.chunk then stops following the
+        flow), as h2's own window lookup does."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                tracker = tracker_of(live)
+                tracker.h2conn = h2_server_with_streams(1)
+                with pytest.raises(h2.exceptions.NoSuchStreamError):
+                    tracker.h2_chunk(new_chunk(5, 1.0), 5)
 
         run(test)
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy.fastpath import backpressure
-from hopmeter.proxy.fastpath.backpressure import make_drain_writers, may_wait
+from hopmeter.proxy.fastpath.backpressure import make_drain_writers, may_wait, needs_drain
 from tests.harness.live_client import Live, live_client, run, unread
 
 LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -138,6 +139,56 @@ def test_a_fault_in_the_check_runs_mitmproxys_step(
 
     run(go)
     assert faults == ["backpressure: injected"]
+
+
+def _writer(*, error: bool, closing: bool, lost: bool, paused: bool) -> Any:
+    """An asyncio StreamWriter in the state given, with stand-ins for its reader, transport and
+    protocol (only the fields `StreamWriter.drain` reads)."""
+    writer: Any = object.__new__(asyncio.StreamWriter)
+    writer._reader = SimpleNamespace(_exception=OSError("reset") if error else None)
+    writer._transport = SimpleNamespace(is_closing=lambda: closing)
+    writer._protocol = SimpleNamespace(_connection_lost=lost, _paused=paused)
+    return writer
+
+
+STATES = [
+    {"error": False, "closing": False, "lost": False, "paused": False},
+    {"error": True, "closing": False, "lost": False, "paused": False},
+    {"error": False, "closing": True, "lost": False, "paused": False},
+    {"error": False, "closing": False, "lost": True, "paused": False},
+    {"error": False, "closing": False, "lost": False, "paused": True},
+]
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_the_handlers_check_reads_each_writer_as_may_wait_does(state: dict[str, bool]) -> None:
+    """`needs_drain` judges each writer of the handler as `may_wait` does (it reads the same
+    fields inline), whichever of its writers is the one that could wait."""
+    calm = _writer(error=False, closing=False, lost=False, paused=False)
+    other = _writer(**state)
+    for writers in ([other], [calm, other], [other, calm], [None, other]):
+        handler: Any = SimpleNamespace(
+            _drain_lock=asyncio.Lock(),
+            transports={i: SimpleNamespace(writer=w) for i, w in enumerate(writers)},
+        )
+        assert needs_drain(handler) is may_wait(other) is any(state.values())
+    for w in (calm, other):  # closed, so the writers' __del__ has nothing to warn about
+        w._transport = SimpleNamespace(is_closing=lambda: True)
+
+
+def test_a_writer_missing_a_field_or_of_another_kind_needs_mitmproxys_step() -> None:
+    """A writer of another type, or one whose asyncio lacks a field read, takes mitmproxy's
+    step; a handler without writers does not."""
+    odd = _writer(error=False, closing=False, lost=False, paused=False)
+    del odd._protocol
+    for writer in (odd, object()):
+        handler: Any = SimpleNamespace(
+            _drain_lock=asyncio.Lock(), transports={0: SimpleNamespace(writer=writer)}
+        )
+        assert needs_drain(handler)
+    odd._transport = SimpleNamespace(is_closing=lambda: True)
+    empty: Any = SimpleNamespace(_drain_lock=asyncio.Lock(), transports={})
+    assert not needs_drain(empty)
 
 
 def test_install_puts_the_shortcut_in_front_and_uninstall_takes_it_away() -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hopmeter.clock import MONOTONIC, Clock, Timers
+from hopmeter.core.ledger import GONE, SENT
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
@@ -208,7 +209,10 @@ class ResponseTap:
             out = self.out
             if out is not None:
                 out.chunk(len(data), now)
-            self.queue.add(self, data, now)
+            queue = self.queue  # MeasureQueue.add, inlined: a call less on every chunk
+            queue.pending.append((self, data, now))
+            if not queue.scheduled:
+                queue._schedule(now)
         if self.chaos is not None:
             return self._chaos(data)
         self.bytes_out += len(data)
@@ -236,8 +240,14 @@ class ResponseTap:
         try:
             meter.feed(data, now - st.mono0 + st.skew_s)  # st.offset(now), inlined
             out = self.out
-            if out is not None and len(out.chunks.live) > PACK_AFTER_CHUNKS:
-                out.chunks.pack()
+            if out is not None:
+                live = out.chunks.live
+                # FlowChunks.pack stops at the first chunk neither seen sent nor given up on:
+                # with the head still on its way there is nothing to pack, and no call is made
+                if len(live) > PACK_AFTER_CHUNKS and (
+                    live[0][SENT] is not None or live[0][GONE] is not None
+                ):
+                    out.chunks.pack()
         except Exception as exc:
             self.fail(exc)
 
@@ -265,7 +275,7 @@ class MeasureQueue:
     is timed (wall and CPU) and its timer's lateness noted: hopmeter never hides its own cost.
     """
 
-    __slots__ = ("clock", "due", "log", "pending", "scheduled", "timers")
+    __slots__ = ("clock", "due", "log", "pending", "scheduled", "timed", "timers")
 
     def __init__(
         self, log: LoopLog | None = None, *, clock: Clock = MONOTONIC, timers: Timers | None = None
@@ -276,9 +286,13 @@ class MeasureQueue:
         self.scheduled = False
         self.log = log
         self.due = 0.0  # when the scheduled measuring should run (monotonic)
+        self.timed = self._timed  # bound once: a batch's timer takes it as it is
 
     def add(self, tap: ResponseTap, data: bytes, now: float) -> None:
-        """Queue one stamped chunk; the first of a batch schedules the measuring."""
+        """Queue one stamped chunk; the first of a batch schedules the measuring.
+
+        `ResponseTap.__call__` does the same inline; keep the two alike.
+        """
         self.pending.append((tap, data, now))
         if not self.scheduled:
             self._schedule(now)
@@ -286,7 +300,7 @@ class MeasureQueue:
     def _schedule(self, now: float) -> None:
         try:
             timers = self.timers  # timers_or_loop, inlined: once per batch of chunks
-            (timers or asyncio.get_running_loop()).call_later(MEASURE_DELAY_S, self._timed)
+            (timers or asyncio.get_running_loop()).call_later(MEASURE_DELAY_S, self.timed)
         except RuntimeError:  # no running loop (offline tools, tests): measure now
             self.measure()
             return

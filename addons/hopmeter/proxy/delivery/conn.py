@@ -220,17 +220,23 @@ class ConnTracker:
         buffered and the flow-control window covers it; otherwise the chunk (or its tail) waits in
         `stream_buffers[sid]` until the client's WINDOW_UPDATE.
         """
-        handed = self.handed.get(sid, 0) + c[N]
+        n = c[N]
+        handed = self.handed.get(sid, 0) + n
         self.handed[sid] = handed
         h2c = self.h2conn
         led = self.ledger
-        if (
-            sid not in led.held
-            and not h2c.stream_buffers.get(sid)
-            and h2c.local_flow_control_window(sid) >= c[N]
-        ):
-            led.arm(c)
-            return
+        if sid not in led.held and not h2c.stream_buffers.get(sid):
+            # h2's local_flow_control_window(sid), read inline: the smaller of the connection's
+            # and the stream's send windows; a stream h2 no longer has goes to the method (which
+            # raises, as before: FlowOut.chunk stops following the flow)
+            stream = h2c.streams.get(sid)
+            if stream is None:
+                window = h2c.local_flow_control_window(sid)
+            else:
+                window = min(h2c.outbound_flow_control_window, stream.outbound_flow_control_window)
+            if window >= n:
+                led.arm(c)
+                return
         led.hold(c, sid, handed)
         if c[GONE] is None:
             self.want(self, c[T_IN], False)

@@ -32,13 +32,14 @@ OnError = Callable[[str, BaseException], None]
 Drain = Callable[[ConnectionHandler], Coroutine[Any, Any, None]]
 
 _MITMPROXY_DRAIN: Drain = ConnectionHandler.drain_writers
+_STREAM_WRITER = asyncio.StreamWriter
 
 
 def may_wait(writer: Any) -> bool:
     """Whether `writer.drain()` could do anything but return at once: wait, yield or raise.
 
     Reads asyncio's own state of the writer (private names, as of Python 3.12-3.14); a writer
-    that lacks any of them is treated as one that may wait.
+    that lacks any of them is treated as one that may wait. `needs_drain` reads the same inline.
     """
     if type(writer) is not asyncio.StreamWriter:
         return True
@@ -62,9 +63,25 @@ def needs_drain(handler: ConnectionHandler) -> bool:
     lock = getattr(handler, "_drain_lock", None)  # mitmproxy's, private: absent = the slow path
     if lock is None or lock.locked():
         return True
+    # may_wait(writer) for each writer, inlined: this runs after every read of every connection,
+    # and nearly always reads four attributes per writer and finds nothing that could wait
     for io in handler.transports.values():
         writer = io.writer
-        if writer is not None and may_wait(writer):
+        if writer is None:
+            continue
+        if type(writer) is not _STREAM_WRITER:
+            return True
+        try:
+            reader = writer._reader  # type: ignore[attr-defined]
+            protocol = writer._protocol  # type: ignore[attr-defined]
+            if (
+                (reader is not None and reader._exception is not None)
+                or writer._transport.is_closing()  # type: ignore[attr-defined]
+                or protocol._connection_lost
+                or protocol._paused
+            ):
+                return True
+        except AttributeError:
             return True
     return False
 

@@ -38,6 +38,8 @@ OnError = Callable[[str, BaseException], None]
 Send = Callable[[Http1Server, HttpEvent], CommandGenerator[None]]
 
 _MITMPROXY_SEND: Send = Http1Server.send
+# where a server keeps (the response's header fields, whether they frame the body as chunks)
+_KEPT = "_hopmeter_framing"
 
 
 def make_send(on_error: OnError) -> Send:
@@ -52,7 +54,13 @@ def make_send(on_error: OnError) -> Send:
         assert event.stream_id == self.stream_id
         try:
             data = event.data
-            raw = b"%x\r\n%s\r\n" % (len(data), data) if chunked(self, response) else data
+            # chunked(self, response), its remembered answer read inline: once per chunk
+            seen = self.__dict__.get(_KEPT)
+            if seen is not None and seen[0] is response.data.headers.fields:
+                framed = seen[1]
+            else:
+                framed = chunked(self, response)
+            raw = b"%x\r\n%s\r\n" % (len(data), data) if framed else data
         except Exception as exc:  # nothing sent yet: mitmproxy's own method sends this chunk
             on_error("framing", exc)
             yield from _MITMPROXY_SEND(self, event)
@@ -66,12 +74,12 @@ def make_send(on_error: OnError) -> Send:
 def chunked(server: Http1Server, response: http.Response) -> bool:
     """Whether `server` frames `response`'s body chunks as HTTP/1 chunks, as mitmproxy's `send`
     decides it, remembered with the header tuple the answer came from."""
-    fields = response.headers.fields
-    seen: Any = server.__dict__.get("_hopmeter_framing")
+    fields = response.data.headers.fields  # response.headers is a property over data.headers
+    seen: Any = server.__dict__.get(_KEPT)
     if seen is not None and seen[0] is fields:
         return bool(seen[1])
     answer = "chunked" in response.headers.get("transfer-encoding", "").lower()
-    server.__dict__["_hopmeter_framing"] = (fields, answer)
+    server.__dict__[_KEPT] = (fields, answer)
     return answer
 
 
