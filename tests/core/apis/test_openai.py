@@ -13,6 +13,7 @@ from hopmeter.core.apis.openai import (
     _plain_chat_chunk,
     _plain_chat_general,
     plain_chat_payload,
+    plain_chat_said,
 )
 from hopmeter.core.frames import Frame
 from tests.harness.corpus import CORPUS, corpus_frames, needs_corpus, refined
@@ -271,8 +272,11 @@ _DOCS = st.builds(
 @given(_DOCS)
 def test_plain_chunk_fast_reading_is_the_step_by_step_one(doc: dict[str, object]):
     """The plain chunk's subscript reading of the usual shape gives what its step-by-step
-    reading gives, for every chunk near that shape (and what plain_chat_payload reads)."""
+    reading gives, for every chunk near that shape (and what plain_chat_payload and
+    plain_chat_said read)."""
     plain = _plain_chat_chunk(doc)
     assert plain == _plain_chat_general(doc)
     assert plain is None or type(plain) is type(_plain_chat_general(doc))
     assert plain_chat_payload(json.dumps(doc).encode()) == plain
+    said = None if plain is None else (plain.content, plain.model, plain.terminal)
+    assert plain_chat_said(json.dumps(doc).encode()) == said
