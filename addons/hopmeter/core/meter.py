@@ -318,11 +318,9 @@ class FlowMeter:
     def event_texts(self) -> list[str]:
         """The kept text of each recorded event: "" for one without text or past MAX_TEXT_CHARS."""
         folded = "".join(self._text_blocks)
-        out = []
         pos = 0
-        for n in self._text_lens:
-            out.append(folded[pos : pos + n])
-            pos += n
+        # each folded event's slice, its end the next one's start (a comprehension: no append)
+        out = [folded[pos : (pos := pos + n)] for n in self._text_lens]
         out += self._text_recent
         return out
 
