@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hopmeter.core.figures import (
+    _clamped_gap,
+    _gaps,
     compute_figures,
     min_window_rate,
     token_gaps,
@@ -173,3 +175,12 @@ def test_figures_follow_their_plain_definitions(stream: tuple[list[float], list[
     want = (f.tokens - carrying[0][1]) / span if span > 0 else None
     assert f.tokens_per_s == want
     assert f.tokens_per_s_min_window == _plain_min_window_rate(times, tokens, 1.0)
+
+
+@given(st.lists(st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1.0, 1.0 + 1e-16])), max_size=8))
+def test_gaps_are_each_the_clamped_gap(times: list[float]):
+    """Every raw gap `_gaps` makes is `_clamped_gap` of its two times, to the sign of a zero and
+    a NaN's: later - earlier when above 0.0, else 0.0."""
+    raw = _gaps(times, [1] * len(times)).event_gaps_s
+    want = [_clamped_gap(later, earlier) for earlier, later in pairwise(times)]
+    assert [repr(g) for g in raw] == [repr(g) for g in want]

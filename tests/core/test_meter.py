@@ -9,6 +9,8 @@ from dataclasses import asdict
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hopmeter.core import meter as meter_module
 from hopmeter.core.meter import PLAIN_MISSES_MAX, TEXT_BLOCK_EVENTS, FlowMeter
@@ -451,3 +453,42 @@ def test_token_counts_events_say_read_back_and_a_stream_that_never_says_keeps_no
     meter.feed(body, 0.0)
     assert meter.events.tokens_said is None
     assert list(meter.events.stream_tokens) == [-1] * len(texts)
+
+
+# Chat events near the plain chunk: its content any text, its model and object varied, beside
+# the role, finish and usage chunks, a comment and [DONE]
+_CHAT_EVENTS = st.one_of(
+    st.builds(
+        lambda text, extra: chunk(text, **extra),
+        st.text(max_size=6),
+        st.sampled_from(
+            [{}, {"model": ""}, {"model": None}, {"object": "chat.completion"}, {"usage": None}]
+        ),
+    ),
+    st.sampled_from(
+        [
+            b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
+            chunk("", choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+            b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n',
+            b": keep-alive\n\n",
+            b"data: [DONE]\n\n",
+        ]
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_CHAT_EVENTS, min_size=1, max_size=12), st.data())
+def test_plain_path_measures_what_the_general_path_does_on_chat_streams(
+    events: list[bytes], data: st.DataObject
+) -> None:
+    """Any chat stream of plain chunks and the chunks near them, one event per chunk or cut
+    anywhere, measures the same with the plain path (its one-event reading of what a chunk says,
+    `_on_content`) as without it."""
+    body = b"".join(events)
+    cuts = data.draw(st.lists(st.integers(1, len(body) - 1), max_size=4)) if len(body) > 1 else []
+    per_event = list(events)
+    for chunks in (per_event, split_at(body, sorted(set(cuts)))):
+        general, _ = measure(chunks, "openai.chat", plain=False)
+        plain, _ = measure(chunks, "openai.chat", plain=True)
+        assert plain == general

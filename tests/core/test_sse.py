@@ -477,3 +477,36 @@ def test_corpus_event_counts(path: Path):
         assert decoder.line_endings == reference.line_endings
         assert sum(f.wire_bytes for f in frames) + decoder.trailing_bytes == len(stream)
         assert decoder.unterminated_bytes == reference.unterminated_bytes
+
+
+# whole plain events (most chunks), and the pieces that make a chunk anything else
+_PLAIN_PIECES = st.sampled_from(
+    [b'data: {"a":1}\n\n', b"data: x\n\n", b"data: \n\n", b"data: \xf0\x9f\n\n"] * 3
+    + [b"data: ", b"\n", b"\r", b"\n\n", b"event: x\n", b"x", b": c\n", b"\xef\xbb\xbf"]
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(_PLAIN_PIECES, max_size=3).map(b"".join), max_size=8))
+def test_plain_data_events_read_what_feed_reads(chunks: list[bytes]):
+    """Chunks read by plain_data_events where it takes them (feed where it declines) give the
+    events, line ends and trailing bytes that feed gives for every chunk."""
+    plain, full = SseDecoder(), SseDecoder()
+    got: list[str] = []
+    want: list[str] = []
+    for chunk in chunks:
+        values = plain.plain_data_events(chunk)
+        if values is None:
+            got += [f.data for f in plain.feed(chunk, 1.0)]
+        else:
+            plain.took_plain_events(chunk)
+            got += [v.decode("utf-8", "replace") for v in values]
+        want += [f.data for f in full.feed(chunk, 1.0)]
+        assert got == want
+        assert plain.line_endings == full.line_endings
+    plain.close(2.0)
+    full.close(2.0)
+    assert (plain.unterminated_bytes, plain.trailing_bytes) == (
+        full.unterminated_bytes,
+        full.trailing_bytes,
+    )

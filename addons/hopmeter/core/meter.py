@@ -17,7 +17,7 @@ import orjson
 
 from hopmeter.core.apis import Delta, make_parser
 from hopmeter.core.apis.anthropic import AnthropicParser, plain_anthropic_delta
-from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload
+from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload, plain_chat_said
 from hopmeter.core.decoding import Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.sse import SseDecoder
@@ -261,16 +261,15 @@ class FlowMeter:
             if times is not None:
                 times.append(now_s)
         try:
-            if self.facts.decode_error is None:
-                if self._decoder is None:
-                    self._take(data, now_s)
-                else:
-                    try:
-                        # one bounded step at a time: a compression bomb never sits decoded
-                        for piece in self._decoder.steps(data):
-                            self._take(piece, now_s)
-                    except DecodingError as exc:
-                        self.facts.decode_error = str(exc)
+            if self._decoder is None:  # (a decoding error needs a decoder)
+                self._take(data, now_s)
+            elif self.facts.decode_error is None:
+                try:
+                    # one bounded step at a time: a compression bomb never sits decoded
+                    for piece in self._decoder.steps(data):
+                        self._take(piece, now_s)
+                except DecodingError as exc:
+                    self.facts.decode_error = str(exc)
         finally:  # the chunk is listed whatever reading it did
             if shared:
                 t_s = self.events.t_s
@@ -319,11 +318,9 @@ class FlowMeter:
     def event_texts(self) -> list[str]:
         """The kept text of each recorded event: "" for one without text or past MAX_TEXT_CHARS."""
         folded = "".join(self._text_blocks)
-        out = []
         pos = 0
-        for n in self._text_lens:
-            out.append(folded[pos : pos + n])
-            pos += n
+        # each folded event's slice, its end the next one's start (a comprehension: no append)
+        out = [folded[pos : (pos := pos + n)] for n in self._text_lens]
         out += self._text_recent
         return out
 
@@ -351,6 +348,36 @@ class FlowMeter:
         if not decoded:
             return
         self.bytes_decoded += len(decoded)
+        sse = self._plain
+        if sse is not None and self._head is None:
+            # the plain path's stream (SSE read as text, past its first event), whose usual
+            # chunk is one plain event: `_take_plain`'s steps for it inline (once per event)
+            self._utf8.count(decoded)
+            event = self._plain_event
+            payloads = sse.plain_data_events(decoded, event)
+            if payloads is not None and len(payloads) == 1:
+                if not event:  # a chat chunk: what it says, without a Delta
+                    said = plain_chat_said(payloads[0])
+                    if said is not None:
+                        self._plain_misses = 0
+                        sse.took_plain_events(decoded)
+                        content, model, terminal = said
+                        self._on_content(now_s, content, model, terminal)
+                        return
+                else:
+                    delta = self._plain_read(payloads[0])
+                    if delta is not None:
+                        self._plain_misses = 0
+                        sse.took_plain_events(decoded)
+                        self._on_delta(now_s, False, delta)
+                        return
+                self._take_plain(decoded, now_s, [None])  # counts the miss
+            elif payloads is not None and self._take_plain(
+                decoded, now_s, [self._plain_read(raw) for raw in payloads]
+            ):
+                return
+            self._on_frames(sse.feed(decoded, now_s))
+            return
         if not self._text:
             return
         self._utf8.count(decoded)
@@ -361,8 +388,13 @@ class FlowMeter:
                     self._head = None
                 else:
                     self._head += decoded
-            if self._plain is not None and self._head is None and self._take_plain(decoded, now_s):
-                return
+            sse = self._plain
+            if sse is not None and self._head is None:  # the first chunk past the first event
+                payloads = sse.plain_data_events(decoded, self._plain_event)
+                if payloads is not None and self._take_plain(
+                    decoded, now_s, [self._plain_read(raw) for raw in payloads]
+                ):
+                    return
             self._on_frames(self._framer.feed(decoded, now_s))
         elif not self._document_overflow:
             if len(self._document) + len(decoded) > MAX_DOCUMENT_BYTES:
@@ -371,8 +403,10 @@ class FlowMeter:
             else:
                 self._document += decoded
 
-    def _take_plain(self, decoded: bytes, now_s: float) -> bool:
-        """Measure a chunk of plain events (chat or Anthropic); False (nothing changed) otherwise.
+    def _take_plain(self, decoded: bytes, now_s: float, deltas: list[Delta | None]) -> bool:
+        """Measure a chunk of plain events (chat or Anthropic), given what the plain reader read
+        of each payload `plain_data_events` gave; False (nothing changed) when one was not a
+        plain chunk.
 
         A chunk of plain-shaped events whose payload is not the plain chunk gets read twice (here,
         then by the full reader). A stream whose every event is like that (Together's token ids,
@@ -380,20 +414,6 @@ class FlowMeter:
         """
         sse = self._plain
         assert sse is not None
-        payloads = sse.plain_data_events(decoded, self._plain_event)
-        if payloads is None:
-            return False
-        read = self._plain_read
-        if len(payloads) == 1:  # one event per chunk: the usual stream, without the lists
-            delta = read(payloads[0])
-            if delta is not None:
-                self._plain_misses = 0
-                sse.took_plain_events(decoded)
-                self._on_delta(now_s, False, delta)
-                return True
-            deltas: list[Delta | None] = [None]
-        else:
-            deltas = [read(raw) for raw in payloads]
         if None in deltas:
             self._plain_misses += 1
             if self._plain_misses >= PLAIN_MISSES_MAX:
@@ -492,6 +512,48 @@ class FlowMeter:
         marks.t_s.append(t)
         if stream_tokens is not None or token_ids is not None or marks.tokens_said is not None:
             marks.said(stream_tokens, token_ids)  # (most streams never say: no call)
+        marks.content_offset.append(self._visible_chars)
+
+    def _on_content(self, t: float, content: str, model: str | None, terminal: bool) -> None:
+        """`_on_delta` of a Delta that says only its content, model and end (the plain chat
+        chunk's, `plain_chat_said`): the same steps without those for the fields such a Delta
+        leaves empty (tests hold the plain path to the general one)."""
+        facts = self.facts
+        self.events_seen += 1
+        if facts.first_event_s is None:
+            facts.first_event_s = t
+        if model and facts.model is None:
+            facts.model = model
+        if terminal:
+            facts.terminal_seen = True
+        if content:
+            if facts.first_visible_s is None:
+                facts.first_visible_s = t
+            if facts.first_content_s is None:
+                facts.first_content_s = t
+            self._visible_chars += len(content)
+            if content.isascii():
+                facts.payload_bytes += len(content)
+            else:
+                facts.replacement_chars += content.count("\ufffd")
+                facts.payload_bytes += len(content.encode("utf-8"))
+        marks = self.events
+        if len(marks.t_s) >= MAX_EVENTS:
+            self.text_overflow_chars += len(content)
+            return
+        if content:
+            if self._keep_text and self.text_chars + len(content) <= MAX_TEXT_CHARS:
+                self.text_chars += len(content)
+            else:
+                self.text_overflow_chars += len(content)
+                content = ""
+        recent = self._text_recent
+        recent.append(content)
+        if len(recent) >= TEXT_BLOCK_EVENTS:
+            self._fold_text()
+        marks.t_s.append(t)
+        if marks.tokens_said is not None:
+            marks.said(None, None)
         marks.content_offset.append(self._visible_chars)
 
 

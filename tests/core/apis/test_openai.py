@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from hopmeter.core.apis.openai import OpenAIChatParser, _plain_chat_chunk
+from hopmeter.core.apis.openai import (
+    OpenAIChatParser,
+    _plain_chat_chunk,
+    _plain_chat_general,
+    plain_chat_payload,
+    plain_chat_said,
+)
 from hopmeter.core.frames import Frame
 from tests.harness.corpus import CORPUS, corpus_frames, needs_corpus, refined
 from tests.harness.events import parse, parse_all
@@ -203,3 +211,72 @@ def test_plain_chunk_shortcut_on_edge_shapes(chunk: dict[str, object]):
     assert parser.parse(frame) == full
     plain = _plain_chat_chunk(chunk)
     assert plain is None or plain == full
+
+
+# Values near the usual chunk's, for the property test below: what each key holds in the common
+# shape, what it holds in the shapes next to it, and values of every other JSON type.
+_VALUES = st.sampled_from(
+    [None, "", "x", " tok", "stop", "chat.completion", 0, 1, 1.5, True, [], {}]
+)
+_DELTAS = st.one_of(
+    _VALUES,
+    st.dictionaries(st.sampled_from(["content", "role", "refusal", "token_id"]), _VALUES),
+    st.just({"content": " tok"}),
+)
+_CHOICES = st.one_of(
+    _VALUES,
+    st.builds(
+        lambda base, extra: {**base, **extra},
+        st.sampled_from(
+            [
+                {"index": 0, "delta": {"content": " tok"}, "finish_reason": None},
+                {"index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None},
+                {"delta": {"content": "a"}},
+                {},
+            ]
+        ),
+        st.one_of(
+            st.just({}),
+            st.dictionaries(
+                st.sampled_from(
+                    ["index", "delta", "finish_reason", "logprobs", "text", "token_ids"]
+                ),
+                st.one_of(_VALUES, _DELTAS),
+                max_size=2,
+            ),
+        ),
+    ),
+)
+_DOCS = st.builds(
+    lambda base, choices, extra: {**base, "choices": choices, **extra},
+    st.sampled_from(
+        [
+            {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"},
+            {"object": "chat.completion", "model": ""},
+            {"model": None},
+            {},
+        ]
+    ),
+    st.one_of(st.lists(_CHOICES, min_size=1, max_size=1), st.lists(_CHOICES, max_size=2), _VALUES),
+    st.one_of(
+        st.just({}),
+        st.dictionaries(
+            st.sampled_from(["model", "object", "usage", "error", "x_groq", "service_tier"]),
+            _VALUES,
+            max_size=2,
+        ),
+    ),
+)
+
+
+@given(_DOCS)
+def test_plain_chunk_fast_reading_is_the_step_by_step_one(doc: dict[str, object]):
+    """The plain chunk's subscript reading of the usual shape gives what its step-by-step
+    reading gives, for every chunk near that shape (and what plain_chat_payload and
+    plain_chat_said read)."""
+    plain = _plain_chat_chunk(doc)
+    assert plain == _plain_chat_general(doc)
+    assert plain is None or type(plain) is type(_plain_chat_general(doc))
+    assert plain_chat_payload(json.dumps(doc).encode()) == plain
+    said = None if plain is None else (plain.content, plain.model, plain.terminal)
+    assert plain_chat_said(json.dumps(doc).encode()) == said
