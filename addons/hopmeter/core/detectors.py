@@ -20,6 +20,10 @@ from hopmeter.core.delivery import Delivery
 from hopmeter.core.vocab import SEVERITY_ORDER, Ended, FindingKind, Severity
 
 # -- thresholds, in one table, each with where the number comes from --------------------------
+# A gap between tokens at or above this is a stall unless the run says otherwise (--stall-threshold;
+# seed "Streaming responses": a 500 ms gap is what readers notice). The option's default, the
+# report's for records that do not say theirs, and `Signals`' are this one number.
+DEFAULT_STALL_THRESHOLD_S: float = 0.5
 THRESHOLDS: dict[str, float] = {
     # whole_body_hold: share of the body's bytes that arrived in the burst after the longest
     # silence. A hop that holds the body releases all of it at once; 0.9 leaves room for bytes
@@ -212,7 +216,7 @@ class StreamView:
     ttft_content_s: float | None = None
     max_gap_s: float | None = None
     stalls: int = 0
-    stall_threshold_s: float = 0.5
+    stall_threshold_s: float = DEFAULT_STALL_THRESHOLD_S
     terminal_seen: bool = False
     errors: Sequence[str] = ()
     replacement_chars: int = 0  # U+FFFD in the visible text, however it got there

@@ -18,12 +18,12 @@ from typing import Any
 
 import orjson
 
-from hopmeter.core.detectors import THRESHOLDS
+from hopmeter.core.detectors import DEFAULT_STALL_THRESHOLD_S, THRESHOLDS
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.vocab import SEVERITY_ORDER, Api, Severity
 from hopmeter.core.wire import detect_api
 from hopmeter.report.text import clean, ms
-from hopmeter.report.traces import DEFAULT_STALL_THRESHOLD_S, stall_threshold
+from hopmeter.report.traces import stall_threshold
 
 TEXT_HEAD_CHARS = 40  # of each event's text, shown in its row
 BAR_CELLS = 16  # the gap bar's width; a cell is split in eighths

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hopmeter.core.detectors import DEFAULT_STALL_THRESHOLD_S
 from hopmeter.core.hops import HopView, align, events_out, node, unordered
 from hopmeter.core.matching import JOIN_SLACK_S, match_records
 from hopmeter.core.order import HopOrder, chains
@@ -47,8 +48,6 @@ Record = Mapping[str, Any]
 
 # Marks the records `browser_lanes` makes of a record's browser and screen sections.
 PAGE_LANE = "page_lane"
-# The stall threshold when no record says which one it was measured with (docs/design.md §3).
-DEFAULT_STALL_THRESHOLD_S = 0.5
 # A segment finding names no severity; a hold it introduced is as bad as the flow's own.
 SEGMENT_SEVERITY: Mapping[str, Severity] = {
     FindingKind.WHOLE_BODY_HOLD: Severity.ERROR,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from hopmeter.core.detectors import DEFAULT_STALL_THRESHOLD_S
 from hopmeter.core.vocab import EventLoop
 from hopmeter.proxy.options.setting import Kind, Setting
 
@@ -95,7 +96,7 @@ SETTINGS = (
         addon=MEASURING,
         kind=Kind.SECONDS,
         metavar="SECONDS",
-        default="0.5",
+        default=f"{DEFAULT_STALL_THRESHOLD_S:g}",
         help="a gap between tokens at or above this many seconds is a stall",
     ),
     Setting(
