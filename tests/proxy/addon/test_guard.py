@@ -185,6 +185,32 @@ def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
     run(body, hopmeter_read_timeout="0.1")
 
 
+def test_a_buffered_body_is_not_cut_for_taking_long() -> None:
+    """A body mitmproxy buffers shows no chunk until it is whole: the guard stops watching it at
+    its headers (its silence is mitmproxy's tcp_timeout's), so a long download is not cut at
+    the read timeout however long it takes, and the connection is never closed by the guard."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flow = request_flow()
+        flow.request.path = "/downloads/model.bin"  # not a model API: mitmproxy buffers it
+        meter.requestheaders(flow)
+        guard.requestheaders(flow)
+        handle = guard.watches[flow.id].handle
+        flow.response = tflow.tresp()
+        flow.response.headers["content-type"] = "application/octet-stream"
+        meter.responseheaders(flow)
+        guard.responseheaders(flow)
+        assert flow.response.stream is False  # buffered by mitmproxy, no tap
+        assert flow.id not in guard.watches
+        assert handle is not None and handle.cancelled()
+        guard.clock.advance(10.0)  # a hundred read timeouts
+        assert flow.client_conn.id not in guard.closed
+        guard.response(flow)
+        assert guard.watches == {} and guard.by_client == {}
+
+    run(body, hopmeter_read_timeout="0.1")
+
+
 def test_a_complete_response_cancels_its_timer() -> None:
     """A flow that ends normally leaves no watch and no timer behind."""
 

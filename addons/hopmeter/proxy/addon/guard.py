@@ -6,7 +6,9 @@
   the HopMeter addon for the record.
 - **Timeouts**: one timer per flow, re-armed lazily. The flow moves through three phases:
   connecting (TCP and TLS, `hopmeter_connect_timeout`), waiting for the response headers, and
-  the body (both `hopmeter_read_timeout`, the longest silence allowed). A chunk only stores its
+  the body (both `hopmeter_read_timeout`, the longest silence allowed). Only a body that comes
+  through hopmeter's tap is watched: one that mitmproxy buffers shows nothing until it is whole,
+  so its silence is left to mitmproxy's `tcp_timeout`. A chunk only stores its
   time (`ResponseTap.last_s`); when the timer comes due it compares that time with the limit and
   either re-arms once or acts: before headers it answers 504 (`answer_and_close`), after them it
   cuts the stream (`upstream_idle`). mitmproxy itself has no connect timeout (a dropped SYN waits
@@ -163,11 +165,18 @@ class UpstreamGuard:
         watch = self.watches.get(flow.id)
         if watch is None or flow.response is None:
             return
-        self._enter(watch, BODY)
-        stream = flow.response.stream  # the HopMeter addon's tap: it runs before this addon
-        watch.tap = stream if isinstance(stream, ResponseTap) else None
         if self.readiness is not None:
             self.readiness.succeeded(flow.server_conn.address)
+        stream = flow.response.stream  # the HopMeter addon's tap: it runs before this addon
+        if not isinstance(stream, ResponseTap):
+            # mitmproxy buffers this body (hopmeter does not measure it, or left it to
+            # mitmproxy): no chunk comes by until it is whole, so a slow body could not be told
+            # from a silent one. Its silence is mitmproxy's tcp_timeout's, which `hopmeter run`
+            # keeps above the read timeout.
+            self._forget(flow)
+            return
+        watch.tap = stream
+        self._enter(watch, BODY)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._forget(flow)
