@@ -20,6 +20,7 @@ from hopmeter.proxy.addon.chain import default_addons
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.fastpath.relay import Relay
 from hopmeter.proxy.options import run_options
+from hopmeter.proxy.run import runner
 from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.proxy.run.drain import Drain
 from hopmeter.proxy.run.runner import (
@@ -40,6 +41,17 @@ def test_freeze_at_start_moves_what_exists_out_of_the_collectors_reach() -> None
     assert gc.get_freeze_count() == 0
     FreezeAtStart(HopMeter()).running()
     assert gc.get_freeze_count() > 0
+
+
+def test_freeze_at_start_gives_the_heaps_free_pages_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once running, after the collection, the C heap is trimmed (glibc's malloc_trim, where
+    the C library has it), and trimming is harmless to call again."""
+    calls: list[int] = []
+    monkeypatch.setattr(runner, "MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+    FreezeAtStart(HopMeter()).running()
+    assert calls == [0]
+    monkeypatch.undo()
+    runner.trim_heap()  # the real one (or nothing, off glibc)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from hopmeter.proxy.options import OPTIONS, add_flags, run_options
 from hopmeter.proxy.run.config import ProxyConfig, listen_addresses
 from hopmeter.proxy.run.listen import tune_listeners
 from hopmeter.proxy.run.loops import loop_factory
-from hopmeter.proxy.run.workers import run_workers
 
 # With --workers, the parent waits this long past the drain timeout for its workers to end the
 # streams still in flight, write their records and exit, before it kills them.
@@ -131,4 +130,6 @@ def _run_workers(args: argparse.Namespace) -> int:
                 *parse_hostport(_worker_metrics(cfg.metrics, i), "--metrics"), "metrics address"
             )
     drain_s = OPTIONS["hopmeter_drain_timeout"].read(args.drain_timeout)
+    from hopmeter.proxy.run.workers import run_workers  # noqa: PLC0415 - only with --workers
+
     return run_workers(args.argv, args.workers, stop_timeout_s=drain_s + STOP_MARGIN_S)
