@@ -72,7 +72,9 @@ from hopmeter.log import get_logger
 from hopmeter.proxy.fastpath import framing
 from hopmeter.proxy.fastpath.backpressure import needs_drain
 from hopmeter.proxy.fastpath.internals import (
+    SSL,
     ChunkedReader,
+    ClientTLSLayer,
     ConnectionHandler,
     ContentLengthReader,
     DataReceived,
@@ -84,6 +86,7 @@ from hopmeter.proxy.fastpath.internals import (
     HttpLayer,
     HttpStream,
     NextLayer,
+    TunnelState,
     chunk_header_re,
     connection_handlers,
     layers_to_http,
@@ -104,7 +107,7 @@ STEPS = (
     "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told
     "tap",  # each piece through the response's stream callable
     "frame",  # framed as mitmproxy's HTTP/1 server would (`framing.chunked`)
-    "write",  # written to the client's writer
+    "write",  # written to the client's writer (in TLS: through its OpenSSL connection first)
     "rest",  # what follows the relay's part handed to mitmproxy's layers (`_rest`)
     "drain",  # after a direct read: mitmproxy's drain step if a writer needs it (`needs_drain`)
     "resume",  # reading resumed after that step (`ReadShortcut._resume`)
@@ -116,6 +119,10 @@ _KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
 _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
 _DataReceived = DataReceived
+_OPEN = TunnelState.OPEN
+_TLS_SEND_ERRORS = (SSL.ZeroReturnError, SSL.SysCallError)  # what mitmproxy's send_data ignores
+_WantReadError = SSL.WantReadError
+_TLS_READ_SIZE = 65535  # mitmproxy's tls_interact reads its connection's output this much at once
 _CRLF = b"\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
@@ -135,7 +142,7 @@ _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 # Why a streamed response is left to mitmproxy's layers: /metrics' `reason` label (bounded).
-TLS = "tls"  # TLS on the client's or the upstream's connection
+TLS = "tls"  # TLS on the upstream's connection (or the client's, not as the relay follows it)
 NOT_HTTP1 = "not_http1"  # the upstream's or the client's connection is HTTP/2 (or not plain HTTP/1)
 PROXY_DEBUG = "proxy_debug"  # proxy_debug logs every event in every layer
 LAYERS = "layers"  # a layer on the path is still being decided or does more than pass events on
@@ -154,12 +161,13 @@ CUT = "cut"  # the client's connection was ended with a reset, the record says e
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "declined", "direct", "faults", "pieces")
+    __slots__ = ("armed", "declined", "direct", "faults", "pieces", "tls_pieces")
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
         self.declined = dict.fromkeys(DECLINED, 0)  # responses left to mitmproxy, by reason
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
+        self.tls_pieces = 0  # of those, pieces sent through a client's TLS connection
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
         self.faults = {LEFT: 0, CUT: 0}  # faults in a relay, by what became of the read
 
@@ -175,6 +183,11 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
             "Response body pieces `hopmeter run` moved from upstream to client itself instead of "
             "through mitmproxy's layers (the same bytes, stream callable and framing).",
             STATS.pieces,
+        ),
+        (
+            "relayed_tls_pieces",
+            "Of the relayed pieces, those sent through the client's TLS connection.",
+            STATS.tls_pieces,
         ),
         ("relayed_responses", "Streamed HTTP/1 responses a relay was armed for.", STATS.armed),
         (
@@ -399,9 +412,11 @@ class BodyRelay:
         "response",
         "server",
         "sid",
+        "ssl",
         "store_option",
         "stream",
         "tap",
+        "tls",
         "writer",
     )
 
@@ -418,6 +433,7 @@ class BodyRelay:
         store_option: Any,
         writer: Any,
         on_fault: OnFault,
+        tls: Any = None,
     ) -> None:
         self.handler = handler
         self.flow = flow
@@ -435,6 +451,9 @@ class BodyRelay:
         # the client's writer: mitmproxy skips a write to a connection it has dropped from its
         # transports, whose writer it closed first; the relay skips a write to a closing writer
         self.writer = writer
+        # the client's TLS layer (ClientTLSLayer) and its OpenSSL connection, when in TLS
+        self.tls: Any = tls
+        self.ssl: Any = tls.tls if tls is not None else None
         self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
         self.kind = 0
         self.dead = False  # a fault, or a reader it does not follow: mitmproxy's layers move it
@@ -511,6 +530,14 @@ class BodyRelay:
             return None
         if self.kind == _CHUNKED and self.reader._reading_trailer:
             return None
+        tls = self.tls
+        if tls is not None and (
+            tls.tunnel_state is not _OPEN
+            or tls._event_queue
+            or tls.tls is not self.ssl
+            or self.ssl.get_shutdown()
+        ):
+            return None  # the handshake, queued events, a close_notify: mitmproxy's to handle
         return self.writer
 
     def _bind_reader(self) -> bool:
@@ -535,14 +562,31 @@ class BodyRelay:
         """What HttpStream, Http1Server and server_event do with each piece, in their order."""
         tap = self.response.stream
         chunked = framing.chunked(self.server, self.server.response)
+        ssl = self.ssl
         for piece in pieces:
             out = tap(piece)
             chunks: Iterable[bytes] = [out] if isinstance(out, bytes) else out
             for chunk in chunks:
                 raw = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
-                if raw and not writer.is_closing():
-                    writer.write(raw)
+                if not raw:
+                    continue
+                if ssl is None:
+                    if not writer.is_closing():
+                        writer.write(raw)
+                    continue
+                # mitmproxy's TLSLayer.send_data and tls_interact: each record as it comes out
+                with contextlib.suppress(*_TLS_SEND_ERRORS):  # mitmproxy's send_data ignores
+                    ssl.sendall(raw)  # them (the client is going): so does the relay
+                while True:
+                    try:
+                        record = ssl.bio_read(_TLS_READ_SIZE)
+                    except _WantReadError:
+                        break
+                    if not writer.is_closing():
+                        writer.write(record)
         STATS.pieces += len(pieces)
+        if ssl is not None:
+            STATS.tls_pieces += len(pieces)
 
     def fail(self, exc: BaseException) -> None:
         """A fault before anything of a read changed: the relay steps aside for the rest of this
@@ -577,7 +621,7 @@ class BodyRelay:
 def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str:
     """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
     DECLINED)."""
-    if flow.client_conn.tls or flow.server_conn.tls:
+    if flow.server_conn.tls:
         return TLS
     if flow.response is None or not getattr(flow.response.stream, "relay_safe", False):
         return CALLABLE
@@ -590,14 +634,22 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
     if not chain:
         return UNLOCATED  # no HTTP layer under this client's connection
     layers: list[Any] = []  # those above the HTTP layer that a paused state could hold
+    tls = None  # the client's TLS layer
     for obj, nxt in itertools.pairwise(chain):
         if isinstance(obj, NextLayer):
             if getattr(obj._handle, "__self__", None) is not nxt:
                 return LAYERS  # still being decided
         elif _delegates(obj, nxt):
             layers.append(obj)
+        elif tls is None and type(obj) is ClientTLSLayer:
+            if not _terminates(obj, nxt, flow):
+                return TLS  # not the one TLS session the relay follows
+            tls = obj
+            layers.append(obj)
         else:
             return LAYERS  # does more than pass events on
+    if flow.client_conn.tls and tls is None:
+        return TLS
     http_layer = chain[-1]
     client = http_layer.connections.get(flow.server_conn)
     h1 = getattr(client, "child_layer", None)
@@ -625,6 +677,23 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
         store_option=options._options["store_streamed_bodies"],
         writer=writer,
         on_fault=on_fault,
+        tls=tls,
+    )
+
+
+def _terminates(tls: Any, child: Any, flow: http.HTTPFlow) -> bool:
+    """Whether `tls` is mitmproxy's client TLS layer as the relay follows it: the client's one
+    session (no TLS inside TLS, a connection not passed through), its handshake done, and every
+    event for the layers below handed on by TunnelLayer's own methods. (An HTTP/2 client is
+    told by the HTTP layer's connection to it: not an Http1Server.)"""
+    client = flow.client_conn
+    return (
+        tls.child_layer is child
+        and tls.conn is client
+        and tls.tunnel_connection is client
+        and tls.tunnel_state is _OPEN
+        and type(tls.tls) is SSL.Connection
+        and not tls.__dict__.keys() & {"event_to_child", "_handle_command", "send_data"}
     )
 
 
