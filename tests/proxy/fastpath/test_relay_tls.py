@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mitmproxy.connection import Client
+from mitmproxy.tls import TlsData
 
 from hopmeter.proxy.fastpath import relay
 from tests.harness.h2client import stream_post
@@ -256,3 +258,32 @@ def test_a_fault_in_a_tls_relayed_read_never_duplicates_or_drops_in_silence(
         lambda: _metric(metrics, "hopmeter_relay_faults_total", label) == before + 1,
         what=f"the fault counted as {outcome}",
     )
+
+
+# -- an HTTP/2 client's handler skips the relay's look at each read -------------------------------
+
+
+class _Handler:
+    """Stands in for a live client's ConnectionHandler: only its method is looked at."""
+
+
+def _established(alpn: bytes | None) -> tuple[Any, _Handler]:
+    """The relay addon told of a client TLS handshake that negotiated `alpn`; its handler."""
+    addon = relay.Relay(lambda flow, exc, cut: None)
+    handler = _Handler()
+    conn = Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2), alpn=alpn)
+    addon.started(None)
+    addon.connections = {conn.id: handler}
+    addon.tls_established_client(TlsData(conn=conn, context=None))  # type: ignore[arg-type]
+    return addon, handler
+
+
+def test_an_h2_clients_handler_calls_mitmproxys_server_event_directly() -> None:
+    """Once a client negotiated h2 (which no relay ever serves), its handler's `server_event` is
+    mitmproxy's own, bound to it; an HTTP/1.1 client's handler keeps the relay's."""
+    _, h2 = _established(b"h2")
+    method = h2.__dict__["server_event"]
+    assert method.__func__ is relay._MITMPROXY_SERVER_EVENT and method.__self__ is h2
+    for alpn in (b"http/1.1", None):
+        _, h1 = _established(alpn)
+        assert "server_event" not in h1.__dict__
