@@ -22,7 +22,11 @@ does what the layers would do, in the same order, with the same bytes:
   what it returns (a list under `--chaos`) as the client's HTTP/1 server would
   (`framing.chunked`);
 - writes each to the client's writer unless it is closing, and marks the connection's activity
-  for mitmproxy's idle timeout.
+  for mitmproxy's idle timeout. A client in TLS to the proxy (mitmproxy's `ClientTLSLayer`
+  terminating it, HTTP/1.1 negotiated) gets what that layer's `send_data` and `tls_interact`
+  would give it: each framed chunk into the layer's OpenSSL connection (`sendall`), then its
+  records read out (`bio_read`) until there are none, each written in order. The TLS layer is
+  found once per response, when the relay is armed (`arm`, `_terminates`).
 
 A read that arrives while mitmproxy's read loop for the upstream connection waits with nothing
 buffered is taken even earlier, in the connection's protocol callback (`ReadShortcut`, in front
@@ -34,21 +38,28 @@ stream reader, which stops reading at twice that, so a fast upstream cannot hold
 Whatever the relay does not take goes to mitmproxy's own method: a read while any layer on the
 path is paused (a hook in progress, the response's headers hook included), the last chunk and its
 trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
-error), the final read of a content-length body, TLS on either side, an HTTP/2 client or upstream,
+error), the final read of a content-length body, an HTTP/2 client or upstream, TLS on the
+upstream's side, a client TLS layer whose tunnel is not open (the handshake), that holds events
+it queued, or whose session was shut down (a close_notify either way), TLS inside TLS,
 `store_streamed_bodies`, `proxy_debug`, or a relay that failed. A read can be split: the relay
 takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
 as h11 left it. tests/proxy/fastpath/test_relay.py holds the pieces to h11's on random splits, and
 the bytes and records of real flows to those of the same flows with the relay off
-(`hopmeter run --no-relay`).
+(`hopmeter run --no-relay`); test_relay_tls.py does the same for clients in TLS, on random bodies
+and reads.
+
+A client that negotiates HTTP/2 never gets a relay; its handler is given mitmproxy's own
+`server_event` once its TLS handshake is done (`Relay.tls_established_client`), so its reads do
+not pass this module's look at each one.
 
 It fails closed. A read goes through its steps in order (`STEPS`): the checks and the split only
 read, so a fault there leaves the whole read to mitmproxy's layers, untouched, and the relay
 steps aside for the rest of the response. From the first step that changes anything (the
-reader's state, the tap, the client's writer) a fault ends the client's connection with a reset
-(`cut`): the client sees its body end without its last chunk (or its length, or with a reset
-where the body runs to the close), never a piece twice and never a piece missing in the middle,
-and the flow's record says `ended: "error"` with `relay_error`. Both are counted
-(hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and
+reader's state, the tap, the client's TLS connection or writer) a fault ends the client's
+connection with a reset (`cut`): the client sees its body end without its last chunk (or its
+length, or with a reset where the body runs to the close), never a piece twice and never a piece
+missing in the middle, and the flow's record says `ended: "error"` with `relay_error`. Both are
+counted (hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and
 logged.
 
 It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it
