@@ -26,7 +26,7 @@ does what the layers would do, in the same order, with the same bytes:
   terminating it, HTTP/1.1 negotiated) gets what that layer's `send_data` and `tls_interact`
   would give it: each framed chunk into the layer's OpenSSL connection (`sendall`), then its
   records read out (`bio_read`) until there are none, each written in order. The TLS layer is
-  found once per response, when the relay is armed (`arm`, `_terminates`).
+  found once per response, when the relay is armed (`arm`; hopmeter.proxy.fastpath.client_tls).
 
 A read that arrives while mitmproxy's read loop for the upstream connection waits with nothing
 buffered is taken even earlier, in the connection's protocol callback (`ReadShortcut`, in front
@@ -45,7 +45,7 @@ it queued, or whose session was shut down (a close_notify either way), TLS insid
 takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
 as h11 left it. tests/proxy/fastpath/test_relay.py holds the pieces to h11's on random splits, and
 the bytes and records of real flows to those of the same flows with the relay off
-(`hopmeter run --no-relay`); test_relay_tls.py does the same for clients in TLS, on random bodies
+(`hopmeter run --no-relay`); test_client_tls.py does the same for clients in TLS, on random bodies
 and reads.
 
 A client that negotiates HTTP/2 never gets a relay; its handler is given mitmproxy's own
@@ -81,10 +81,10 @@ from mitmproxy import ctx, http, tls
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.log import get_logger
-from hopmeter.proxy.fastpath import framing
+from hopmeter.proxy.fastpath import client_tls, framing
 from hopmeter.proxy.fastpath.backpressure import needs_drain
+from hopmeter.proxy.fastpath.client_tls import send as send_tls
 from hopmeter.proxy.fastpath.internals import (
-    SSL,
     ChunkedReader,
     ClientTLSLayer,
     ConnectionHandler,
@@ -98,7 +98,6 @@ from hopmeter.proxy.fastpath.internals import (
     HttpLayer,
     HttpStream,
     NextLayer,
-    TunnelState,
     chunk_header_re,
     connection_handlers,
     layers_to_http,
@@ -132,10 +131,6 @@ _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
 _DataReceived = DataReceived
 _H2 = b"h2"  # a client connection's ALPN when mitmproxy speaks HTTP/2 to it
-_OPEN = TunnelState.OPEN
-_TLS_SEND_ERRORS = (SSL.ZeroReturnError, SSL.SysCallError)  # what mitmproxy's send_data ignores
-_WantReadError = SSL.WantReadError
-_TLS_READ_SIZE = 65535  # mitmproxy's tls_interact reads its connection's output this much at once
 _CRLF = b"\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
@@ -551,12 +546,7 @@ class BodyRelay:
         if self.kind == _CHUNKED and self.reader._reading_trailer:
             return None
         tls = self.tls
-        if tls is not None and (
-            tls.tunnel_state is not _OPEN
-            or tls._event_queue
-            or tls.tls is not self.ssl
-            or self.ssl.get_shutdown()
-        ):
+        if tls is not None and not client_tls.ready(tls, self.ssl):
             return None  # the handshake, queued events, a close_notify: mitmproxy's to handle
         return self.writer
 
@@ -594,16 +584,7 @@ class BodyRelay:
                     if not writer.is_closing():
                         writer.write(raw)
                     continue
-                # mitmproxy's TLSLayer.send_data and tls_interact: each record as it comes out
-                with contextlib.suppress(*_TLS_SEND_ERRORS):  # mitmproxy's send_data ignores
-                    ssl.sendall(raw)  # them (the client is going): so does the relay
-                while True:
-                    try:
-                        record = ssl.bio_read(_TLS_READ_SIZE)
-                    except _WantReadError:
-                        break
-                    if not writer.is_closing():
-                        writer.write(record)
+                send_tls(ssl, raw, writer)  # as mitmproxy's client TLS layer sends it
         STATS.pieces += len(pieces)
         if ssl is not None:
             STATS.tls_pieces += len(pieces)
@@ -662,7 +643,7 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
         elif _delegates(obj, nxt):
             layers.append(obj)
         elif tls is None and type(obj) is ClientTLSLayer:
-            if not _terminates(obj, nxt, flow):
+            if not client_tls.follows(obj, nxt, flow.client_conn):
                 return TLS  # not the one TLS session the relay follows
             tls = obj
             layers.append(obj)
@@ -698,22 +679,6 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
         writer=writer,
         on_fault=on_fault,
         tls=tls,
-    )
-
-
-def _terminates(tls: Any, child: Any, flow: http.HTTPFlow) -> bool:
-    """Whether `tls` is mitmproxy's client TLS layer as the relay follows it: the client's one
-    session (no TLS inside TLS, a connection not passed through), its handshake done, and every
-    event for the layers below handed on by TunnelLayer's own methods. (An HTTP/2 client is
-    told by the HTTP layer's connection to it: not an Http1Server.)"""
-    client = flow.client_conn
-    return (
-        tls.child_layer is child
-        and tls.conn is client
-        and tls.tunnel_connection is client
-        and tls.tunnel_state is _OPEN
-        and type(tls.tls) is SSL.Connection
-        and not tls.__dict__.keys() & {"event_to_child", "_handle_command", "send_data"}
     )
 
 

@@ -1,4 +1,5 @@
-"""Tests for hopmeter.proxy.fastpath.relay with a client in TLS to the proxy: a real TLS client
+"""Tests for hopmeter.proxy.fastpath.client_tls, the relay's way through mitmproxy's client TLS
+layer (hopmeter.proxy.fastpath.relay with a client in TLS to the proxy): a real TLS client
 through `hopmeter run` reads the same bytes, chunk for chunk, and the flows give the same records
 with the relay on as through mitmproxy's layers (`--no-relay`), and the relay moved the bodies
 through the client's TLS connection itself; a fault at any step of such a read leaves it to
