@@ -15,6 +15,9 @@ has a `request` hook that takes SLOW_HOOK_S (an addon's async hook): the flow's 
 paused meanwhile, while its response may already be streaming. One whose path ends `/half-close`
 has a slow `error` hook: the hooks after it (the relay's own, which lets the flow go) come late.
 
+Over TLS to the client, `<step>` may also be `sendall` or `bio_read`: the client TLS connection's
+call the relay makes in mitmproxy's place (a part of its "write" step).
+
 Every other request goes through untouched. Each wrapper calls the real code unless its fault is
 due; the fault is a RuntimeError naming the step and the path, raised once per flow.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from mitmproxy.proxy.events import DataReceived
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
+from OpenSSL import SSL
 
 from hopmeter.proxy.addon.tap import ResponseTap
 from hopmeter.proxy.fastpath import framing, relay
@@ -191,6 +195,17 @@ def tap(self: ResponseTap, data: bytes) -> Any:
     return out
 
 
+def relaying(step: str, original: Any) -> Any:
+    """`original`, raising the fault at `step` when it is due and the relay is the caller."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        if NOW["relay"] is not None and due(step):
+            raise fault(step)
+        return original(*args, **kwargs)
+
+    return broken
+
+
 relay.server_event = server_event  # what fastpath.install() puts in front of mitmproxy's
 if ConnectionHandler.server_event is _server_event:  # the script was loaded after install()
     ConnectionHandler.server_event = server_event  # type: ignore[method-assign]
@@ -204,6 +219,8 @@ relay.split_chunked = breaks("split", relay.split_chunked)
 relay._rest = breaks("rest", relay._rest)
 relay.needs_drain = needs_drain
 framing.chunked = breaks("frame", framing.chunked)
+SSL.Connection.sendall = relaying("sendall", SSL.Connection.sendall)  # type: ignore[method-assign]
+SSL.Connection.bio_read = relaying("bio_read", SSL.Connection.bio_read)  # type: ignore[method-assign]
 asyncio.StreamWriter.write = breaks("write", asyncio.StreamWriter.write)  # type: ignore[method-assign]
 
 

@@ -1,6 +1,7 @@
 """`hopmeter run`'s fast paths through mitmproxy, and every private name of it they reach.
 
 - `relay`: a streamed HTTP/1 body's reads moved from upstream to client past mitmproxy's layers;
+- `client_tls`: the relay's way through mitmproxy's TLS layer to a client in TLS to the proxy;
 - `backpressure`: mitmproxy's per-read drain step run only when a writer could need it;
 - `framing`: mitmproxy's HTTP/1 framing decision kept per response instead of per chunk;
 - `internals`: the private parts of mitmproxy and h11 they (and hopmeter's delivery lane) read;

@@ -31,6 +31,7 @@ from mitmproxy import version as mitmproxy_version
 
 from hopmeter.proxy.fastpath.internals import (
     ChunkedReader,
+    ClientTLSLayer,
     ConnectionHandler,
     ContentLengthReader,
     Http1Client,
@@ -43,6 +44,8 @@ from hopmeter.proxy.fastpath.internals import (
     Layer,
     NextLayer,
     TimeoutWatchdog,
+    TLSLayer,
+    TunnelLayer,
     chunk_header_re,
     make_body_reader,
 )
@@ -76,6 +79,13 @@ MIRRORED: dict[str, Any] = {
     "mitmproxy Http1Client.read_headers": Http1Client.read_headers,
     "mitmproxy Http1Server.send": Http1Server.send,
     "mitmproxy make_body_reader": make_body_reader,
+    # the client's TLS layer: when it only passes a read on, and what it does with what is sent
+    "mitmproxy TunnelLayer._handle_event": TunnelLayer._handle_event,
+    "mitmproxy TunnelLayer._handle_command": TunnelLayer._handle_command,
+    "mitmproxy TunnelLayer.event_to_child": TunnelLayer.event_to_child,
+    "mitmproxy TLSLayer.send_data": TLSLayer.send_data,
+    "mitmproxy TLSLayer.tls_interact": TLSLayer.tls_interact,
+    "mitmproxy ClientTLSLayer.receive_handshake_data": ClientTLSLayer.receive_handshake_data,
     # the body readers whose pieces and state the relay repeats
     "h11 ChunkedReader.__init__": ChunkedReader.__init__,
     "h11 ChunkedReader.__call__": ChunkedReader.__call__,
@@ -98,6 +108,7 @@ MIRRORED: dict[str, Any] = {
 # Python 3.12.1 and 3.13.0, with each mitmproxy 12 release listed installed in turn (the same code
 # in all of them).
 _M12 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3, 12.3.0, 12.3.1"
+_M1231 = "mitmproxy 12.3.1"  # the client TLS layer's code: read in this release only
 _H11 = "h11 0.16.0"
 _PY = "Python 3.12.1, 3.13.0"
 FINGERPRINTS: dict[str, dict[str, str]] = {
@@ -119,6 +130,12 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "mitmproxy Http1Client.read_headers": {"415454c5fa8b5981": _M12},
     "mitmproxy Http1Server.send": {"cc218a1337c0f5cf": _M12},
     "mitmproxy make_body_reader": {"9b076acda459637b": _M12},
+    "mitmproxy TunnelLayer._handle_event": {"00676a887c456cec": _M1231},
+    "mitmproxy TunnelLayer._handle_command": {"11ede598b3b37965": _M1231},
+    "mitmproxy TunnelLayer.event_to_child": {"119a33642637d420": _M1231},
+    "mitmproxy TLSLayer.send_data": {"35a29a1b0b0cb184": _M1231},
+    "mitmproxy TLSLayer.tls_interact": {"62d6d57d43dd1a2e": _M1231},
+    "mitmproxy ClientTLSLayer.receive_handshake_data": {"a0ee021f92f6d0ff": _M1231},
     "h11 ChunkedReader.__init__": {"232ef6fe23fd20ab": _H11},
     "h11 ChunkedReader.__call__": {"2618d847a89a1505": _H11},
     "h11 ContentLengthReader.__call__": {"83205782bcb1dcf6": _H11},

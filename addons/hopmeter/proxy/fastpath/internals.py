@@ -5,7 +5,8 @@ per-read steps; hopmeter's fast paths (relay, backpressure, framing) and its del
 (hopmeter.proxy.delivery.conn) reach them by private names. Every import of such a name is in this
 module (ruff's banned-api rule keeps them out of the rest of hopmeter.proxy), and every function
 whose code the fast paths repeat or lean on is fingerprinted at start by
-hopmeter.proxy.fastpath.gate. The names read were checked in mitmproxy 12.3.1 and h11 0.16.0.
+hopmeter.proxy.fastpath.gate. The names read were checked in mitmproxy 12.3.1, h11 0.16.0 and
+pyOpenSSL 26.4.0 (the client TLS layer's connection: `sendall`, `bio_read`, `get_shutdown`).
 
 Besides the names: how to find a live client's connection handler (`connection_handlers`), its
 layers down to the HTTP layer (`layers_to_http`) and an HTTP/2 client's stream buffers
@@ -30,11 +31,16 @@ from mitmproxy.proxy.layers.http._http1 import (
     make_body_reader,
 )
 from mitmproxy.proxy.layers.http._http2 import Http2Server
+from mitmproxy.proxy.layers.tls import ClientTLSLayer, TLSLayer
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
+from mitmproxy.proxy.tunnel import TunnelLayer, TunnelState
+from OpenSSL import SSL
 
 __all__ = [
+    "SSL",
     "ChunkedReader",
+    "ClientTLSLayer",
     "CommandGenerator",
     "ConnectionHandler",
     "ContentLengthReader",
@@ -53,7 +59,10 @@ __all__ = [
     "ResponseData",
     "ReverseMode",
     "SendData",
+    "TLSLayer",
     "TimeoutWatchdog",
+    "TunnelLayer",
+    "TunnelState",
     "chunk_header_re",
     "connection_handlers",
     "layers_to_http",

@@ -22,7 +22,11 @@ does what the layers would do, in the same order, with the same bytes:
   what it returns (a list under `--chaos`) as the client's HTTP/1 server would
   (`framing.chunked`);
 - writes each to the client's writer unless it is closing, and marks the connection's activity
-  for mitmproxy's idle timeout.
+  for mitmproxy's idle timeout. A client in TLS to the proxy (mitmproxy's `ClientTLSLayer`
+  terminating it, HTTP/1.1 negotiated) gets what that layer's `send_data` and `tls_interact`
+  would give it: each framed chunk into the layer's OpenSSL connection (`sendall`), then its
+  records read out (`bio_read`) until there are none, each written in order. The TLS layer is
+  found once per response, when the relay is armed (`arm`; hopmeter.proxy.fastpath.client_tls).
 
 A read that arrives while mitmproxy's read loop for the upstream connection waits with nothing
 buffered is taken even earlier, in the connection's protocol callback (`ReadShortcut`, in front
@@ -34,21 +38,28 @@ stream reader, which stops reading at twice that, so a fast upstream cannot hold
 Whatever the relay does not take goes to mitmproxy's own method: a read while any layer on the
 path is paused (a hook in progress, the response's headers hook included), the last chunk and its
 trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
-error), the final read of a content-length body, TLS on either side, an HTTP/2 client or upstream,
+error), the final read of a content-length body, an HTTP/2 client or upstream, TLS on the
+upstream's side, a client TLS layer whose tunnel is not open (the handshake), that holds events
+it queued, or whose session was shut down (a close_notify either way), TLS inside TLS,
 `store_streamed_bodies`, `proxy_debug`, or a relay that failed. A read can be split: the relay
 takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
 as h11 left it. tests/proxy/fastpath/test_relay.py holds the pieces to h11's on random splits, and
 the bytes and records of real flows to those of the same flows with the relay off
-(`hopmeter run --no-relay`).
+(`hopmeter run --no-relay`); test_client_tls.py does the same for clients in TLS, on random bodies
+and reads.
+
+A client that negotiates HTTP/2 never gets a relay; its handler is given mitmproxy's own
+`server_event` once its TLS handshake is done (`Relay.tls_established_client`), so its reads do
+not pass this module's look at each one.
 
 It fails closed. A read goes through its steps in order (`STEPS`): the checks and the split only
 read, so a fault there leaves the whole read to mitmproxy's layers, untouched, and the relay
 steps aside for the rest of the response. From the first step that changes anything (the
-reader's state, the tap, the client's writer) a fault ends the client's connection with a reset
-(`cut`): the client sees its body end without its last chunk (or its length, or with a reset
-where the body runs to the close), never a piece twice and never a piece missing in the middle,
-and the flow's record says `ended: "error"` with `relay_error`. Both are counted
-(hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and
+reader's state, the tap, the client's TLS connection or writer) a fault ends the client's
+connection with a reset (`cut`): the client sees its body end without its last chunk (or its
+length, or with a reset where the body runs to the close), never a piece twice and never a piece
+missing in the middle, and the flow's record says `ended: "error"` with `relay_error`. Both are
+counted (hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and
 logged.
 
 It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it
@@ -62,17 +73,20 @@ import contextlib
 import itertools
 import socket
 import struct
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, http, tls
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.log import get_logger
-from hopmeter.proxy.fastpath import framing
+from hopmeter.proxy.fastpath import client_tls, framing
 from hopmeter.proxy.fastpath.backpressure import needs_drain
+from hopmeter.proxy.fastpath.client_tls import send as send_tls
 from hopmeter.proxy.fastpath.internals import (
     ChunkedReader,
+    ClientTLSLayer,
     ConnectionHandler,
     ContentLengthReader,
     DataReceived,
@@ -104,7 +118,7 @@ STEPS = (
     "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told
     "tap",  # each piece through the response's stream callable
     "frame",  # framed as mitmproxy's HTTP/1 server would (`framing.chunked`)
-    "write",  # written to the client's writer
+    "write",  # written to the client's writer (in TLS: through its OpenSSL connection first)
     "rest",  # what follows the relay's part handed to mitmproxy's layers (`_rest`)
     "drain",  # after a direct read: mitmproxy's drain step if a writer needs it (`needs_drain`)
     "resume",  # reading resumed after that step (`ReadShortcut._resume`)
@@ -116,6 +130,7 @@ _KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
 _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
 _DataReceived = DataReceived
+_H2 = b"h2"  # a client connection's ALPN when mitmproxy speaks HTTP/2 to it
 _CRLF = b"\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
@@ -135,7 +150,7 @@ _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 # Why a streamed response is left to mitmproxy's layers: /metrics' `reason` label (bounded).
-TLS = "tls"  # TLS on the client's or the upstream's connection
+TLS = "tls"  # TLS on the upstream's connection (or the client's, not as the relay follows it)
 NOT_HTTP1 = "not_http1"  # the upstream's or the client's connection is HTTP/2 (or not plain HTTP/1)
 PROXY_DEBUG = "proxy_debug"  # proxy_debug logs every event in every layer
 LAYERS = "layers"  # a layer on the path is still being decided or does more than pass events on
@@ -154,12 +169,13 @@ CUT = "cut"  # the client's connection was ended with a reset, the record says e
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "declined", "direct", "faults", "pieces")
+    __slots__ = ("armed", "declined", "direct", "faults", "pieces", "tls_pieces")
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
         self.declined = dict.fromkeys(DECLINED, 0)  # responses left to mitmproxy, by reason
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
+        self.tls_pieces = 0  # of those, pieces sent through a client's TLS connection
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
         self.faults = {LEFT: 0, CUT: 0}  # faults in a relay, by what became of the read
 
@@ -175,6 +191,11 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
             "Response body pieces `hopmeter run` moved from upstream to client itself instead of "
             "through mitmproxy's layers (the same bytes, stream callable and framing).",
             STATS.pieces,
+        ),
+        (
+            "relayed_tls_pieces",
+            "Of the relayed pieces, those sent through the client's TLS connection.",
+            STATS.tls_pieces,
         ),
         ("relayed_responses", "Streamed HTTP/1 responses a relay was armed for.", STATS.armed),
         (
@@ -263,7 +284,8 @@ _DONE = _Done()
 
 
 def server_event(self: ConnectionHandler, event: Any) -> Any:
-    """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay."""
+    """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay (not
+    called for the connection of an HTTP/2 client: `Relay.tls_established_client`)."""
     if type(event) is _DataReceived:
         relay = event.connection.__dict__.get(_KEY)
         if relay is not None:
@@ -277,6 +299,12 @@ def server_event(self: ConnectionHandler, event: Any) -> Any:
                     relay.cut(exc)
                     return _DONE
     return _MITMPROXY_SERVER_EVENT(self, event)
+
+
+def bypass(handler: ConnectionHandler) -> None:
+    """mitmproxy's own `server_event` for this handler's events from now on: an instance
+    attribute in front of the class's method (mitmproxy calls it as `self.server_event`)."""
+    handler.server_event = types.MethodType(_MITMPROXY_SERVER_EVENT, handler)  # type: ignore[method-assign]
 
 
 def _rest(event: Any, used: int) -> Any:
@@ -399,9 +427,11 @@ class BodyRelay:
         "response",
         "server",
         "sid",
+        "ssl",
         "store_option",
         "stream",
         "tap",
+        "tls",
         "writer",
     )
 
@@ -418,6 +448,7 @@ class BodyRelay:
         store_option: Any,
         writer: Any,
         on_fault: OnFault,
+        tls: Any = None,
     ) -> None:
         self.handler = handler
         self.flow = flow
@@ -435,6 +466,9 @@ class BodyRelay:
         # the client's writer: mitmproxy skips a write to a connection it has dropped from its
         # transports, whose writer it closed first; the relay skips a write to a closing writer
         self.writer = writer
+        # the client's TLS layer (ClientTLSLayer) and its OpenSSL connection, when in TLS
+        self.tls: Any = tls
+        self.ssl: Any = tls.tls if tls is not None else None
         self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
         self.kind = 0
         self.dead = False  # a fault, or a reader it does not follow: mitmproxy's layers move it
@@ -511,6 +545,9 @@ class BodyRelay:
             return None
         if self.kind == _CHUNKED and self.reader._reading_trailer:
             return None
+        tls = self.tls
+        if tls is not None and not client_tls.ready(tls, self.ssl):
+            return None  # the handshake, queued events, a close_notify: mitmproxy's to handle
         return self.writer
 
     def _bind_reader(self) -> bool:
@@ -535,14 +572,22 @@ class BodyRelay:
         """What HttpStream, Http1Server and server_event do with each piece, in their order."""
         tap = self.response.stream
         chunked = framing.chunked(self.server, self.server.response)
+        ssl = self.ssl
         for piece in pieces:
             out = tap(piece)
             chunks: Iterable[bytes] = [out] if isinstance(out, bytes) else out
             for chunk in chunks:
                 raw = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
-                if raw and not writer.is_closing():
-                    writer.write(raw)
+                if not raw:
+                    continue
+                if ssl is None:
+                    if not writer.is_closing():
+                        writer.write(raw)
+                    continue
+                send_tls(ssl, raw, writer)  # as mitmproxy's client TLS layer sends it
         STATS.pieces += len(pieces)
+        if ssl is not None:
+            STATS.tls_pieces += len(pieces)
 
     def fail(self, exc: BaseException) -> None:
         """A fault before anything of a read changed: the relay steps aside for the rest of this
@@ -577,7 +622,7 @@ class BodyRelay:
 def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str:
     """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
     DECLINED)."""
-    if flow.client_conn.tls or flow.server_conn.tls:
+    if flow.server_conn.tls:
         return TLS
     if flow.response is None or not getattr(flow.response.stream, "relay_safe", False):
         return CALLABLE
@@ -590,14 +635,22 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
     if not chain:
         return UNLOCATED  # no HTTP layer under this client's connection
     layers: list[Any] = []  # those above the HTTP layer that a paused state could hold
+    tls = None  # the client's TLS layer
     for obj, nxt in itertools.pairwise(chain):
         if isinstance(obj, NextLayer):
             if getattr(obj._handle, "__self__", None) is not nxt:
                 return LAYERS  # still being decided
         elif _delegates(obj, nxt):
             layers.append(obj)
+        elif tls is None and type(obj) is ClientTLSLayer:
+            if not client_tls.follows(obj, nxt, flow.client_conn):
+                return TLS  # not the one TLS session the relay follows
+            tls = obj
+            layers.append(obj)
         else:
             return LAYERS  # does more than pass events on
+    if flow.client_conn.tls and tls is None:
+        return TLS
     http_layer = chain[-1]
     client = http_layer.connections.get(flow.server_conn)
     h1 = getattr(client, "child_layer", None)
@@ -625,6 +678,7 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
         store_option=options._options["store_streamed_bodies"],
         writer=writer,
         on_fault=on_fault,
+        tls=tls,
     )
 
 
@@ -661,6 +715,24 @@ class Relay:
         self.connections = connection_handlers()
         if self.off_because is not None:
             log.warning(self.off_because)
+
+    def tls_established_client(self, data: tls.TlsData) -> None:
+        """A client that negotiated HTTP/2 never gets a relay (`arm` wants an HTTP/1 server for
+        the client, and ALPN holds for the connection's life): its handler's events go straight
+        to mitmproxy's `server_event`, without the relay's look at each read."""
+        if not self.on or data.conn.alpn != _H2 or self.connections is None:
+            return
+        try:
+            handler = self.connections.get(data.conn.id)
+            if handler is not None:
+                bypass(handler)
+        except Exception as exc:  # every event still passes the relay's look: no harm
+            with contextlib.suppress(Exception):
+                log.warning(
+                    "hopmeter: an HTTP/2 client's reads still pass the relay's look, which "
+                    "moves none of them",
+                    error=repr(exc),
+                )
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if not ctx.options.hopmeter_relay or flow.response is None:

@@ -305,9 +305,10 @@ SETTINGS = (
         default=True,
         help="move streamed HTTP/1 response bodies from upstream to client directly instead of "
         "through mitmproxy's layers: the same bytes and measurements at a fraction of the CPU. "
-        "Plain HTTP/1 on both sides only: TLS and HTTP/2 go through mitmproxy's layers "
-        "(counted in hopmeter_relay_declined_total). Off: every read goes through them; false "
-        "at start (`hopmeter run --no-relay`) leaves mitmproxy's classes as they are",
+        "HTTP/1 on both sides, the client's in TLS or not: a TLS upstream and HTTP/2 go "
+        "through mitmproxy's layers (counted in hopmeter_relay_declined_total). Off: every "
+        "read goes through them; false at start (`hopmeter run --no-relay`) leaves "
+        "mitmproxy's classes as they are",
     ),
     Setting(
         flag="--no-relay",

@@ -1,0 +1,303 @@
+"""Tests for hopmeter.proxy.fastpath.client_tls, the relay's way through mitmproxy's client TLS
+layer (hopmeter.proxy.fastpath.relay with a client in TLS to the proxy): a real TLS client
+through `hopmeter run` reads the same bytes, chunk for chunk, and the flows give the same records
+with the relay on as through mitmproxy's layers (`--no-relay`), and the relay moved the bodies
+through the client's TLS connection itself; a fault at any step of such a read leaves it to
+mitmproxy or cuts the client's connection, never more; an HTTP/2 client is left to mitmproxy."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mitmproxy.connection import Client
+from mitmproxy.tls import TlsData
+
+from hopmeter.proxy.fastpath import relay
+from tests.harness.h2client import stream_post
+from tests.harness.procs import free_port, measuring, read_records, wait_for
+from tests.harness.scripted import Exchange, ScriptedUpstream
+from tests.proxy.fastpath.test_relay import (
+    CHUNKED,
+    END,
+    FAULT_EVENTS,
+    FAULTS_SCRIPT,
+    HALF_CLOSE,
+    HEAD,
+    PAUSE_S,
+    SCENARIOS,
+    _chunk,
+    _dechunk,
+    _declined,
+    _event,
+    _HeadFirstUpstream,
+    _metric,
+    _record_of,
+    _relayed,
+    _script,
+    _serve_events,
+    _stable,
+)
+
+SEEDS = range(6)  # random bodies: events of random sizes, cut into reads at random
+
+
+def _random_script(seed: int) -> list[bytes | str | None]:
+    """A body of events of random sizes, framed as chunks, a length or to the close, written in
+    random cuts (whole chunks, several at once, or across chunk boundaries)."""
+    rng = random.Random(seed)
+    events = [_event(n) * rng.randint(1, 120) for n in range(rng.randint(3, 10))]
+    framing = rng.choice(["chunked", "length", "close"])
+    if framing == "chunked":
+        head, raw, tail = CHUNKED, b"".join(map(_chunk, events)) + END, []
+    elif framing == "length":
+        raw = b"".join(events)
+        head, tail = HEAD + b"content-length: %d\r\n\r\n" % len(raw), []
+    else:
+        head, raw, tail = HEAD + b"connection: close\r\n\r\n", b"".join(events), [None]
+    writes: list[bytes | str | None] = [head]
+    pos = 0
+    while pos < len(raw):
+        n = rng.choice([1, 7, 64, 500, 4000, 20000])
+        writes.append(raw[pos : pos + n])
+        pos += n
+    return [*writes, *tail]
+
+
+def _names() -> list[str]:
+    return [*SCENARIOS, *(f"random-{seed}" for seed in SEEDS)]
+
+
+async def _serve(ex: Exchange) -> None:
+    name = ex.path.split("?", 1)[0].strip("/").split("/")[-1]
+    script = _random_script(int(name[7:])) if name.startswith("random-") else _script(name)
+    for write in script:
+        if write is None:
+            ex.writer.close()
+            return
+        if write == HALF_CLOSE:
+            ex.writer.write_eof()
+            return
+        assert isinstance(write, bytes)
+        ex.writer.write(write)
+        await ex.writer.drain()
+        await asyncio.sleep(PAUSE_S)
+
+
+def _client_tls(alpn: str = "http/1.1") -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the proxy's certificate, made up by mitmproxy
+    context.set_alpn_protocols([alpn])
+    context.options |= ssl.OP_IGNORE_UNEXPECTED_EOF  # mitmproxy closes without close_notify
+    return context
+
+
+def _tls_exchange(port: int, target: str) -> tuple[list[bytes], bool]:
+    """One request in TLS asking the proxy to close afterwards: what the client reads, read by
+    read, and whether the connection ended with a reset."""
+    body = b'{"model": "m", "stream": true}'
+    got: list[bytes] = []
+    raw = socket.create_connection(("127.0.0.1", port), timeout=15)
+    with _client_tls().wrap_socket(raw, server_hostname="example.com") as s:
+        assert s.selected_alpn_protocol() in (None, "http/1.1")
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (target.encode(), len(body), body)
+        )
+        try:
+            while data := s.recv(65536):
+                got.append(data)
+        except (ConnectionResetError, ssl.SSLError):
+            return got, True
+    return got, False
+
+
+def _tls_metrics(port: int) -> tuple[float, float]:
+    """Relayed pieces in all, and those sent through a client's TLS connection."""
+    return (
+        _metric(port, "hopmeter_relayed_pieces_total"),
+        _metric(port, "hopmeter_relayed_tls_pieces_total"),
+    )
+
+
+ATTEMPTS = 3  # a scenario's reads may coalesce apart in two runs on a busy machine: run again
+
+
+@pytest.mark.integration
+def test_over_tls_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
+    """Each scenario and random body, from a TLS client through `hopmeter run` with the relay
+    and, side by side, without it: the client reads the same bytes and the records agree but
+    for times (a pair whose upstream reads were cut apart by timing alone is run again); the
+    relay armed for every response and moved its pieces through the client's TLS connection."""
+    names = _names()
+    ports = {run: free_port() for run in ("relay", "off")}
+    for run in ports:
+        (tmp_path / run).mkdir()
+    with (
+        ScriptedUpstream(_serve) as up,
+        measuring(
+            tmp_path / "relay",
+            f"http://127.0.0.1:{up.port}",
+            *("--metrics", f"127.0.0.1:{ports['relay']}"),
+            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
+            ports=(ports["relay"],),
+        ) as on,
+        measuring(
+            tmp_path / "off",
+            f"http://127.0.0.1:{up.port}",
+            *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay"),
+            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
+            ports=(ports["off"],),
+        ) as off,
+    ):
+        flows = 0
+        for name in names:
+            differences = []
+            for attempt in range(ATTEMPTS):
+                target = f"/v1/chat/completions/{attempt}/{name}"
+                got = [b"".join(_tls_exchange(p.port, target)[0]) for p in (on, off)]
+                flows += 1
+                recs = [_record_of(p, target) for p in (on, off)]
+                if got[0] == got[1] and _stable(recs[0]) == _stable(recs[1]):
+                    break
+                differences.append((got, [_stable(r) for r in recs]))
+            else:
+                raise AssertionError((name, differences[-1]))
+        for run, port in ports.items():
+            assert set(_declined(port).values()) == {0}, run
+        assert _relayed(ports["relay"])[0] == flows
+        pieces, tls_pieces = _tls_metrics(ports["relay"])
+        assert _tls_metrics(ports["off"]) == (0, 0)
+    assert pieces >= 30 and tls_pieces == pieces  # every piece moved went through TLS
+
+
+@pytest.mark.integration
+def test_an_h2_client_is_left_to_mitmproxys_layers(tmp_path: Path) -> None:
+    """A client that negotiates HTTP/2 in TLS is served by mitmproxy's layers, measured as
+    ever; /metrics counts its response under reason="not_http1" and no piece is relayed."""
+    metrics = free_port()
+    with (
+        ScriptedUpstream(_serve) as up,
+        measuring(
+            tmp_path,
+            f"http://127.0.0.1:{up.port}",
+            *("--metrics", f"127.0.0.1:{metrics}"),
+            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
+            ports=(metrics,),
+        ) as proxy,
+    ):
+        got = list(
+            stream_post(
+                "127.0.0.1",
+                proxy.port,
+                "/v1/chat/completions/one-chunk-per-event",
+                b'{"model": "m", "stream": true}',
+            )
+        )
+        rec = read_records(proxy.records, 1)[0]
+        declined, counts = _declined(metrics), _tls_metrics(metrics)
+    assert got[0] == ("status", b"200")
+    assert b"".join(d for kind, d in got if kind == "data") == b"".join(map(_event, range(8)))
+    assert rec["figures"]["events"] == 8
+    assert declined == {reason: 1 if reason == "not_http1" else 0 for reason in relay.DECLINED}
+    assert counts == (0, 0)
+
+
+# -- faults at each step of a read relayed through the client's TLS connection --------------------
+
+TLS_STEPS = (*relay.STEPS, "sendall", "bio_read")  # the last two: the TLS part of "write"
+TLS_FAULT_CASES = [
+    *(("direct", step) for step in TLS_STEPS if step != "rest"),
+    *(("server_event", step) for step in TLS_STEPS if step not in ("drain", "resume")),
+]
+
+
+@pytest.fixture(scope="module")
+def faulty_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]]:
+    """`hopmeter run` with the relay-breaking script loaded, for TLS clients, and its metrics
+    port."""
+    tmp = tmp_path_factory.mktemp("relay-tls-faults")
+    metrics = free_port()
+    with (
+        _HeadFirstUpstream(_serve_events) as up,
+        measuring(
+            tmp,
+            f"http://127.0.0.1:{up.port}",
+            *("--metrics", f"127.0.0.1:{metrics}", "--set", f"scripts={FAULTS_SCRIPT}"),
+            *("--set", f"confdir={tmp / 'mitmproxy'}"),
+            ports=(metrics,),
+        ) as proxy,
+    ):
+        yield proxy, metrics
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("path", "step"), TLS_FAULT_CASES)
+def test_a_fault_in_a_tls_relayed_read_never_duplicates_or_drops_in_silence(
+    faulty_tls: tuple[Any, int], path: str, step: str
+) -> None:
+    """Over TLS as in plain HTTP/1: a fault in the checks or the split leaves the read to
+    mitmproxy (every byte once, the record complete); from the reader's state on, through the
+    TLS connection's sendall and bio_read, it cuts the client's connection: no last chunk, the
+    stream's start with nothing repeated or missing, the record ended "error" with the fault."""
+    proxy, metrics = faulty_tls
+    outcome = "left_to_mitmproxy" if step in relay.LEFT_STEPS else "cut"
+    label = f'outcome="{outcome}"'
+    before = _metric(metrics, "hopmeter_relay_faults_total", label)
+    tls_before = _metric(metrics, "hopmeter_relayed_tls_pieces_total")
+    target = f"/v1/chat/completions/fault/{path}/{step}"
+    reads, _ = _tls_exchange(proxy.port, target)
+    got, whole = _dechunk(b"".join(reads))
+    rec = _record_of(proxy, target)
+    expected = b"".join(FAULT_EVENTS)
+    assert f"injected relay fault at {step} ({path})" in proxy.proc.output()
+    assert _metric(metrics, "hopmeter_relayed_tls_pieces_total") > tls_before  # relayed in TLS
+    if step in relay.LEFT_STEPS:
+        assert (got, whole) == (expected, True)
+        assert rec["ended"] == "complete" and "relay_error" not in rec
+    else:
+        assert not whole, "a cut connection must not end its body as if whole"
+        assert expected.startswith(got) and len(got) < len(expected)
+        assert rec["ended"] == "error"
+        assert rec["relay_error"].startswith("RuntimeError: injected relay fault at")
+    assert wait_for(
+        lambda: _metric(metrics, "hopmeter_relay_faults_total", label) == before + 1,
+        what=f"the fault counted as {outcome}",
+    )
+
+
+# -- an HTTP/2 client's handler skips the relay's look at each read -------------------------------
+
+
+class _Handler:
+    """Stands in for a live client's ConnectionHandler: only its method is looked at."""
+
+
+def _established(alpn: bytes | None) -> tuple[Any, _Handler]:
+    """The relay addon told of a client TLS handshake that negotiated `alpn`; its handler."""
+    addon = relay.Relay(lambda flow, exc, cut: None)
+    handler = _Handler()
+    conn = Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2), alpn=alpn)
+    addon.started(None)
+    addon.connections = {conn.id: handler}
+    addon.tls_established_client(TlsData(conn=conn, context=None))  # type: ignore[arg-type]
+    return addon, handler
+
+
+def test_an_h2_clients_handler_calls_mitmproxys_server_event_directly() -> None:
+    """Once a client negotiated h2 (which no relay ever serves), its handler's `server_event` is
+    mitmproxy's own, bound to it; an HTTP/1.1 client's handler keeps the relay's."""
+    _, h2 = _established(b"h2")
+    method = h2.__dict__["server_event"]
+    assert method.__func__ is relay._MITMPROXY_SERVER_EVENT and method.__self__ is h2
+    for alpn in (b"http/1.1", None):
+        _, h1 = _established(alpn)
+        assert "server_event" not in h1.__dict__
