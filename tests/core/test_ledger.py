@@ -253,3 +253,69 @@ def test_packed_columns_read_back_what_every_chunk_carried(
     assert flow.why == (ended[0] if ended else None)
     assert (flow._out is None) == all(c[OUT] in (None, c[T_WRITE]) for c in chunks)
     assert (flow._waited is None) == all(c[WAITED] is None for c in chunks)
+
+
+class _EachPut(FlowChunks):
+    """FlowChunks packing every done chunk through `_put`: the general path."""
+
+    __slots__ = ()
+
+    def pack(self) -> None:
+        k = 0
+        for c in self.live:
+            if c[SENT] is None and c[GONE] is None:
+                break
+            self._put(c)
+            k += 1
+        del self.live[:k]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["at write", "later", "never", "unwritten", "-0.0", "nan"]),
+            st.booleans(),  # seen waiting
+            st.sampled_from(["sent", "gone", "sent and gone", "moving"]),
+            st.sampled_from([False, True, 0, 1, None]),  # held (HTTP/2)
+        ),
+        max_size=30,
+    ),
+    st.lists(st.integers(1, 30), max_size=6),
+)
+def test_packing_the_usual_chunk_inline_packs_what_put_packs(
+    shapes: list[tuple[str, bool, str, Any]], batches: list[int]
+) -> None:
+    """`pack`'s inline packing of the usual chunk leaves every column, flag, reason and list
+    byte for byte as `_put` on each done chunk does, packed in any batches."""
+    flows = (FlowChunks(), _EachPut())
+    pending = []
+    for i, (out, waited, end, held) in enumerate(shapes):
+        c = new_chunk(100, float(i))
+        if out != "unwritten":
+            c[T_WRITE] = {"-0.0": 0.0, "nan": math.nan}.get(out, i + 0.5)
+        c[OUT] = {
+            "at write": c[T_WRITE],
+            "later": i + 0.75,
+            "-0.0": -0.0,
+            "nan": math.nan,
+        }.get(out)
+        c[WAITED] = i + 0.625 if waited else None
+        c[SENT] = i + 0.875 if "sent" in end else None
+        c[GONE] = "closed" if "gone" in end else None
+        c[HELD] = held
+        pending.append(c)
+    for size in [*batches, len(pending)]:
+        batch, pending = pending[:size], pending[size:]
+        for flow in flows:
+            for c in batch:
+                flow.add(list(c))
+            flow.pack()
+    fast, general = flows
+    assert fast.t_write.tobytes() == general.t_write.tobytes()
+    assert fast.flags == general.flags and fast.why == general.why
+    assert repr(fast.live) == repr(general.live)  # (nan compares unequal to itself)
+    assert (fast._out is None) == (general._out is None)
+    assert fast.out.tobytes() == general.out.tobytes()
+    assert (fast._waited is None) == (general._waited is None)
+    assert fast.waited.tobytes() == general.waited.tobytes()

@@ -3,12 +3,16 @@ record is written."""
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import FrozenInstanceError
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopmeter.core.delivery import DeliverySeen
-from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen, measure
+from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen, _overflow, measure
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.passage import PassageSeen
 from hopmeter.core.record import to_record
@@ -135,3 +139,29 @@ def test_findings_come_in_order_upstream_then_detectors_then_the_proxy_s() -> No
     order = [Severity.ERROR, Severity.WARNING, Severity.INFO]
     assert severities == sorted(severities, key=order.index)
     assert to_record(m)["mitmproxy"] == passage.section
+
+
+@given(
+    texts=st.lists(st.sampled_from(["", "a", "héllo"]), max_size=20),
+    offsets=st.lists(st.integers(-3, 40), max_size=22),
+    extra=st.integers(-2, 2),
+)
+def test_overflow_mapped_over_the_columns_is_the_loop_s(
+    texts: list[str], offsets: list[int], extra: int
+) -> None:
+    """`_overflow` over whole columns gives the per-event loop's list of bools, for any texts and
+    offsets (as the meter's array("i") or a list) and any event count."""
+    n = max(0, len(texts) + extra)
+
+    def loop(offs: Sequence[int]) -> list[bool]:
+        return [not texts[i] and offs[i] > (offs[i - 1] if i else 0) for i in range(n)]
+
+    for offs in (offsets, array("i", offsets)):
+        try:
+            want = loop(offs)
+        except IndexError:
+            with pytest.raises(IndexError):
+                _overflow(texts, offs, n)
+            continue
+        got = _overflow(texts, offs, n)
+        assert got == want and [type(b) for b in got] == [bool] * n

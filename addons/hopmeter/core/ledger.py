@@ -234,6 +234,7 @@ class Ledger:
 
 # Per-chunk flags in FlowChunks.flags.
 FLAG_HELD, FLAG_SENT, FLAG_OUT = 1, 2, 4
+_SENT_OUT = FLAG_SENT | FLAG_OUT  # the usual chunk's flags: sent, out at its write, not held
 _OUT_BIT = bytes(f & FLAG_OUT for f in range(256))  # bytes.translate: a flags byte -> its FLAG_OUT
 
 
@@ -286,14 +287,33 @@ class FlowChunks:
         self.live.append(c)
 
     def pack(self) -> None:
-        """Move the chunks at the head that are done (sent or given up on) into the arrays."""
+        """Move the chunks at the head that are done (sent or given up on) into the arrays.
+
+        While neither the `out` nor the `waited` column is kept, the usual chunk (sent, out at
+        its write, never held nor seen waiting) is packed inline: `_put`'s two appends for it,
+        without the call. Any other chunk goes through `_put` (tests/core/test_ledger.py holds
+        the two together).
+        """
         live = self.live
         k = 0
+        plain = self._out is None and self._waited is None
         for c in live:
             if c[SENT] is None and c[GONE] is None:
                 break
-            self._put(c)
             k += 1
+            if (
+                plain
+                and c[GONE] is None
+                and c[WAITED] is None
+                and not c[HELD]
+                and c[OUT] is not None
+                and c[OUT] == c[T_WRITE]
+            ):
+                self.t_write.append(c[T_WRITE])
+                self.flags.append(_SENT_OUT)
+            else:
+                self._put(c)
+                plain = self._out is None and self._waited is None
         if k:
             del live[:k]
 

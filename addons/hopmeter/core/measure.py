@@ -10,7 +10,9 @@ a `Measurement`; live observers (the metrics) read the typed facts instead of th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -171,8 +173,7 @@ def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
     n = len(meter.events.t_s)
     texts = meter.event_texts()
     # an event whose text was not kept (past the bound) has "" here but visible chars in offsets
-    offsets = meter.events.content_offset
-    overflow = [not texts[i] and offsets[i] > (offsets[i - 1] if i else 0) for i in range(n)]
+    overflow = _overflow(texts, meter.events.content_offset, n)
     return account_tokens(
         stream_tokens=meter.events.stream_tokens[:n],
         texts=texts,
@@ -184,6 +185,23 @@ def _account(meter: FlowMeter, counter: Counter) -> TokenAccount:
             meter.facts.usage_reasoning_tokens if meter.facts.reasoning_chars == 0 else None
         ),
     )
+
+
+def _overflow(texts: Sequence[str], offsets: Sequence[int], n: int) -> list[bool]:
+    """Per event, whether its text was not kept (past the bound: "" here) although it added
+    visible characters (its content offset is past the one before).
+
+    Mapped over the columns when there is a text per event and an offset for each (always, from
+    a FlowMeter), with no bytecode per event; otherwise one event at a time, as before
+    (tests/core/test_measure.py holds the two together).
+    """
+    if len(texts) == n <= len(offsets):
+        # `not text and offset > previous offset`: both bools, so `&` is `and`
+        before = itertools.chain((0,), offsets)
+        return list(
+            map(operator.and_, map(operator.not_, texts), map(operator.gt, offsets, before))
+        )
+    return [not texts[i] and offsets[i] > (offsets[i - 1] if i else 0) for i in range(n)]
 
 
 def _figures(meter: FlowMeter, account: TokenAccount, stall_threshold_s: float) -> Figures:

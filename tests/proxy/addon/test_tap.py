@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -25,7 +26,7 @@ from hopmeter.proxy.addon.tap import (
     new_meter,
     start_trace,
 )
-from hopmeter.proxy.delivery.lane import FlowOut
+from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, FlowOut, LoopLog
 from hopmeter.testing import ManualClock
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
@@ -111,6 +112,70 @@ class TestMeasureQueue:
             assert list(tap.meter.events.t_s) == pytest.approx([0.0, MEASURE_DELAY_S / 2])
 
         asyncio.run(run())
+
+    @given(
+        due=st.floats(0.0, 10.0),
+        late=st.floats(0.0, 0.02),
+        wall=st.floats(0.0, 0.01),
+        cpu=st.floats(0.0, 0.01),
+        chunks=st.integers(0, 3),
+    )
+    def test_a_timed_batch_notes_what_loop_log_lag_and_step_note(
+        self, due: float, late: float, wall: float, cpu: float, chunks: int
+    ) -> None:
+        """The timed measuring (LoopLog.lag, measure and LoopLog.step inlined) notes the same lag
+        and step as those three called in turn, from the same clock readings, and measures the
+        batch in order."""
+        t0 = due + late
+
+        class Clocks:
+            """time.monotonic and time.thread_time: t0 then t0 + wall; cpu0 then + cpu."""
+
+            def __init__(self) -> None:
+                self.mono = [t0, t0 + wall]
+                self.cpu = [5.0, 5.0 + cpu]
+
+            def monotonic(self) -> float:
+                return self.mono.pop(0)
+
+            def thread_time(self) -> float:
+                return self.cpu.pop(0)
+
+        def general(log: LoopLog, queue: MeasureQueue, clocks: Clocks) -> None:
+            t, c = clocks.monotonic(), clocks.thread_time()
+            log.lag(t, t - queue.due)
+            queue.measure()
+            # LoopLog.step's reads, from the same clocks
+            spent, took = clocks.thread_time() - c, clocks.monotonic() - t
+            if took >= STEP_FLOOR_S:
+                log.steps.append((t, took, min(spent, took)))
+
+        notes = []
+        for inlined in (True, False):
+            log = LoopLog()
+            queue = MeasureQueue(log)
+            measured: list[float] = []
+
+            class Tap:
+                """Stands in for a ResponseTap: notes the stamps it is asked to measure."""
+
+                def measure(self, data: bytes, now: float, m: list[float] = measured) -> None:
+                    m.append(now)
+
+            tap: Any = Tap()
+            queue.pending = [(tap, CHUNK, float(i)) for i in range(chunks)]
+            queue.scheduled, queue.due = True, due
+            clocks = Clocks()
+            if inlined:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr("hopmeter.proxy.addon.tap.time", clocks)
+                    queue.timed()
+            else:
+                general(log, queue, clocks)
+            assert measured == [float(i) for i in range(chunks)]
+            assert not queue.pending and not queue.scheduled and not clocks.mono
+            notes.append((list(log.lags), list(log.steps)))
+        assert notes[0] == notes[1]
 
 
 class TestRequestTap:

@@ -23,7 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from mitmproxy import addonmanager, certs, exceptions, hooks, options, optmanager
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.test import taddons
@@ -563,3 +565,69 @@ def test_reading_an_immutable_option_makes_no_copy(monkeypatch: pytest.MonkeyPat
     assert lean.confdir == plain.confdir  # the plain read's two copies are counted too
     assert lean.mode == ["regular"]
     assert len(copies) == 4  # the plain confdir's two and the list's (`mode`) two
+
+
+# Options the property test below changes: a bool, an int, an optional int and a string
+_CHANGED = ("ssl_insecure", "tcp_timeout", "listen_port", "listen_host")
+_VALUES: dict[str, Any] = {
+    "ssl_insecure": st.booleans(),
+    "tcp_timeout": st.integers(0, 10**6),
+    "listen_port": st.none() | st.integers(1, 65535),
+    "listen_host": st.text("ab.1", max_size=4),
+}
+_OPS = st.one_of(
+    st.tuples(st.just("update"), st.sampled_from(_CHANGED)).flatmap(
+        lambda t: st.tuples(st.just(t[0]), st.just(t[1]), _VALUES[t[1]])
+    ),
+    st.tuples(st.just("refused"), st.sampled_from(_CHANGED)).flatmap(
+        lambda t: st.tuples(st.just(t[0]), st.just(t[1]), _VALUES[t[1]])
+    ),
+    st.tuples(st.just("reset"), st.none(), st.none()),
+    st.tuples(st.just("add"), st.sampled_from(("extra_a", "extra_b")), st.booleans()),
+    st.tuples(st.just("read"), st.none(), st.none()),
+)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(ops=st.lists(_OPS, max_size=12))
+def test_kept_option_values_read_as_mitmproxys_after_any_change(
+    ops: list[tuple[str, Any, Any]],
+) -> None:
+    """LeanOptions keeps an immutable value once read: after every update, refused update (rolled
+    back), reset or added option, and inside the `changed` receivers and subscribers that run
+    while one is applied, every option reads what mitmproxy's own Options reads."""
+    plain, lean = options.Options(), LeanOptions()
+    seen: dict[int, list[Any]] = {id(plain): [], id(lean): []}
+    keep = []  # the receivers, referenced here (the signals hold them weakly)
+    for opts in (plain, lean):
+
+        def receiver(updated: set[str], opts: Any = opts) -> None:
+            names = sorted(opts.keys())
+            seen[id(opts)].append(("changed", [getattr(opts, n) for n in names]))
+            if opts.__dict__.get("refuse"):
+                raise exceptions.OptionsError("refused")
+
+        def subscriber(o: Any, updated: set[str]) -> None:
+            seen[id(o)].append(("subscribed", [getattr(o, n) for n in _CHANGED]))
+
+        keep += [receiver, subscriber]
+        opts.changed.connect(receiver)
+        opts.subscribe(subscriber, list(_CHANGED))
+    for op, name, value in ops:
+        for opts in (plain, lean):
+            if op == "update":
+                opts.update(**{name: value})
+            elif op == "refused":
+                opts.__dict__["refuse"] = True
+                with pytest.raises(exceptions.OptionsError):
+                    opts.update(**{name: value})
+                opts.__dict__["refuse"] = False
+            elif op == "reset":
+                opts.reset()
+            elif op == "add":
+                opts.add_option(name, bool, value, "a later option")
+            names = sorted(opts.keys())
+            seen[id(opts)].append(("after", [getattr(opts, n) for n in names]))
+    assert seen[id(lean)] == seen[id(plain)]
+    names = sorted(plain.keys())
+    assert [getattr(lean, n) for n in names] == [getattr(plain, n) for n in names]
