@@ -24,8 +24,9 @@ bench/results/<UTC time>-callgrind.json.
 (the default, as above), `http1-norelay` (the same with `hopmeter run --no-relay`: every read
 through mitmproxy's own layers; bare mitmdump runs as for `http1`), `tls` (HTTP/1.1 in TLS from
 the client, a new connection and handshake per flow) and `h2` (HTTP/2 in TLS, ALPN h2: every flow
-of a load is a stream on one connection, one stream at a time). The last two go through
-mitmproxy's layers whatever hopmeter's relay does. Each proto's figures are under `protos`;
+of a load is a stream on one connection, one stream at a time). hopmeter's relay takes `tls`'s
+body reads as `http1`'s (it sends through the client's TLS connection); `h2` goes through
+mitmproxy's layers. Each proto's figures are under `protos`;
 `serial` repeats `http1`'s when it ran. With `--functions N`, one more round per proto and
 variant runs with Python's perf trampolines (bench/cg_functions.py) and records the top N
 functions by inclusive and by self Ir, per event and per flow, hopmeter's own marked; that
