@@ -48,10 +48,6 @@ the bytes and records of real flows to those of the same flows with the relay of
 (`hopmeter run --no-relay`); test_client_tls.py does the same for clients in TLS, on random bodies
 and reads.
 
-A client that negotiates HTTP/2 never gets a relay; its handler is given mitmproxy's own
-`server_event` once its TLS handshake is done (`Relay.tls_established_client`), so its reads do
-not pass this module's look at each one.
-
 It fails closed. A read goes through its steps in order (`STEPS`): the checks and the split only
 read, so a fault there leaves the whole read to mitmproxy's layers, untouched, and the relay
 steps aside for the rest of the response. From the first step that changes anything (the
@@ -73,11 +69,10 @@ import contextlib
 import itertools
 import socket
 import struct
-import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from mitmproxy import ctx, http, tls
+from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.log import get_logger
@@ -130,7 +125,6 @@ _KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
 _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
 _DataReceived = DataReceived
-_H2 = b"h2"  # a client connection's ALPN when mitmproxy speaks HTTP/2 to it
 _CRLF = b"\r\n"
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_SIZE_DIGITS = 20  # h11's chunk_size pattern: 1 to 20 hex digits
@@ -284,8 +278,7 @@ _DONE = _Done()
 
 
 def server_event(self: ConnectionHandler, event: Any) -> Any:
-    """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay (not
-    called for the connection of an HTTP/2 client: `Relay.tls_established_client`)."""
+    """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay."""
     if type(event) is _DataReceived:
         relay = event.connection.__dict__.get(_KEY)
         if relay is not None:
@@ -299,12 +292,6 @@ def server_event(self: ConnectionHandler, event: Any) -> Any:
                     relay.cut(exc)
                     return _DONE
     return _MITMPROXY_SERVER_EVENT(self, event)
-
-
-def bypass(handler: ConnectionHandler) -> None:
-    """mitmproxy's own `server_event` for this handler's events from now on: an instance
-    attribute in front of the class's method (mitmproxy calls it as `self.server_event`)."""
-    handler.server_event = types.MethodType(_MITMPROXY_SERVER_EVENT, handler)  # type: ignore[method-assign]
 
 
 def _rest(event: Any, used: int) -> Any:
@@ -715,24 +702,6 @@ class Relay:
         self.connections = connection_handlers()
         if self.off_because is not None:
             log.warning(self.off_because)
-
-    def tls_established_client(self, data: tls.TlsData) -> None:
-        """A client that negotiated HTTP/2 never gets a relay (`arm` wants an HTTP/1 server for
-        the client, and ALPN holds for the connection's life): its handler's events go straight
-        to mitmproxy's `server_event`, without the relay's look at each read."""
-        if not self.on or data.conn.alpn != _H2 or self.connections is None:
-            return
-        try:
-            handler = self.connections.get(data.conn.id)
-            if handler is not None:
-                bypass(handler)
-        except Exception as exc:  # every event still passes the relay's look: no harm
-            with contextlib.suppress(Exception):
-                log.warning(
-                    "hopmeter: an HTTP/2 client's reads still pass the relay's look, which "
-                    "moves none of them",
-                    error=repr(exc),
-                )
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if not ctx.options.hopmeter_relay or flow.response is None:
