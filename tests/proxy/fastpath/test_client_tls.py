@@ -16,33 +16,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mitmproxy.connection import Client
-from mitmproxy.tls import TlsData
 
 from hopmeter.proxy.fastpath import relay
 from tests.harness.h2client import stream_post
-from tests.harness.procs import free_port, measuring, read_records, wait_for
+from tests.harness.procs import free_port, measuring, read_records
 from tests.harness.scripted import Exchange, ScriptedUpstream
 from tests.proxy.fastpath.test_relay import (
     CHUNKED,
     END,
-    FAULT_EVENTS,
-    FAULTS_SCRIPT,
     HALF_CLOSE,
     HEAD,
     PAUSE_S,
     SCENARIOS,
     _chunk,
-    _dechunk,
     _declined,
     _event,
-    _HeadFirstUpstream,
     _metric,
     _record_of,
     _relayed,
     _script,
-    _serve_events,
     _stable,
+    check_fault,
+    faulty_proxy,
 )
 
 SEEDS = range(6)  # random bodies: events of random sizes, cut into reads at random
@@ -222,21 +217,10 @@ TLS_FAULT_CASES = [
 
 @pytest.fixture(scope="module")
 def faulty_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]]:
-    """`hopmeter run` with the relay-breaking script loaded, for TLS clients, and its metrics
-    port."""
+    """`faulty_proxy` for TLS clients (its own mitmproxy confdir: its CA)."""
     tmp = tmp_path_factory.mktemp("relay-tls-faults")
-    metrics = free_port()
-    with (
-        _HeadFirstUpstream(_serve_events) as up,
-        measuring(
-            tmp,
-            f"http://127.0.0.1:{up.port}",
-            *("--metrics", f"127.0.0.1:{metrics}", "--set", f"scripts={FAULTS_SCRIPT}"),
-            *("--set", f"confdir={tmp / 'mitmproxy'}"),
-            ports=(metrics,),
-        ) as proxy,
-    ):
-        yield proxy, metrics
+    with faulty_proxy(tmp, "--set", f"confdir={tmp / 'mitmproxy'}") as proxy_and_metrics:
+        yield proxy_and_metrics
 
 
 @pytest.mark.integration
@@ -248,56 +232,9 @@ def test_a_fault_in_a_tls_relayed_read_never_duplicates_or_drops_in_silence(
     mitmproxy (every byte once, the record complete); from the reader's state on, through the
     TLS connection's sendall and bio_read, it cuts the client's connection: no last chunk, the
     stream's start with nothing repeated or missing, the record ended "error" with the fault."""
-    proxy, metrics = faulty_tls
-    outcome = "left_to_mitmproxy" if step in relay.LEFT_STEPS else "cut"
-    label = f'outcome="{outcome}"'
-    before = _metric(metrics, "hopmeter_relay_faults_total", label)
+    _, metrics = faulty_tls
     tls_before = _metric(metrics, "hopmeter_relayed_tls_pieces_total")
-    target = f"/v1/chat/completions/fault/{path}/{step}"
-    reads, _ = _tls_exchange(proxy.port, target)
-    got, whole = _dechunk(b"".join(reads))
-    rec = _record_of(proxy, target)
-    expected = b"".join(FAULT_EVENTS)
-    assert f"injected relay fault at {step} ({path})" in proxy.proc.output()
-    assert _metric(metrics, "hopmeter_relayed_tls_pieces_total") > tls_before  # relayed in TLS
-    if step in relay.LEFT_STEPS:
-        assert (got, whole) == (expected, True)
-        assert rec["ended"] == "complete" and "relay_error" not in rec
-    else:
-        assert not whole, "a cut connection must not end its body as if whole"
-        assert expected.startswith(got) and len(got) < len(expected)
-        assert rec["ended"] == "error"
-        assert rec["relay_error"].startswith("RuntimeError: injected relay fault at")
-    assert wait_for(
-        lambda: _metric(metrics, "hopmeter_relay_faults_total", label) == before + 1,
-        what=f"the fault counted as {outcome}",
+    check_fault(
+        faulty_tls, path, step, lambda port, target: b"".join(_tls_exchange(port, target)[0])
     )
-
-
-# -- an HTTP/2 client's handler skips the relay's look at each read -------------------------------
-
-
-class _Handler:
-    """Stands in for a live client's ConnectionHandler: only its method is looked at."""
-
-
-def _established(alpn: bytes | None) -> tuple[Any, _Handler]:
-    """The relay addon told of a client TLS handshake that negotiated `alpn`; its handler."""
-    addon = relay.Relay(lambda flow, exc, cut: None)
-    handler = _Handler()
-    conn = Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2), alpn=alpn)
-    addon.started(None)
-    addon.connections = {conn.id: handler}
-    addon.tls_established_client(TlsData(conn=conn, context=None))  # type: ignore[arg-type]
-    return addon, handler
-
-
-def test_an_h2_clients_handler_calls_mitmproxys_server_event_directly() -> None:
-    """Once a client negotiated h2 (which no relay ever serves), its handler's `server_event` is
-    mitmproxy's own, bound to it; an HTTP/1.1 client's handler keeps the relay's."""
-    _, h2 = _established(b"h2")
-    method = h2.__dict__["server_event"]
-    assert method.__func__ is relay._MITMPROXY_SERVER_EVENT and method.__self__ is h2
-    for alpn in (b"http/1.1", None):
-        _, h1 = _established(alpn)
-        assert "server_event" not in h1.__dict__
+    assert _metric(metrics, "hopmeter_relayed_tls_pieces_total") > tls_before  # relayed in TLS

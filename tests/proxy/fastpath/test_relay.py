@@ -10,7 +10,7 @@ import contextlib
 import itertools
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -636,11 +636,11 @@ def _metric(port: int, name: str, label: str = "") -> float:
     return 0.0
 
 
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]]:
+@contextlib.contextmanager
+def faulty_proxy(tmp: Path, *flags: str) -> Iterator[tuple[Any, int]]:
     """`hopmeter run` with the relay-breaking script loaded (tests/proxy/fastpath/
-    relay_faults.py) and mitmproxy's idle timeout at TCP_TIMEOUT_S, and its metrics port."""
-    tmp = tmp_path_factory.mktemp("relay-faults")
+    relay_faults.py) and `flags`, in front of an upstream serving the fault paths, and its
+    metrics port."""
     metrics = free_port()
     with (
         _HeadFirstUpstream(_serve_events) as up,
@@ -648,28 +648,36 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]
             tmp,
             f"http://127.0.0.1:{up.port}",
             *("--metrics", f"127.0.0.1:{metrics}", "--set", f"scripts={FAULTS_SCRIPT}"),
-            *("--set", f"tcp_timeout={TCP_TIMEOUT_S}", "--read-timeout", "0.9"),
+            *flags,
             ports=(metrics,),
         ) as proxy,
     ):
         yield proxy, metrics
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize(("path", "step"), FAULT_CASES)
-def test_a_fault_at_any_step_of_a_relayed_read_never_duplicates_or_drops_in_silence(
-    faulty: tuple[Any, int], path: str, step: str
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]]:
+    """`faulty_proxy` with mitmproxy's idle timeout at TCP_TIMEOUT_S."""
+    tmp = tmp_path_factory.mktemp("relay-faults")
+    flags = ("--set", f"tcp_timeout={TCP_TIMEOUT_S}", "--read-timeout", "0.9")
+    with faulty_proxy(tmp, *flags) as proxy_and_metrics:
+        yield proxy_and_metrics
+
+
+def check_fault(
+    faulty: tuple[Any, int], path: str, step: str, body_of: Callable[[int, str], bytes]
 ) -> None:
-    """A fault in the checks or the split leaves the read to mitmproxy: the client gets every
-    byte once and the record is complete; a fault from the reader's state on cuts the client's
-    connection: no last chunk, what came is the stream's start with nothing repeated or missing,
-    and the record says ended "error" with the relay's fault. Counted and logged either way."""
+    """Inject a fault at `step` of a relayed read (`path`: direct or through mitmproxy's read
+    loop), read the stream with `body_of(port, target)` (the framed body), and check what the
+    relay's contract says: every byte once and a complete record where the fault came before
+    anything changed; else a cut (no last chunk, the stream's start, nothing repeated or
+    missing) recorded as an error with the fault. Counted and logged either way."""
     proxy, metrics = faulty
     outcome = "left_to_mitmproxy" if step in relay.LEFT_STEPS else "cut"
     label = f'outcome="{outcome}"'
     before = _metric(metrics, "hopmeter_relay_faults_total", label)
     target = f"/v1/chat/completions/fault/{path}/{step}"
-    got, whole = _dechunk(_faulty_exchange(proxy.port, target)[0])
+    got, whole = _dechunk(body_of(proxy.port, target))
     rec = _record_of(proxy, target)
     expected = b"".join(FAULT_EVENTS)
     assert f"injected relay fault at {step} ({path})" in proxy.proc.output()
@@ -685,6 +693,18 @@ def test_a_fault_at_any_step_of_a_relayed_read_never_duplicates_or_drops_in_sile
         lambda: _metric(metrics, "hopmeter_relay_faults_total", label) == before + 1,
         what=f"the fault counted as {outcome}",
     )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("path", "step"), FAULT_CASES)
+def test_a_fault_at_any_step_of_a_relayed_read_never_duplicates_or_drops_in_silence(
+    faulty: tuple[Any, int], path: str, step: str
+) -> None:
+    """A fault in the checks or the split leaves the read to mitmproxy: the client gets every
+    byte once and the record is complete; a fault from the reader's state on cuts the client's
+    connection: no last chunk, what came is the stream's start with nothing repeated or missing,
+    and the record says ended "error" with the relay's fault. Counted and logged either way."""
+    check_fault(faulty, path, step, lambda port, target: _faulty_exchange(port, target)[0])
 
 
 @pytest.mark.integration
