@@ -65,8 +65,11 @@ def _plain_chat_chunk(doc: dict[str, object]) -> Delta | None:
     (a test holds the two to that over the corpus), at a fraction of the cost per event.
     """
     said = _plain_chat_said(doc)
-    if said is None:
-        return None
+    return None if said is None else _said_delta(said)
+
+
+def _said_delta(said: tuple[str, str | None, bool]) -> Delta:
+    """The Delta of a plain chunk's content, model and end (`_plain_chat_said`)."""
     content, model, terminal = said
     return _new_delta(
         Delta, (content, "", "", None, None, None, None, None, model, terminal, None, False)
@@ -138,24 +141,18 @@ def _plain_chat_general(doc: dict[str, object]) -> Delta | None:
 
 def plain_chat_payload(raw: bytes) -> Delta | None:
     """The Delta of one event's payload bytes when they are the common chat chunk (see
-    `_plain_chat_chunk`), else None: then the frame goes through `OpenAIChatParser.parse`.
+    `_plain_chat_chunk`), else None: then the frame goes through `OpenAIChatParser.parse`."""
+    said = plain_chat_said(raw)
+    return None if said is None else _said_delta(said)
+
+
+def plain_chat_said(raw: bytes) -> tuple[str, str | None, bool] | None:
+    """What one event's payload bytes say (content, model, end) when they are the common chat
+    chunk, else None: the plain path's one-event chunk (`FlowMeter._on_content`) needs no Delta.
 
     `_json_object` inlined (this runs once per token event): orjson reads the bytes and rejects
     invalid UTF-8, so a payload it accepts needs no decoded copy.
     """
-    if raw[:1] != b"{":
-        return None
-    try:
-        doc = _loads(raw)
-    except JSONDecodeError:
-        return None
-    return _plain_chat_chunk(doc) if type(doc) is dict else None
-
-
-def plain_chat_said(raw: bytes) -> tuple[str, str | None, bool] | None:
-    """`plain_chat_payload` as what the chunk says (content, model, end) without its Delta: the
-    plain path's one-event chunk (`FlowMeter._on_content`), a Delta's building and unpacking
-    less per event."""
     if raw[:1] != b"{":
         return None
     try:
