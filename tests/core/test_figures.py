@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hopmeter.core.figures import (
-    _clamped_gap,
     _gaps,
     compute_figures,
     min_window_rate,
@@ -179,8 +178,9 @@ def test_figures_follow_their_plain_definitions(stream: tuple[list[float], list[
 
 @given(st.lists(st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1.0, 1.0 + 1e-16])), max_size=8))
 def test_gaps_are_each_the_clamped_gap(times: list[float]):
-    """Every raw gap `_gaps` makes is `_clamped_gap` of its two times, to the sign of a zero and
-    a NaN's: later - earlier when above 0.0, else 0.0."""
+    """Every raw gap `_gaps` makes is its two times' gap clamped, to the sign of a zero and a
+    NaN's: later - earlier when above 0.0, else 0.0."""
     raw = _gaps(times, [1] * len(times)).event_gaps_s
-    want = [_clamped_gap(later, earlier) for earlier, later in pairwise(times)]
+    gaps = [later - earlier for earlier, later in pairwise(times)]
+    want = [gap if gap > 0.0 else 0.0 for gap in gaps]
     assert [repr(g) for g in raw] == [repr(g) for g in want]

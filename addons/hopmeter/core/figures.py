@@ -55,19 +55,13 @@ def _carrying(times_s: Sequence[float], tokens: Sequence[int]) -> tuple[list[flo
 
 
 def _gaps(times: list[float], counts: list[int]) -> Gaps:
-    # each gap later - earlier, 0.0 unless above it (a -0.0 or NaN gap too): what
-    # `_clamped_gap` gives, with no Python call per gap (not max(): max(-0.0, 0.0) is -0.0)
+    # each gap later - earlier, 0.0 unless above it (a -0.0 or NaN gap too), with no Python
+    # call per gap (not max(): max(-0.0, 0.0) is -0.0)
     raw = tuple([gap if gap > 0.0 else 0.0 for gap in map(sub, times[1:], times)])
     weights = tuple(counts[1:])
     if weights.count(1) == len(weights):  # one token per event: the gaps are the values
         return Gaps(values_s=raw, weights=weights, event_gaps_s=raw)
     return Gaps(values_s=tuple(map(truediv, raw, weights)), weights=weights, event_gaps_s=raw)
-
-
-def _clamped_gap(later: float, earlier: float) -> float:
-    """One gap as `_gaps` computes each (a test holds the two together)."""
-    gap = later - earlier
-    return gap if gap > 0.0 else 0.0
 
 
 def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float | None:
