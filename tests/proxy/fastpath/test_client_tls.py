@@ -7,7 +7,6 @@ mitmproxy or cuts the client's connection, never more; an HTTP/2 client is left 
 
 from __future__ import annotations
 
-import asyncio
 import random
 import socket
 import ssl
@@ -24,9 +23,7 @@ from tests.harness.scripted import Exchange, ScriptedUpstream
 from tests.proxy.fastpath.test_relay import (
     CHUNKED,
     END,
-    HALF_CLOSE,
     HEAD,
-    PAUSE_S,
     SCENARIOS,
     _chunk,
     _declined,
@@ -36,6 +33,7 @@ from tests.proxy.fastpath.test_relay import (
     _relayed,
     _script,
     _stable,
+    _write_script,
     check_fault,
     faulty_proxy,
 )
@@ -72,17 +70,7 @@ def _names() -> list[str]:
 async def _serve(ex: Exchange) -> None:
     name = ex.path.split("?", 1)[0].strip("/").split("/")[-1]
     script = _random_script(int(name[7:])) if name.startswith("random-") else _script(name)
-    for write in script:
-        if write is None:
-            ex.writer.close()
-            return
-        if write == HALF_CLOSE:
-            ex.writer.write_eof()
-            return
-        assert isinstance(write, bytes)
-        ex.writer.write(write)
-        await ex.writer.drain()
-        await asyncio.sleep(PAUSE_S)
+    await _write_script(ex, script)
 
 
 def _client_tls(alpn: str = "http/1.1") -> ssl.SSLContext:

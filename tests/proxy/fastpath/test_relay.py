@@ -229,7 +229,13 @@ RUNS = {
 
 
 async def _serve(ex: Exchange) -> None:
-    for write in _script(ex.path.strip("/").split("/")[-1]):
+    await _write_script(ex, _script(ex.path.strip("/").split("/")[-1]))
+
+
+async def _write_script(ex: Exchange, script: list[bytes | str | None]) -> None:
+    """Write a scenario's script to the client: its bytes, each after a pause; None closes the
+    connection, HALF_CLOSE ends the writing side."""
+    for write in script:
         if write is None:
             ex.writer.close()
             return
