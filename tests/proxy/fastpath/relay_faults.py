@@ -16,7 +16,8 @@ paused meanwhile, while its response may already be streaming. One whose path en
 has a slow `error` hook: the hooks after it (the relay's own, which lets the flow go) come late.
 
 Over TLS to the client, `<step>` may also be `sendall` or `bio_read`: the client TLS connection's
-call the relay makes in mitmproxy's place (a part of its "write" step).
+call the relay makes in mitmproxy's place (a part of its "write" step). To a client that speaks
+HTTP/2, "frame" is the relay's call of the client's HTTP/2 connection's `send_data`.
 
 Every other request goes through untouched. Each wrapper calls the real code unless its fault is
 due; the fault is a RuntimeError naming the step and the path, raised once per flow.
@@ -28,6 +29,7 @@ import asyncio
 from typing import Any
 
 from mitmproxy.proxy.events import DataReceived
+from mitmproxy.proxy.layers.http._http_h2 import BufferedH2Connection
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
 from OpenSSL import SSL
 
@@ -219,6 +221,7 @@ relay.split_chunked = breaks("split", relay.split_chunked)
 relay._rest = breaks("rest", relay._rest)
 relay.needs_drain = needs_drain
 framing.chunked = breaks("frame", framing.chunked)
+BufferedH2Connection.send_data = relaying("frame", BufferedH2Connection.send_data)  # type: ignore[method-assign]
 SSL.Connection.sendall = relaying("sendall", SSL.Connection.sendall)  # type: ignore[method-assign]
 SSL.Connection.bio_read = relaying("bio_read", SSL.Connection.bio_read)  # type: ignore[method-assign]
 asyncio.StreamWriter.write = breaks("write", asyncio.StreamWriter.write)  # type: ignore[method-assign]

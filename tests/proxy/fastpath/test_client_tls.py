@@ -2,8 +2,9 @@
 layer (hopmeter.proxy.fastpath.relay with a client in TLS to the proxy): a real TLS client
 through `hopmeter run` reads the same bytes, chunk for chunk, and the flows give the same records
 with the relay on as through mitmproxy's layers (`--no-relay`), and the relay moved the bodies
-through the client's TLS connection itself; a fault at any step of such a read leaves it to
-mitmproxy or cuts the client's connection, never more; an HTTP/2 client is left to mitmproxy."""
+through the client's TLS connection itself; the same for a client that speaks HTTP/2 (DATA frame
+for DATA frame, with the client's flow-control window open or nearly shut); a fault at any step
+of such a read leaves it to mitmproxy or cuts the client's connection, never more."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import pytest
 
 from hopmeter.proxy.fastpath import relay
-from tests.harness.h2client import stream_post
-from tests.harness.procs import free_port, measuring, read_records
+from tests.harness.procs import free_port, measuring
 from tests.harness.scripted import Exchange, ScriptedUpstream
 from tests.proxy.fastpath.test_relay import (
     CHUNKED,
@@ -162,36 +166,104 @@ def test_over_tls_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> Non
     assert pieces >= 30 and tls_pieces == pieces  # every piece moved went through TLS
 
 
+def _h2_exchange(port: int, target: str, window: int | None = None) -> tuple[list[bytes], str]:
+    """One request for `target` over HTTP/2 in TLS (offered alone), on a connection of its own:
+    the DATA payloads read, frame by frame, and how the stream ended: "end", "reset" (the proxy
+    reset the stream) or "cut" (the connection ended first). With `window`, each stream's window
+    starts at that many bytes and a frame is credited only once read, so the proxy's bytes wait
+    in its HTTP/2 connection's buffer for the client's WINDOW_UPDATE."""
+    body = b'{"model": "m", "stream": true}'
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    if window is not None:
+        conn.local_settings = h2.settings.Settings(
+            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+        )
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    head = [(":method", "POST"), (":path", target), (":scheme", "https")]
+    conn.send_headers(sid, [*head, (":authority", "example.com"), ("content-length", "30")])
+    conn.send_data(sid, body, end_stream=True)
+    payloads: list[bytes] = []
+    raw = socket.create_connection(("127.0.0.1", port), timeout=15)
+    with _client_tls("h2").wrap_socket(raw, server_hostname="example.com") as s:
+        assert s.selected_alpn_protocol() == "h2"
+        s.sendall(conn.data_to_send())
+        try:
+            while data := s.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived) and event.stream_id == sid:
+                        payloads.append(event.data)
+                        conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                    elif isinstance(event, h2.events.StreamEnded) and event.stream_id == sid:
+                        return payloads, "end"
+                    elif isinstance(event, h2.events.StreamReset) and event.stream_id == sid:
+                        return payloads, "reset"
+                s.sendall(conn.data_to_send())
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
+            pass
+    return payloads, "cut"
+
+
+# the scenarios read over HTTP/2 with a stream window this small too (a few events' worth)
+SMALL_WINDOW = 100
+SMALL_WINDOW_NAMES = ["one-chunk-per-event", "several-chunks-per-read", "random-0", "random-1"]
+
+
 @pytest.mark.integration
-def test_an_h2_client_is_left_to_mitmproxys_layers(tmp_path: Path) -> None:
-    """A client that negotiates HTTP/2 in TLS is served by mitmproxy's layers, measured as
-    ever; /metrics counts its response under reason="not_http1" and no piece is relayed."""
-    metrics = free_port()
+def test_over_h2_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
+    """Each scenario and random body, from an HTTP/2 client in TLS through `hopmeter run` with
+    the relay and, side by side, without it: the client reads the same DATA frames and the same
+    end of its stream, and the records agree but for times (a pair cut apart by timing alone is
+    run again); with a small stream window the same bytes and end (the frames' cuts follow the
+    client's WINDOW_UPDATEs, and whether the client was slow enough to be found slow, which
+    timing decides). The relay armed for every response and sent
+    every piece it moved as HTTP/2, through the client's TLS connection."""
+    ports = {run: free_port() for run in ("relay", "off")}
+    for run in ports:
+        (tmp_path / run).mkdir()
+    cases = [(name, None) for name in _names()]
+    cases += [(name, SMALL_WINDOW) for name in SMALL_WINDOW_NAMES]
     with (
         ScriptedUpstream(_serve) as up,
         measuring(
-            tmp_path,
+            tmp_path / "relay",
             f"http://127.0.0.1:{up.port}",
-            *("--metrics", f"127.0.0.1:{metrics}"),
+            *("--metrics", f"127.0.0.1:{ports['relay']}"),
             *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
-            ports=(metrics,),
-        ) as proxy,
+            ports=(ports["relay"],),
+        ) as on,
+        measuring(
+            tmp_path / "off",
+            f"http://127.0.0.1:{up.port}",
+            *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay"),
+            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
+            ports=(ports["off"],),
+        ) as off,
     ):
-        got = list(
-            stream_post(
-                "127.0.0.1",
-                proxy.port,
-                "/v1/chat/completions/one-chunk-per-event",
-                b'{"model": "m", "stream": true}',
-            )
-        )
-        rec = read_records(proxy.records, 1)[0]
-        declined, counts = _declined(metrics), _tls_metrics(metrics)
-    assert got[0] == ("status", b"200")
-    assert b"".join(d for kind, d in got if kind == "data") == b"".join(map(_event, range(8)))
-    assert rec["figures"]["events"] == 8
-    assert declined == {reason: 1 if reason == "not_http1" else 0 for reason in relay.DECLINED}
-    assert counts == (0, 0)
+        flows = 0
+        for name, window in cases:
+            differences = []
+            for attempt in range(ATTEMPTS):
+                target = f"/v1/chat/completions/h2-{window}/{attempt}/{name}"
+                got = [_h2_exchange(p.port, target, window) for p in (on, off)]
+                recs = [_stable(_record_of(p, target)) for p in (on, off)]
+                if window is not None:  # the bytes, not their frames; waits timing decides
+                    got = [(b"".join(payloads), end) for payloads, end in got]
+                    for rec in recs:
+                        rec["findings"] = [f for f in rec["findings"] if f != "slow_client"]
+                flows += 1
+                if got[0] == got[1] and recs[0] == recs[1]:
+                    break
+                differences.append((got, recs))
+            else:
+                raise AssertionError((name, window, differences[-1]))
+        for run, port in ports.items():
+            assert set(_declined(port).values()) == {0}, run
+        assert _relayed(ports["relay"])[0] == flows
+        pieces, tls_pieces = _tls_metrics(ports["relay"])
+        h2_pieces = _metric(ports["relay"], "hopmeter_relayed_h2_pieces_total")
+        assert _tls_metrics(ports["off"]) == (0, 0)
+    assert pieces >= 30 and tls_pieces == pieces and h2_pieces == pieces
 
 
 # -- faults at each step of a read relayed through the client's TLS connection --------------------
@@ -226,3 +298,27 @@ def test_a_fault_in_a_tls_relayed_read_never_duplicates_or_drops_in_silence(
         faulty_tls, path, step, lambda port, target: b"".join(_tls_exchange(port, target)[0])
     )
     assert _metric(metrics, "hopmeter_relayed_tls_pieces_total") > tls_before  # relayed in TLS
+
+
+def _h2_as_chunked(port: int, target: str) -> bytes:
+    """An HTTP/2 exchange's DATA frames as the chunked body `check_fault` reads: a chunk per
+    frame, and the last chunk only if the stream ended as it should."""
+    payloads, end = _h2_exchange(port, target)
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads)
+    return b"HTTP/1.1 200 OK\r\n\r\n" + chunks + (END if end == "end" else b"")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("path", "step"), TLS_FAULT_CASES)
+def test_a_fault_in_an_h2_relayed_read_never_duplicates_or_drops_in_silence(
+    faulty_tls: tuple[Any, int], path: str, step: str
+) -> None:
+    """Over HTTP/2 as over HTTP/1: a fault in the checks or the split leaves the read to
+    mitmproxy (every byte once, the stream ended, the record complete); from the reader's state
+    on, through the HTTP/2 connection's framing and the TLS connection, it cuts the client's
+    connection: the stream's start with nothing repeated or missing and no end of stream, the
+    record ended "error" with the fault."""
+    _, metrics = faulty_tls
+    h2_before = _metric(metrics, "hopmeter_relayed_h2_pieces_total")
+    check_fault(faulty_tls, path, step, _h2_as_chunked)
+    assert _metric(metrics, "hopmeter_relayed_h2_pieces_total") > h2_before  # relayed as h2

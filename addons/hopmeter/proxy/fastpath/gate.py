@@ -30,6 +30,7 @@ from typing import Any
 from mitmproxy import version as mitmproxy_version
 
 from hopmeter.proxy.fastpath.internals import (
+    BufferedH2Connection,
     ChunkedReader,
     ClientTLSLayer,
     ConnectionHandler,
@@ -37,6 +38,8 @@ from hopmeter.proxy.fastpath.internals import (
     Http1Client,
     Http1Connection,
     Http1Server,
+    Http2Connection,
+    Http2Server,
     Http10Reader,
     HttpClient,
     HttpLayer,
@@ -86,6 +89,11 @@ MIRRORED: dict[str, Any] = {
     "mitmproxy TLSLayer.send_data": TLSLayer.send_data,
     "mitmproxy TLSLayer.tls_interact": TLSLayer.tls_interact,
     "mitmproxy ClientTLSLayer.receive_handshake_data": ClientTLSLayer.receive_handshake_data,
+    # an HTTP/2 client's connection: what it does with a piece of the response's body
+    "mitmproxy Http2Server._handle_event": Http2Server._handle_event,
+    "mitmproxy Http2Connection._handle_event": Http2Connection._handle_event,
+    "mitmproxy Http2Connection.is_open_for_us": Http2Connection.is_open_for_us,
+    "mitmproxy BufferedH2Connection.send_data": BufferedH2Connection.send_data,
     # the body readers whose pieces and state the relay repeats
     "h11 ChunkedReader.__init__": ChunkedReader.__init__,
     "h11 ChunkedReader.__call__": ChunkedReader.__call__,
@@ -108,7 +116,8 @@ MIRRORED: dict[str, Any] = {
 # Python 3.12.1 and 3.13.0, with each mitmproxy 12 release listed installed in turn (the same code
 # in all of them).
 _M12 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3, 12.3.0, 12.3.1"
-_M1231 = "mitmproxy 12.3.1"  # the client TLS layer's code: read in this release only
+_M12_2 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3"
+_M12_3 = "mitmproxy 12.3.0, 12.3.1"  # a comment's spelling mended: the same code
 _H11 = "h11 0.16.0"
 _PY = "Python 3.12.1, 3.13.0"
 FINGERPRINTS: dict[str, dict[str, str]] = {
@@ -130,12 +139,19 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "mitmproxy Http1Client.read_headers": {"415454c5fa8b5981": _M12},
     "mitmproxy Http1Server.send": {"cc218a1337c0f5cf": _M12},
     "mitmproxy make_body_reader": {"9b076acda459637b": _M12},
-    "mitmproxy TunnelLayer._handle_event": {"00676a887c456cec": _M1231},
-    "mitmproxy TunnelLayer._handle_command": {"11ede598b3b37965": _M1231},
-    "mitmproxy TunnelLayer.event_to_child": {"119a33642637d420": _M1231},
-    "mitmproxy TLSLayer.send_data": {"35a29a1b0b0cb184": _M1231},
-    "mitmproxy TLSLayer.tls_interact": {"62d6d57d43dd1a2e": _M1231},
-    "mitmproxy ClientTLSLayer.receive_handshake_data": {"a0ee021f92f6d0ff": _M1231},
+    "mitmproxy TunnelLayer._handle_event": {"00676a887c456cec": _M12},
+    "mitmproxy TunnelLayer._handle_command": {"11ede598b3b37965": _M12},
+    "mitmproxy TunnelLayer.event_to_child": {"119a33642637d420": _M12},
+    "mitmproxy TLSLayer.send_data": {"35a29a1b0b0cb184": _M12},
+    "mitmproxy TLSLayer.tls_interact": {"62d6d57d43dd1a2e": _M12},
+    "mitmproxy ClientTLSLayer.receive_handshake_data": {"a0ee021f92f6d0ff": _M12},
+    "mitmproxy Http2Server._handle_event": {"7282fa18e70a3eaa": _M12},
+    "mitmproxy Http2Connection._handle_event": {
+        "a7f4a7a71d31074b": _M12_2,
+        "7fc814a8a507f234": _M12_3,
+    },
+    "mitmproxy Http2Connection.is_open_for_us": {"ada9ae25ced6deaf": _M12},
+    "mitmproxy BufferedH2Connection.send_data": {"eeb7918d96b19708": _M12},
     "h11 ChunkedReader.__init__": {"232ef6fe23fd20ab": _H11},
     "h11 ChunkedReader.__call__": {"2618d847a89a1505": _H11},
     "h11 ContentLengthReader.__call__": {"83205782bcb1dcf6": _H11},

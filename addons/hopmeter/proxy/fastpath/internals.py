@@ -30,7 +30,8 @@ from mitmproxy.proxy.layers.http._http1 import (
     Http1Server,
     make_body_reader,
 )
-from mitmproxy.proxy.layers.http._http2 import Http2Server
+from mitmproxy.proxy.layers.http._http2 import Http2Connection, Http2Server
+from mitmproxy.proxy.layers.http._http_h2 import BufferedH2Connection
 from mitmproxy.proxy.layers.tls import ClientTLSLayer, TLSLayer
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
@@ -39,6 +40,7 @@ from OpenSSL import SSL
 
 __all__ = [
     "SSL",
+    "BufferedH2Connection",
     "ChunkedReader",
     "ClientTLSLayer",
     "CommandGenerator",
@@ -48,6 +50,8 @@ __all__ = [
     "Http1Client",
     "Http1Connection",
     "Http1Server",
+    "Http2Connection",
+    "Http2Server",
     "Http10Reader",
     "HttpClient",
     "HttpEvent",

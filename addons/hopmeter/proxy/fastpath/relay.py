@@ -1,4 +1,5 @@
-"""`hopmeter run`'s direct relay of a streamed HTTP/1 response body, past mitmproxy's layers.
+"""`hopmeter run`'s direct relay of a streamed response body from an HTTP/1 upstream, past
+mitmproxy's layers.
 
 Every read mitmproxy takes from an upstream travels its whole layer stack: the connection
 handler's lock, the mode layer, the HTTP layer, the connection's HTTP/1 client (h11's chunked
@@ -27,6 +28,11 @@ does what the layers would do, in the same order, with the same bytes:
   would give it: each framed chunk into the layer's OpenSSL connection (`sendall`), then its
   records read out (`bio_read`) until there are none, each written in order. The TLS layer is
   found once per response, when the relay is armed (`arm`; hopmeter.proxy.fastpath.client_tls).
+  A client that speaks HTTP/2 gets what mitmproxy's `Http2Server` would send for each piece
+  instead of HTTP/1 framing: the piece into its HTTP/2 connection on the flow's stream
+  (`send_data` of mitmproxy's BufferedH2Connection, which holds back what the stream's window
+  does not allow, as for mitmproxy), then the frames the connection has to send
+  (`data_to_send`), written (in TLS: through the client's OpenSSL connection) as one write.
 
 A read that arrives while mitmproxy's read loop for the upstream connection waits with nothing
 buffered is taken even earlier, in the connection's protocol callback (`ReadShortcut`, in front
@@ -38,25 +44,26 @@ stream reader, which stops reading at twice that, so a fast upstream cannot hold
 Whatever the relay does not take goes to mitmproxy's own method: a read while any layer on the
 path is paused (a hook in progress, the response's headers hook included), the last chunk and its
 trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
-error), the final read of a content-length body, an HTTP/2 client or upstream, TLS on the
-upstream's side, a client TLS layer whose tunnel is not open (the handshake), that holds events
-it queued, or whose session was shut down (a close_notify either way), TLS inside TLS,
-`store_streamed_bodies`, `proxy_debug`, or a relay that failed. A read can be split: the relay
+error), the final read of a content-length body, an HTTP/2 upstream, an HTTP/2 client's stream
+no longer open for the proxy to send on, TLS on the upstream's side, a client TLS layer whose
+tunnel is not open (the handshake), that holds events it queued, or whose session was shut down
+(a close_notify either way), TLS inside TLS, `store_streamed_bodies`, `proxy_debug`, or a relay
+that failed. A read can be split: the relay
 takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
 as h11 left it. tests/proxy/fastpath/test_relay.py holds the pieces to h11's on random splits, and
 the bytes and records of real flows to those of the same flows with the relay off
 (`hopmeter run --no-relay`); test_client_tls.py does the same for clients in TLS, on random bodies
-and reads.
+and reads, over HTTP/1.1 and HTTP/2.
 
 It fails closed. A read goes through its steps in order (`STEPS`): the checks and the split only
 read, so a fault there leaves the whole read to mitmproxy's layers, untouched, and the relay
 steps aside for the rest of the response. From the first step that changes anything (the
 reader's state, the tap, the client's TLS connection or writer) a fault ends the client's
 connection with a reset (`cut`): the client sees its body end without its last chunk (or its
-length, or with a reset where the body runs to the close), never a piece twice and never a piece
-missing in the middle, and the flow's record says `ended: "error"` with `relay_error`. Both are
-counted (hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and
-logged.
+length, or with a reset where the body runs to the close; over HTTP/2 every stream of the
+connection ends unfinished), never a piece twice and never a piece missing in the middle, and
+the flow's record says `ended: "error"` with `relay_error`. Both are counted
+(hopmeter_internal_errors_total{where="relay"}, hopmeter_relay_faults_total{outcome}) and logged.
 
 It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it
 (hopmeter.proxy.fastpath); the addons a user loads into a plain mitmdump leave mitmproxy as it is.
@@ -80,6 +87,7 @@ from hopmeter.proxy.fastpath import client_tls, framing
 from hopmeter.proxy.fastpath.backpressure import needs_drain
 from hopmeter.proxy.fastpath.client_tls import send as send_tls
 from hopmeter.proxy.fastpath.internals import (
+    BufferedH2Connection,
     ChunkedReader,
     ClientTLSLayer,
     ConnectionHandler,
@@ -88,6 +96,7 @@ from hopmeter.proxy.fastpath.internals import (
     Http1Client,
     Http1Connection,
     Http1Server,
+    Http2Server,
     Http10Reader,
     HttpClient,
     HttpLayer,
@@ -112,7 +121,7 @@ STEPS = (
     "split",  # the read into the pieces h11's reader would give (`split_chunked`)
     "commit",  # h11's reader state as it would leave it; mitmproxy's idle timer told
     "tap",  # each piece through the response's stream callable
-    "frame",  # framed as mitmproxy's HTTP/1 server would (`framing.chunked`)
+    "frame",  # framed as mitmproxy's HTTP/1 server (`framing.chunked`) or HTTP/2 server would
     "write",  # written to the client's writer (in TLS: through its OpenSSL connection first)
     "rest",  # what follows the relay's part handed to mitmproxy's layers (`_rest`)
     "drain",  # after a direct read: mitmproxy's drain step if a writer needs it (`needs_drain`)
@@ -145,7 +154,9 @@ _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 # Why a streamed response is left to mitmproxy's layers: /metrics' `reason` label (bounded).
 TLS = "tls"  # TLS on the upstream's connection (or the client's, not as the relay follows it)
-NOT_HTTP1 = "not_http1"  # the upstream's or the client's connection is HTTP/2 (or not plain HTTP/1)
+# the upstream's connection is HTTP/2 (or not plain HTTP/1), or the client's neither HTTP/1 nor
+# mitmproxy's HTTP/2 server as the relay follows it
+NOT_HTTP1 = "not_http1"
 PROXY_DEBUG = "proxy_debug"  # proxy_debug logs every event in every layer
 LAYERS = "layers"  # a layer on the path is still being decided or does more than pass events on
 UNLOCATED = "unlocated"  # the connection's handler, HTTP layer, writer or stream was not found
@@ -163,13 +174,14 @@ CUT = "cut"  # the client's connection was ended with a reset, the record says e
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "declined", "direct", "faults", "pieces", "tls_pieces")
+    __slots__ = ("armed", "declined", "direct", "faults", "h2_pieces", "pieces", "tls_pieces")
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
         self.declined = dict.fromkeys(DECLINED, 0)  # responses left to mitmproxy, by reason
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
         self.tls_pieces = 0  # of those, pieces sent through a client's TLS connection
+        self.h2_pieces = 0  # of those, pieces sent to a client over HTTP/2
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
         self.faults = {LEFT: 0, CUT: 0}  # faults in a relay, by what became of the read
 
@@ -191,7 +203,16 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
             "Of the relayed pieces, those sent through the client's TLS connection.",
             STATS.tls_pieces,
         ),
-        ("relayed_responses", "Streamed HTTP/1 responses a relay was armed for.", STATS.armed),
+        (
+            "relayed_h2_pieces",
+            "Of the relayed pieces, those sent to a client over HTTP/2 (DATA on its stream).",
+            STATS.h2_pieces,
+        ),
+        (
+            "relayed_responses",
+            "Streamed responses from an HTTP/1 upstream a relay was armed for.",
+            STATS.armed,
+        ),
         (
             "relayed_direct_reads",
             "Upstream reads a relay took as they arrived, without mitmproxy's read loop.",
@@ -199,7 +220,8 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
         ),
         (
             "relay_declined",
-            "Streamed responses left to mitmproxy's layers, by reason: tls, not_http1 (HTTP/2), "
+            "Streamed responses left to mitmproxy's layers, by reason: tls, not_http1 (an "
+            "HTTP/2 upstream), "
             "proxy_debug, layers (a layer that does more than pass events on), unlocated, "
             "version (the relay is off: mitmproxy, h11 or Python is not as it was read).",
             ("reason", dict(STATS.declined)),
@@ -405,6 +427,7 @@ class BodyRelay:
         "dead",
         "flow",
         "h1",
+        "h2",
         "handler",
         "http_layer",
         "kind",
@@ -429,7 +452,7 @@ class BodyRelay:
         flow: http.HTTPFlow,
         http_layer: HttpLayer,
         h1: Http1Client,
-        server: Http1Server,
+        server: Http1Server | Http2Server,
         stream: HttpStream,
         layers: tuple[Any, ...],
         store_option: Any,
@@ -446,6 +469,8 @@ class BodyRelay:
         self.h1: Any = h1
         self.sid: Any = h1.stream_id
         self.server: Any = server
+        # an HTTP/2 client's connection (mitmproxy's BufferedH2Connection), else None
+        self.h2: Any = server.h2_conn if type(server) is Http2Server else None
         self.stream: Any = stream
         self.layers = layers  # those whose pause would hold a read back: a hook in progress
         self.store_option = store_option  # mitmproxy's store_streamed_bodies (read per read)
@@ -525,11 +550,15 @@ class BodyRelay:
             or self.http_layer.streams.get(self.sid) is not stream
             or self.flow.response is not response
             or self.response.stream is not self.tap
-            or self.server.response is None
-            or self.server.stream_id != self.sid
             or self.store_option.value is True
         ):
             return None
+        server = self.server
+        if self.h2 is None:
+            if server.response is None or server.stream_id != self.sid:
+                return None
+        elif not server.is_open_for_us(self.sid) or server.h2_conn is not self.h2:
+            return None  # the client reset the stream, or the connection is closing
         if self.kind == _CHUNKED and self.reader._reading_trailer:
             return None
         tls = self.tls
@@ -557,6 +586,9 @@ class BodyRelay:
 
     def _deliver(self, pieces: list[bytes], writer: Any) -> None:
         """What HttpStream, Http1Server and server_event do with each piece, in their order."""
+        if self.h2 is not None:
+            self._deliver_h2(pieces, writer)
+            return
         tap = self.response.stream
         chunked = framing.chunked(self.server, self.server.response)
         ssl = self.ssl
@@ -573,6 +605,31 @@ class BodyRelay:
                     continue
                 send_tls(ssl, raw, writer)  # as mitmproxy's client TLS layer sends it
         STATS.pieces += len(pieces)
+        if ssl is not None:
+            STATS.tls_pieces += len(pieces)
+
+    def _deliver_h2(self, pieces: list[bytes], writer: Any) -> None:
+        """What HttpStream, Http2Server (Http2Connection._handle_event with a ResponseData) and
+        server_event do with each piece for an HTTP/2 client, in their order: every chunk the
+        stream callable returns into the connection on the flow's stream (`_ready` found the
+        stream open for the proxy), then the frames it has to send, if any, as one write."""
+        tap = self.response.stream
+        h2, sid, ssl = self.h2, self.sid, self.ssl
+        for piece in pieces:
+            out = tap(piece)
+            chunks: Iterable[bytes] = [out] if isinstance(out, bytes) else out
+            for chunk in chunks:
+                h2.send_data(sid, chunk)
+                raw = h2.data_to_send()
+                if not raw:
+                    continue
+                if ssl is None:
+                    if not writer.is_closing():
+                        writer.write(raw)
+                    continue
+                send_tls(ssl, raw, writer)
+        STATS.pieces += len(pieces)
+        STATS.h2_pieces += len(pieces)
         if ssl is not None:
             STATS.tls_pieces += len(pieces)
 
@@ -644,7 +701,10 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
     if type(client) is not HttpClient or type(h1) is not Http1Client or not _delegates(client, h1):
         return NOT_HTTP1  # the upstream's connection
     server = http_layer.connections.get(flow.client_conn)
-    if type(server) is not Http1Server:
+    if type(server) is Http2Server:
+        if type(server.h2_conn) is not BufferedH2Connection or "_handle_event" in server.__dict__:
+            return NOT_HTTP1  # not mitmproxy's HTTP/2 server as the relay follows it
+    elif type(server) is not Http1Server:
         return NOT_HTTP1  # the client's connection
     io = handler.transports.get(flow.client_conn)
     writer = getattr(io, "writer", None)
