@@ -25,8 +25,8 @@ bench/results/<UTC time>-callgrind.json.
 through mitmproxy's own layers; bare mitmdump runs as for `http1`), `tls` (HTTP/1.1 in TLS from
 the client, a new connection and handshake per flow) and `h2` (HTTP/2 in TLS, ALPN h2: every flow
 of a load is a stream on one connection, one stream at a time). hopmeter's relay takes `tls`'s
-body reads as `http1`'s (it sends through the client's TLS connection); `h2` goes through
-mitmproxy's layers. Each proto's figures are under `protos`;
+and `h2`'s body reads as `http1`'s (it sends through the client's TLS connection, and to an
+HTTP/2 client into its HTTP/2 connection). Each proto's figures are under `protos`;
 `serial` repeats `http1`'s when it ran. With `--functions N`, one more round per proto and
 variant runs with Python's perf trampolines (bench/cg_functions.py) and records the top N
 functions by inclusive and by self Ir, per event and per flow, hopmeter's own marked; that
