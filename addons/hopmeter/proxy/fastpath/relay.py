@@ -48,12 +48,11 @@ error), the final read of a content-length body, an HTTP/2 upstream, an HTTP/2 c
 no longer open for the proxy to send on, TLS on the upstream's side, a client TLS layer whose
 tunnel is not open (the handshake), that holds events it queued, or whose session was shut down
 (a close_notify either way), TLS inside TLS, `store_streamed_bodies`, `proxy_debug`, or a relay
-that failed. A read can be split: the relay
-takes what comes before such a point and mitmproxy's method gets the rest, with the reader's state
-as h11 left it. tests/proxy/fastpath/test_relay.py holds the pieces to h11's on random splits, and
-the bytes and records of real flows to those of the same flows with the relay off
-(`hopmeter run --no-relay`); test_client_tls.py does the same for clients in TLS, on random bodies
-and reads, over HTTP/1.1 and HTTP/2.
+that failed. A read can be split: the relay takes what comes before such a point and mitmproxy's
+method gets the rest, with the reader's state as h11 left it. tests/proxy/fastpath/test_relay.py
+holds the pieces to h11's on random splits, and the bytes and records of real flows to those of
+the same flows with the relay off (`hopmeter run --no-relay`); test_client_tls.py does the same
+for clients in TLS, on random bodies and reads, over HTTP/1.1 and HTTP/2.
 
 It fails closed. A read goes through its steps in order (`STEPS`): the checks and the split only
 read, so a fault there leaves the whole read to mitmproxy's layers, untouched, and the relay
