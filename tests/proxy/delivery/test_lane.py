@@ -246,6 +246,34 @@ class TestLoopLog:
         ((start, wall, cpu),) = log.steps
         assert start == t0 and wall >= 2 * STEP_FLOOR_S and 0 < cpu <= wall + 0.001
 
+    def test_the_cpu_clock_is_read_again_only_for_a_step_that_is_kept(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """time.thread_time is a system call: a quick step's end does not read it, a kept one's
+        does (its CPU is the CPU it used, never a figure made up)."""
+        reads: list[float] = []
+
+        class Clocks:
+            """The real clocks; the thread's CPU clock's reads noted."""
+
+            monotonic = staticmethod(time.monotonic)
+
+            @staticmethod
+            def thread_time() -> float:
+                reads.append(time.thread_time())
+                return reads[-1]
+
+        monkeypatch.setattr("hopmeter.proxy.delivery.lane.time", Clocks)
+        log = LoopLog()
+        log.step(time.monotonic(), time.thread_time())
+        assert not log.steps and reads == []
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        while time.monotonic() < t0 + 2 * STEP_FLOOR_S:  # the slow step: busy on purpose
+            pass
+        log.step(t0, cpu0)
+        ((_, wall, cpu),) = log.steps
+        assert len(reads) == 1 and cpu == min(reads[0] - cpu0, wall) and cpu > 0
+
     def test_a_flow_reads_the_steps_and_lags_that_overlapped_it(self) -> None:
         """window keeps what overlapped [from, to] and leaves the rest."""
         log = LoopLog()
