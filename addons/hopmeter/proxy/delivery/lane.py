@@ -387,11 +387,18 @@ class Delivery:
 
     def _tick(self) -> None:
         now = self.clock()
-        self.log.lag(now, now - self._timer_at)
+        armed_at = self._timer_at
+        self.log.lag(now, now - armed_at)
         self._timer, self._timer_at = None, math.inf
+        # The loop may run this before `armed_at` on this clock: uvloop rounds a delay to whole
+        # milliseconds and counts it from the time it read at the start of its turn, so its timer
+        # can fire up to ~1.5 ms early. A look the timer was armed for is taken now, early (its
+        # interval comes out shorter, never longer), rather than re-armed for the sliver left:
+        # that was a turn of the loop and often a wake-up of its own, more ticks than looks.
+        reach = max(now, armed_at) + _TOGETHER_S
         nxt = math.inf
         for tracker in list(self.active):
-            if tracker.due <= now + _TOGETHER_S:
+            if tracker.due <= reach:
                 if not self._poll(tracker, now):
                     tracker.active = False
                     self.active.discard(tracker)
