@@ -145,10 +145,10 @@ class TestMeasureQueue:
             t, c = clocks.monotonic(), clocks.thread_time()
             log.lag(t, t - queue.due)
             queue.measure()
-            # LoopLog.step's reads, from the same clocks
-            spent, took = clocks.thread_time() - c, clocks.monotonic() - t
+            # LoopLog.step's reads, from the same clocks: the CPU only for a step that is kept
+            took = clocks.monotonic() - t
             if took >= STEP_FLOOR_S:
-                log.steps.append((t, took, min(spent, took)))
+                log.steps.append((t, took, min(clocks.thread_time() - c, took)))
 
         notes = []
         for inlined in (True, False):
@@ -174,6 +174,9 @@ class TestMeasureQueue:
                 general(log, queue, clocks)
             assert measured == [float(i) for i in range(chunks)]
             assert not queue.pending and not queue.scheduled and not clocks.mono
+            # the thread's CPU clock (a system call) is read twice for a kept step, once else
+            kept = (t0 + wall) - t0 >= STEP_FLOOR_S  # the wall time as the clocks give it
+            assert len(clocks.cpu) == (0 if kept else 1)
             notes.append((list(log.lags), list(log.steps)))
         assert notes[0] == notes[1]
 

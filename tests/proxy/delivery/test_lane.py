@@ -70,6 +70,46 @@ class TestAttach:
 
 
 @pytest.mark.loopback  # mitmproxy's connection handler around a real socket
+class TestPoller:
+    @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+    def test_every_tick_of_the_poller_looks_at_a_connection(self, loop: str) -> None:
+        """A client that keeps up, a chunk every 3 ms for 0.4 s: the poller's timer fires only
+        to look. uvloop's timers keep whole milliseconds and can fire before the look is due on
+        the monotonic clock; the look is taken then, not re-armed for what is left (a tick, and
+        often a wake-up of the loop, that looks at nothing)."""
+
+        async def test() -> None:
+            async with live_client() as live:
+                d = delivery()
+                out = d.attach(flow_of(live), chaos=False)
+                tracker = out.conn
+                assert tracker is not None
+                ticks, looks = [0], [0]
+                tick, poll = d._tick, tracker.poll
+
+                def counted_tick() -> None:
+                    ticks[0] += 1
+                    tick()
+
+                def counted_poll(now: float) -> bool:
+                    looks[0] += 1
+                    return poll(now)
+
+                d._tick = counted_tick  # type: ignore[method-assign]
+                tracker.poll = counted_poll  # type: ignore[method-assign]
+                end = time.monotonic() + 0.4
+                while time.monotonic() < end:
+                    out.chunk(5, time.monotonic())
+                    live.writer.write(b"hello")
+                    unread(live.peer)
+                    await asyncio.sleep(0.003)
+                await asyncio.sleep(2 * POLL_IDLE_MAX_S)  # the last look
+                assert looks[0] >= 0.4 / POLL_IDLE_MAX_S and ticks[0] == looks[0]
+
+        run(test, loop)
+
+
+@pytest.mark.loopback  # mitmproxy's connection handler around a real socket
 class TestFinish:
     def test_the_record_waits_until_the_client_has_the_last_bytes(self) -> None:
         """A flow ends with bytes the client has not taken: its callback runs once they are sent."""
@@ -245,6 +285,34 @@ class TestLoopLog:
         log.step(t0, cpu0)
         ((start, wall, cpu),) = log.steps
         assert start == t0 and wall >= 2 * STEP_FLOOR_S and 0 < cpu <= wall + 0.001
+
+    def test_the_cpu_clock_is_read_again_only_for_a_step_that_is_kept(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """time.thread_time is a system call: a quick step's end does not read it, a kept one's
+        does (its CPU is the CPU it used, never a figure made up)."""
+        reads: list[float] = []
+
+        class Clocks:
+            """The real clocks; the thread's CPU clock's reads noted."""
+
+            monotonic = staticmethod(time.monotonic)
+
+            @staticmethod
+            def thread_time() -> float:
+                reads.append(time.thread_time())
+                return reads[-1]
+
+        monkeypatch.setattr("hopmeter.proxy.delivery.lane.time", Clocks)
+        log = LoopLog()
+        log.step(time.monotonic(), time.thread_time())
+        assert not log.steps and reads == []
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        while time.monotonic() < t0 + 2 * STEP_FLOOR_S:  # the slow step: busy on purpose
+            pass
+        log.step(t0, cpu0)
+        ((_, wall, cpu),) = log.steps
+        assert len(reads) == 1 and cpu == min(reads[0] - cpu0, wall) and cpu > 0
 
     def test_a_flow_reads_the_steps_and_lags_that_overlapped_it(self) -> None:
         """window keeps what overlapped [from, to] and leaves the rest."""

@@ -326,11 +326,10 @@ class MeasureQueue:
         pending, self.pending = self.pending, []
         for tap, data, now in pending:
             tap.measure(data, now)
-        # CPU read first, so the wall interval holds the CPU one (LoopLog.step)
-        cpu = time.thread_time() - cpu0
+        # the thread's CPU is read again only for a step that is kept (LoopLog.step)
         wall = time.monotonic() - t0
         if wall >= STEP_FLOOR_S:
-            log.steps.append((t0, wall, min(cpu, wall)))
+            log.steps.append((t0, wall, min(time.thread_time() - cpu0, wall)))
 
     def measure(self) -> None:
         """Measure every queued chunk, in arrival order. Never raises."""

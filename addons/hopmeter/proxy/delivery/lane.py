@@ -66,13 +66,17 @@ class LoopLog:
         self.lags: deque[tuple[float, float]] = deque(maxlen=MAX_LOOP_NOTES)
 
     def step(self, t0: float, cpu0: float) -> None:
-        """A step of hopmeter's that began at `t0` (monotonic) with the thread at `cpu0` CPU s."""
-        # CPU read first, so the wall interval holds the CPU one (callers read t0, then cpu0);
-        # one thread cannot use more CPU than wall time: the clamp absorbs the clocks' grain
-        cpu = time.thread_time() - cpu0
+        """A step of hopmeter's that began at `t0` (monotonic) with the thread at `cpu0` CPU s.
+
+        The thread's CPU clock has no fast path (`time.thread_time` is a system call each time,
+        where `time.monotonic` is not), so it is read again only for a step that is kept: a
+        quick step costs one read, not two. The CPU interval then ends one monotonic read after
+        the wall one; one thread cannot use more CPU than wall time, and the clamp absorbs that
+        and the clocks' grain.
+        """
         wall = time.monotonic() - t0
         if wall >= STEP_FLOOR_S:
-            self.steps.append((t0, wall, min(cpu, wall)))
+            self.steps.append((t0, wall, min(time.thread_time() - cpu0, wall)))
 
     def lag(self, at: float, late_s: float) -> None:
         """A timer ran `late_s` after it was due."""
@@ -383,11 +387,18 @@ class Delivery:
 
     def _tick(self) -> None:
         now = self.clock()
-        self.log.lag(now, now - self._timer_at)
+        armed_at = self._timer_at
+        self.log.lag(now, now - armed_at)
         self._timer, self._timer_at = None, math.inf
+        # The loop may run this before `armed_at` on this clock: uvloop rounds a delay to whole
+        # milliseconds and counts it from the time it read at the start of its turn, so its timer
+        # can fire up to ~1.5 ms early. A look the timer was armed for is taken now, early (its
+        # interval comes out shorter, never longer), rather than re-armed for the sliver left:
+        # that was a turn of the loop and often a wake-up of its own, more ticks than looks.
+        reach = max(now, armed_at) + _TOGETHER_S
         nxt = math.inf
         for tracker in list(self.active):
-            if tracker.due <= now + _TOGETHER_S:
+            if tracker.due <= reach:
                 if not self._poll(tracker, now):
                     tracker.active = False
                     self.active.discard(tracker)
