@@ -97,6 +97,22 @@ def _close(seg: dict[str, Any], expected: dict[str, Any]) -> None:
     assert {f["kind"] for f in seg["findings"]} == {f["kind"] for f in expected["findings"]}
 
 
+def _within_bounds(seg: dict[str, Any], shift_s: float, truth: dict[str, Any]) -> None:
+    """A segment joined across shifted clocks says what it can know: the true skew lies within
+    its causal bounds, and each true hold (the two flows aligned on one clock) within the hold
+    the segment gives plus its stated uncertainty. The estimate misses the truth by the fastest
+    token's hold (docs: `estimate_skew`), a tenth of a millisecond through a quiet nginx and a
+    few on a loaded machine, which these bounds carry and a fixed tolerance does not."""
+    lower, upper = seg["skew_bounds_s"]
+    assert lower - TOLERANCE_S <= shift_s <= upper + TOLERANCE_S, (lower, shift_s, upper)
+    assert lower - TOLERANCE_S <= seg["skew_s"] <= upper + TOLERANCE_S
+    lo, hi = seg["hold_uncertainty_s"]
+    for key in HOLDS:
+        assert seg[key] + lo - TOLERANCE_S <= truth[key] <= seg[key] + hi + TOLERANCE_S, key
+    for key in ("segment", "inner_hop", "whole_body", "tokens_aligned"):
+        assert seg[key] == truth[key], key
+
+
 @pytest.mark.parametrize("config", ["streaming", "gzip_hold"])
 def test_two_hosts_joined_live_give_the_pairings_holds(tmp_path: Path, config: str) -> None:
     """Edge and origin hopmeters in two processes, a real nginx between them, both exporting to
@@ -212,9 +228,9 @@ def test_an_instrumented_client_s_traces_join_linked_whatever_the_origin_s_clock
     """An OpenTelemetry-instrumented httpx client (its own traceparent on every request) through
     edge hopmeter, nginx and origin hopmeter, each in its own process, the origin's wall clock
     2.5 s ahead or behind, exporting to a join service: every trace is linked (the edge's span is
-    the client's child, the origin's the edge's), every segment is edge>origin, and its holds are
-    within 1 ms of the same two flows aligned on one clock (the shift taken out), as one process
-    pairs them."""
+    the client's child, the origin's the edge's), every segment is edge>origin, the shift lies
+    within its skew bounds and the holds of the same two flows aligned on one clock (the shift
+    taken out) within its holds and their stated uncertainty."""
     requests = 4
     provider = TracerProvider()
     client_spans = InMemorySpanExporter()
@@ -248,7 +264,6 @@ def test_an_instrumented_client_s_traces_join_linked_whatever_the_origin_s_clock
         assert inner["parent_span_id"] == outer["span_id"]  # hopmeter's own span, forwarded
         shift = (shift_s, shift_s)
         one_clock = align(HopView.from_record(outer), HopView.from_record(inner), shift)
-        assert seg["skew_s"] == pytest.approx(shift_s, abs=TOLERANCE_S)
-        _close(seg, one_clock.as_dict())
+        _within_bounds(seg, shift_s, one_clock.as_dict())
     assert metrics['hopmeter_join_segment_orders_total{order="link"}'] == requests
     assert metrics['hopmeter_negative_durations_total{what="hold"}'] == 0
