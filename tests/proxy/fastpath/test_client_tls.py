@@ -8,6 +8,7 @@ of such a read leaves it to mitmproxy or cuts the client's connection, never mor
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import ssl
@@ -118,6 +119,33 @@ def _tls_metrics(port: int) -> tuple[float, float]:
 ATTEMPTS = 3  # a scenario's reads may coalesce apart in two runs on a busy machine: run again
 
 
+@contextlib.contextmanager
+def _side_by_side(tmp_path: Path) -> Iterator[tuple[dict[str, int], Any, Any]]:
+    """`hopmeter run` with the relay and without it (`--no-relay`) in front of one scripted
+    upstream, each with its own records and metrics port: (the metrics ports, relay, off)."""
+    ports = {run: free_port() for run in ("relay", "off")}
+    for run in ports:
+        (tmp_path / run).mkdir()
+    confdir = ("--set", f"confdir={tmp_path / 'mitmproxy'}")
+    with ScriptedUpstream(_serve) as up:
+        url = f"http://127.0.0.1:{up.port}"
+        with (
+            measuring(
+                tmp_path / "relay",
+                url,
+                *("--metrics", f"127.0.0.1:{ports['relay']}", *confdir),
+                ports=(ports["relay"],),
+            ) as on,
+            measuring(
+                tmp_path / "off",
+                url,
+                *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay", *confdir),
+                ports=(ports["off"],),
+            ) as off,
+        ):
+            yield ports, on, off
+
+
 @pytest.mark.integration
 def test_over_tls_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
     """Each scenario and random body, from a TLS client through `hopmeter run` with the relay
@@ -125,26 +153,7 @@ def test_over_tls_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> Non
     for times (a pair whose upstream reads were cut apart by timing alone is run again); the
     relay armed for every response and moved its pieces through the client's TLS connection."""
     names = _names()
-    ports = {run: free_port() for run in ("relay", "off")}
-    for run in ports:
-        (tmp_path / run).mkdir()
-    with (
-        ScriptedUpstream(_serve) as up,
-        measuring(
-            tmp_path / "relay",
-            f"http://127.0.0.1:{up.port}",
-            *("--metrics", f"127.0.0.1:{ports['relay']}"),
-            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
-            ports=(ports["relay"],),
-        ) as on,
-        measuring(
-            tmp_path / "off",
-            f"http://127.0.0.1:{up.port}",
-            *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay"),
-            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
-            ports=(ports["off"],),
-        ) as off,
-    ):
+    with _side_by_side(tmp_path) as (ports, on, off):
         flows = 0
         for name in names:
             differences = []
@@ -218,28 +227,9 @@ def test_over_h2_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None
     client's WINDOW_UPDATEs, and whether the client was slow enough to be found slow, which
     timing decides). The relay armed for every response and sent
     every piece it moved as HTTP/2, through the client's TLS connection."""
-    ports = {run: free_port() for run in ("relay", "off")}
-    for run in ports:
-        (tmp_path / run).mkdir()
     cases = [(name, None) for name in _names()]
     cases += [(name, SMALL_WINDOW) for name in SMALL_WINDOW_NAMES]
-    with (
-        ScriptedUpstream(_serve) as up,
-        measuring(
-            tmp_path / "relay",
-            f"http://127.0.0.1:{up.port}",
-            *("--metrics", f"127.0.0.1:{ports['relay']}"),
-            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
-            ports=(ports["relay"],),
-        ) as on,
-        measuring(
-            tmp_path / "off",
-            f"http://127.0.0.1:{up.port}",
-            *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay"),
-            *("--set", f"confdir={tmp_path / 'mitmproxy'}"),
-            ports=(ports["off"],),
-        ) as off,
-    ):
+    with _side_by_side(tmp_path) as (ports, on, off):
         flows = 0
         for name, window in cases:
             differences = []

@@ -596,13 +596,8 @@ class BodyRelay:
             chunks: Iterable[bytes] = [out] if isinstance(out, bytes) else out
             for chunk in chunks:
                 raw = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
-                if not raw:
-                    continue
-                if ssl is None:
-                    if not writer.is_closing():
-                        writer.write(raw)
-                    continue
-                send_tls(ssl, raw, writer)  # as mitmproxy's client TLS layer sends it
+                if raw:
+                    _write(raw, writer, ssl)
         STATS.pieces += len(pieces)
         if ssl is not None:
             STATS.tls_pieces += len(pieces)
@@ -620,13 +615,8 @@ class BodyRelay:
             for chunk in chunks:
                 h2.send_data(sid, chunk)
                 raw = h2.data_to_send()
-                if not raw:
-                    continue
-                if ssl is None:
-                    if not writer.is_closing():
-                        writer.write(raw)
-                    continue
-                send_tls(ssl, raw, writer)
+                if raw:
+                    _write(raw, writer, ssl)
         STATS.pieces += len(pieces)
         STATS.h2_pieces += len(pieces)
         if ssl is not None:
@@ -660,6 +650,17 @@ class BodyRelay:
         except Exception:  # no transport to abort: mitmproxy closes the connection itself
             with contextlib.suppress(Exception):
                 self.handler.close_connection(self.flow.client_conn)
+
+
+def _write(raw: bytes, writer: Any, ssl: Any) -> None:
+    """One piece to the client as mitmproxy sends it: to its writer unless that is closing
+    (mitmproxy skips a dropped connection's writes), or through its TLS connection (`ssl`) as
+    mitmproxy's client TLS layer sends it."""
+    if ssl is None:
+        if not writer.is_closing():
+            writer.write(raw)
+    else:
+        send_tls(ssl, raw, writer)
 
 
 def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str:
