@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -44,10 +45,12 @@ class Exchange:
 
 
 class ScriptedUpstream:
-    """Serve `handler` on 127.0.0.1 from a background thread; use as a context manager."""
+    """Serve `handler` on 127.0.0.1 from a background thread (in TLS with `tls`, a server
+    context); use as a context manager."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.tls = tls
         self.port = 0
         self.loop = asyncio.new_event_loop()
         self.requests: list[Exchange] = []
@@ -68,7 +71,7 @@ class ScriptedUpstream:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         self._server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0)
+            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()

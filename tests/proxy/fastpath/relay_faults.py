@@ -5,7 +5,8 @@ A request whose path ends `/fault/<path>/<step>` gets one fault at `<step>` of a
 
 - path `direct`: reads taken as they arrive (ReadShortcut); the fault is raised only there;
 - path `server_event`: this flow's reads skip the shortcut and reach the relay through
-  mitmproxy's read loop and its `server_event`.
+  mitmproxy's read loop and its `server_event` (from an upstream in TLS: the plaintext mitmproxy's
+  TLS layer hands its child, `relay.tls_take`).
 
 A request whose path ends `/close-mid-read` has its client's transport aborted, as a peer's reset
 would close it, after the first piece of the first read of several pieces the relay moves, and
@@ -105,6 +106,7 @@ def reading(plan: Plan, call: Any, *args: Any) -> Any:
 
 
 _server_event = relay.server_event
+_tls_take = relay.tls_take
 _data_received = ReadShortcut.data_received
 _resume = ReadShortcut._resume
 _needs_drain = relay.needs_drain
@@ -118,6 +120,14 @@ def server_event(self: Any, event: Any) -> Any:
     if plan is None or plan.path != "server_event":
         return _server_event(self, event)
     return reading(plan, _server_event, self, event)
+
+
+def tls_take(layer: Any, event: Any) -> Any:
+    body_relay = event.connection.__dict__.get(relay._KEY) if type(event) is DataReceived else None
+    plan = plan_of(body_relay)
+    if plan is None or plan.path != "server_event":
+        return _tls_take(layer, event)
+    return reading(plan, _tls_take, layer, event)
 
 
 class Unreadable:
@@ -209,6 +219,7 @@ def relaying(step: str, original: Any) -> Any:
 
 
 relay.server_event = server_event  # what fastpath.install() puts in front of mitmproxy's
+relay.tls_take = tls_take  # what relay.tls_event_to_child calls
 if ConnectionHandler.server_event is _server_event:  # the script was loaded after install()
     ConnectionHandler.server_event = server_event  # type: ignore[method-assign]
 ReadShortcut.data_received = data_received  # type: ignore[method-assign]

@@ -29,7 +29,7 @@ _WantReadError = SSL.WantReadError
 _READ_SIZE = 65535  # mitmproxy's tls_interact reads its connection's output this much at a time
 # a layer's own attribute by one of these names (ClientTLSLayer sets `event_to_child` after a
 # failed handshake) means it does more than TunnelLayer's methods do
-_OVERRIDDEN = frozenset({"event_to_child", "_handle_command", "send_data"})
+OVERRIDDEN = frozenset({"event_to_child", "_handle_command", "send_data"})
 
 
 def follows(layer: Any, child: Any, client: Any) -> bool:
@@ -42,7 +42,7 @@ def follows(layer: Any, child: Any, client: Any) -> bool:
         and layer.tunnel_connection is client
         and layer.tunnel_state is _OPEN
         and type(layer.tls) is SSL.Connection
-        and not layer.__dict__.keys() & _OVERRIDDEN
+        and not layer.__dict__.keys() & OVERRIDDEN
     )
 
 

@@ -88,6 +88,8 @@ MIRRORED: dict[str, Any] = {
     "mitmproxy TunnelLayer.event_to_child": TunnelLayer.event_to_child,
     "mitmproxy TLSLayer.send_data": TLSLayer.send_data,
     "mitmproxy TLSLayer.tls_interact": TLSLayer.tls_interact,
+    # an upstream's TLS layer: it hands each read's plaintext to its child (`event_to_child`)
+    "mitmproxy TLSLayer.receive_data": TLSLayer.receive_data,
     "mitmproxy ClientTLSLayer.receive_handshake_data": ClientTLSLayer.receive_handshake_data,
     # an HTTP/2 client's connection: what it does with a piece of the response's body
     "mitmproxy Http2Server._handle_event": Http2Server._handle_event,
@@ -144,6 +146,7 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "mitmproxy TunnelLayer.event_to_child": {"119a33642637d420": _M12},
     "mitmproxy TLSLayer.send_data": {"35a29a1b0b0cb184": _M12},
     "mitmproxy TLSLayer.tls_interact": {"62d6d57d43dd1a2e": _M12},
+    "mitmproxy TLSLayer.receive_data": {"85c0e6b656c324e5": _M12},
     "mitmproxy ClientTLSLayer.receive_handshake_data": {"a0ee021f92f6d0ff": _M12},
     "mitmproxy Http2Server._handle_event": {"7282fa18e70a3eaa": _M12},
     "mitmproxy Http2Connection._handle_event": {

@@ -32,7 +32,7 @@ from mitmproxy.proxy.layers.http._http1 import (
 )
 from mitmproxy.proxy.layers.http._http2 import Http2Connection, Http2Server
 from mitmproxy.proxy.layers.http._http_h2 import BufferedH2Connection
-from mitmproxy.proxy.layers.tls import ClientTLSLayer, TLSLayer
+from mitmproxy.proxy.layers.tls import ClientTLSLayer, ServerTLSLayer, TLSLayer
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from mitmproxy.proxy.server import ConnectionHandler, TimeoutWatchdog
 from mitmproxy.proxy.tunnel import TunnelLayer, TunnelState
@@ -63,6 +63,7 @@ __all__ = [
     "ResponseData",
     "ReverseMode",
     "SendData",
+    "ServerTLSLayer",
     "TLSLayer",
     "TimeoutWatchdog",
     "TunnelLayer",

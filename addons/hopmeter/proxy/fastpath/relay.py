@@ -34,6 +34,14 @@ does what the layers would do, in the same order, with the same bytes:
   does not allow, as for mitmproxy), then the frames the connection has to send
   (`data_to_send`), written (in TLS: through the client's OpenSSL connection) as one write.
 
+An upstream in TLS (mitmproxy's `ServerTLSLayer` for the flow's connection, under the HTTP
+layer) is followed one step lower: its reads go through mitmproxy's `server_event` and its TLS
+layer, which decrypts each one (`receive_data`) and hands the plaintext to its HTTP client
+(`event_to_child`); `install()` puts `tls_event_to_child` in front of that for ServerTLSLayer,
+and the relay takes the plaintext there as it takes a plain upstream's read (inside mitmproxy's
+`server_event`, so not as the read arrives: no `ReadShortcut`). What it leaves goes on to the
+HTTP client as it would have.
+
 A read that arrives while mitmproxy's read loop for the upstream connection waits with nothing
 buffered is taken even earlier, in the connection's protocol callback (`ReadShortcut`, in front
 of mitmproxy's `StreamReaderProtocol`): no stream reader, no wake-up of the loop's task, and the
@@ -45,7 +53,7 @@ Whatever the relay does not take goes to mitmproxy's own method: a read while an
 path is paused (a hook in progress, the response's headers hook included), the last chunk and its
 trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
 error), the final read of a content-length body, an HTTP/2 upstream, an HTTP/2 client's stream
-no longer open for the proxy to send on, TLS on the upstream's side, a client TLS layer whose
+no longer open for the proxy to send on, an upstream TLS layer not open, a client TLS layer whose
 tunnel is not open (the handshake), that holds events it queued, or whose session was shut down
 (a close_notify either way), TLS inside TLS, `store_streamed_bodies`, `proxy_debug`, or a relay
 that failed. A read can be split: the relay takes what comes before such a point and mitmproxy's
@@ -101,6 +109,8 @@ from hopmeter.proxy.fastpath.internals import (
     HttpLayer,
     HttpStream,
     NextLayer,
+    ServerTLSLayer,
+    TunnelState,
     chunk_header_re,
     connection_handlers,
     layers_to_http,
@@ -129,6 +139,9 @@ STEPS = (
 LEFT_STEPS = STEPS[:2]  # a fault leaves the read to mitmproxy; later ones cut the connection
 
 _MITMPROXY_SERVER_EVENT = ConnectionHandler.server_event
+_MITMPROXY_TLS_TO_CHILD = ServerTLSLayer.event_to_child  # TunnelLayer's, inherited
+_OPEN = TunnelState.OPEN
+_ESTABLISHING = TunnelState.ESTABLISHING
 _KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
 _READ_BODY = Http1Connection.read_body
 _STREAM_BODY = HttpStream.state_stream_response_body
@@ -152,7 +165,7 @@ _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 # Why a streamed response is left to mitmproxy's layers: /metrics' `reason` label (bounded).
-TLS = "tls"  # TLS on the upstream's connection (or the client's, not as the relay follows it)
+TLS = "tls"  # TLS on the upstream's or the client's connection, not as the relay follows it
 # the upstream's connection is HTTP/2 (or not plain HTTP/1), or the client's neither HTTP/1 nor
 # mitmproxy's HTTP/2 server as the relay follows it
 NOT_HTTP1 = "not_http1"
@@ -302,7 +315,7 @@ def server_event(self: ConnectionHandler, event: Any) -> Any:
     """mitmproxy's `server_event`, a read from a relayed upstream moved by the relay."""
     if type(event) is _DataReceived:
         relay = event.connection.__dict__.get(_KEY)
-        if relay is not None:
+        if relay is not None and relay.up_tls is None:  # else: its plaintext, below
             used = relay.take(self, event.data)  # never raises
             if used:
                 if used == len(event.data):
@@ -313,6 +326,34 @@ def server_event(self: ConnectionHandler, event: Any) -> Any:
                     relay.cut(exc)
                     return _DONE
     return _MITMPROXY_SERVER_EVENT(self, event)
+
+
+def tls_event_to_child(self: ServerTLSLayer, event: Any) -> Any:
+    """mitmproxy's ServerTLSLayer.event_to_child, a read's plaintext from a relayed upstream in
+    TLS moved by the relay: mitmproxy's TLS layer decrypted the read (`receive_data`) and hands
+    the plaintext to its HTTP client here, inside mitmproxy's `server_event`. What the relay
+    does not take goes on to the layer's child as it would have."""
+    event = tls_take(self, event)
+    if event is not None:
+        yield from _MITMPROXY_TLS_TO_CHILD(self, event)
+
+
+def tls_take(layer: ServerTLSLayer, event: Any) -> Any:
+    """The relay's part of an event `layer` hands its child: the event for the child (all of
+    it, or the read less what the relay moved), or None when nothing is left. Never raises."""
+    if type(event) is _DataReceived:
+        relay = event.connection.__dict__.get(_KEY)
+        if relay is not None and relay.up_tls is layer:
+            used = relay.take(relay.handler, event.data, within=True)  # never raises
+            if used:
+                if used == len(event.data):
+                    return None
+                try:
+                    return _rest(event, used)
+                except Exception as exc:  # the relay's part is delivered, the rest cannot follow
+                    relay.cut(exc)
+                    return None
+    return event
 
 
 def _rest(event: Any, used: int) -> Any:
@@ -441,6 +482,7 @@ class BodyRelay:
         "stream",
         "tap",
         "tls",
+        "up_tls",
         "writer",
     )
 
@@ -458,6 +500,7 @@ class BodyRelay:
         writer: Any,
         on_fault: OnFault,
         tls: Any = None,
+        up_tls: Any = None,
     ) -> None:
         self.handler = handler
         self.flow = flow
@@ -480,17 +523,20 @@ class BodyRelay:
         # the client's TLS layer (ClientTLSLayer) and its OpenSSL connection, when in TLS
         self.tls: Any = tls
         self.ssl: Any = tls.tls if tls is not None else None
+        # the upstream's TLS layer (ServerTLSLayer) when in TLS: the relay takes its plaintext
+        self.up_tls: Any = up_tls
         self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
         self.kind = 0
         self.dead = False  # a fault, or a reader it does not follow: mitmproxy's layers move it
         self.cut_at: BaseException | None = None  # the fault that cut the client's connection
 
-    def take(self, handler: ConnectionHandler, data: bytes) -> int:
+    def take(self, handler: ConnectionHandler, data: bytes, *, within: bool = False) -> int:
         """Move what mitmproxy's layers would only move of `data`; how many bytes of it are done
         with: moved, or gone with the client's connection after a fault (`cut`). The rest is
-        for mitmproxy's layers. Never raises."""
+        for mitmproxy's layers. `within`: a TLS upstream's plaintext, inside mitmproxy's own
+        `server_event` (which holds its lock). Never raises."""
         try:  # "check", "split": nothing changed yet
-            writer = self._ready(handler)
+            writer = self._ready(handler, within)
             if writer is None:
                 return 0
             kind = self.kind
@@ -525,9 +571,15 @@ class BodyRelay:
             self.cut(exc)
         return used
 
-    def _ready(self, handler: ConnectionHandler) -> Any:
+    def _ready(self, handler: ConnectionHandler, within: bool = False) -> Any:
         """The client's writer when mitmproxy's layers would only move a read, else None."""
-        if self.dead or handler is not self.handler or handler._server_event_lock.locked():
+        if self.dead or handler is not self.handler:
+            return None
+        if within:  # a TLS upstream's plaintext: its layer open and holding no events back
+            up = self.up_tls
+            if up.tunnel_state is not _OPEN or up._event_queue:
+                return None
+        elif handler._server_event_lock.locked():
             return None
         h1 = self.h1
         if self.reader is None and not self._bind_reader():
@@ -666,8 +718,6 @@ def _write(raw: bytes, writer: Any, ssl: Any) -> None:
 def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str:
     """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
     DECLINED)."""
-    if flow.server_conn.tls:
-        return TLS
     if flow.response is None or not getattr(flow.response.stream, "relay_safe", False):
         return CALLABLE
     if handler is None or not isinstance(getattr(handler, "transports", None), dict):
@@ -691,12 +741,22 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
                 return TLS  # not the one TLS session the relay follows
             tls = obj
             layers.append(obj)
+        elif _passes_on(obj, nxt, flow):
+            layers.append(obj)
         else:
             return LAYERS  # does more than pass events on
     if flow.client_conn.tls and tls is None:
         return TLS
     http_layer = chain[-1]
     client = http_layer.connections.get(flow.server_conn)
+    up_tls = None
+    if type(client) is ServerTLSLayer:
+        if not _upstream_tls(client, flow.server_conn):
+            return TLS  # not the one TLS session the relay follows
+        up_tls, client = client, client.child_layer
+        layers.append(up_tls)
+    elif flow.server_conn.tls:
+        return TLS  # the upstream's TLS is not where the relay looks for it
     h1 = getattr(client, "child_layer", None)
     if type(client) is not HttpClient or type(h1) is not Http1Client or not _delegates(client, h1):
         return NOT_HTTP1  # the upstream's connection
@@ -726,6 +786,35 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
         writer=writer,
         on_fault=on_fault,
         tls=tls,
+        up_tls=up_tls,
+    )
+
+
+def _upstream_tls(layer: Any, server: Any) -> bool:
+    """Whether `layer`, the HTTP layer's way to `server`, is mitmproxy's TLS layer for that
+    connection as the relay follows it: an open session of its own, TunnelLayer's methods (the
+    plaintext reaches the relay through `event_to_child`, `tls_event_to_child`)."""
+    return (
+        type(layer) is ServerTLSLayer
+        and layer.conn is server
+        and layer.tunnel_connection is server
+        and layer.tunnel_state is _OPEN
+        and not layer.__dict__.keys() & client_tls.OVERRIDDEN
+    )
+
+
+def _passes_on(obj: Any, child: Any, flow: http.HTTPFlow) -> bool:
+    """Whether `obj`, above the HTTP layer, is a TLS layer for a server connection other than
+    the flow's, which hands the flow's reads down and its client's writes up unchanged: reverse
+    mode keeps one for its own upstream connection, never opened (INACTIVE) when the HTTP layer
+    opens the flow's. While its own handshake runs it holds every event back: not then."""
+    return (
+        type(obj) is ServerTLSLayer
+        and obj.child_layer is child
+        and obj.conn is not flow.server_conn
+        and obj.conn is not flow.client_conn
+        and obj.tunnel_state is not _ESTABLISHING
+        and not obj.__dict__.keys() & client_tls.OVERRIDDEN
     )
 
 
@@ -775,7 +864,8 @@ class Relay:
         try:
             relay = arm(flow, self.connections.get(flow.client_conn.id), self.on_fault)
             if isinstance(relay, BodyRelay):
-                _shortcut(relay.handler, flow.server_conn)
+                if relay.up_tls is None:  # a TLS upstream's reads are ciphertext until decrypted
+                    _shortcut(relay.handler, flow.server_conn)
                 flow.server_conn.__dict__[_KEY] = relay
                 STATS.armed += 1
             else:
@@ -794,6 +884,7 @@ class Relay:
 def install() -> None:
     """Put the relay's `server_event` in front of mitmproxy's (`hopmeter run` only)."""
     ConnectionHandler.server_event = server_event  # type: ignore[method-assign]
+    ServerTLSLayer.event_to_child = tls_event_to_child  # type: ignore[method-assign]
 
 
 def installed() -> bool:
@@ -804,3 +895,5 @@ def installed() -> bool:
 def uninstall() -> None:
     """mitmproxy's own method again (tests)."""
     ConnectionHandler.server_event = _MITMPROXY_SERVER_EVENT  # type: ignore[method-assign]
+    if "event_to_child" in ServerTLSLayer.__dict__:  # TunnelLayer's again, inherited
+        del ServerTLSLayer.event_to_child
