@@ -114,20 +114,22 @@ _tap = ResponseTap.__call__
 _deliver = BodyRelay._deliver
 
 
-def server_event(self: Any, event: Any) -> Any:
+def on_read_loop(call: Any, holder: Any, event: Any) -> Any:
+    """`call(holder, event)`, a read that reached the relay through mitmproxy's read loop, with
+    its flow's plan in force when the flow's faults are on that path."""
     body_relay = event.connection.__dict__.get(relay._KEY) if type(event) is DataReceived else None
     plan = plan_of(body_relay)
     if plan is None or plan.path != "server_event":
-        return _server_event(self, event)
-    return reading(plan, _server_event, self, event)
+        return call(holder, event)
+    return reading(plan, call, holder, event)
+
+
+def server_event(self: Any, event: Any) -> Any:
+    return on_read_loop(_server_event, self, event)
 
 
 def tls_take(layer: Any, event: Any) -> Any:
-    body_relay = event.connection.__dict__.get(relay._KEY) if type(event) is DataReceived else None
-    plan = plan_of(body_relay)
-    if plan is None or plan.path != "server_event":
-        return _tls_take(layer, event)
-    return reading(plan, _tls_take, layer, event)
+    return on_read_loop(_tls_take, layer, event)
 
 
 class Unreadable:

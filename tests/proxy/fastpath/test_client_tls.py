@@ -8,7 +8,6 @@ of such a read leaves it to mitmproxy or cuts the client's connection, never mor
 
 from __future__ import annotations
 
-import contextlib
 import random
 import socket
 import ssl
@@ -23,8 +22,7 @@ import h2.settings
 import pytest
 
 from hopmeter.proxy.fastpath import relay
-from tests.harness.procs import free_port, measuring
-from tests.harness.scripted import Exchange, ScriptedUpstream
+from tests.harness.scripted import Exchange
 from tests.proxy.fastpath.test_relay import (
     CHUNKED,
     END,
@@ -41,6 +39,7 @@ from tests.proxy.fastpath.test_relay import (
     _write_script,
     check_fault,
     faulty_proxy,
+    side_by_side,
 )
 
 SEEDS = range(6)  # random bodies: events of random sizes, cut into reads at random
@@ -119,33 +118,6 @@ def _tls_metrics(port: int) -> tuple[float, float]:
 ATTEMPTS = 3  # a scenario's reads may coalesce apart in two runs on a busy machine: run again
 
 
-@contextlib.contextmanager
-def _side_by_side(tmp_path: Path) -> Iterator[tuple[dict[str, int], Any, Any]]:
-    """`hopmeter run` with the relay and without it (`--no-relay`) in front of one scripted
-    upstream, each with its own records and metrics port: (the metrics ports, relay, off)."""
-    ports = {run: free_port() for run in ("relay", "off")}
-    for run in ports:
-        (tmp_path / run).mkdir()
-    confdir = ("--set", f"confdir={tmp_path / 'mitmproxy'}")
-    with ScriptedUpstream(_serve) as up:
-        url = f"http://127.0.0.1:{up.port}"
-        with (
-            measuring(
-                tmp_path / "relay",
-                url,
-                *("--metrics", f"127.0.0.1:{ports['relay']}", *confdir),
-                ports=(ports["relay"],),
-            ) as on,
-            measuring(
-                tmp_path / "off",
-                url,
-                *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay", *confdir),
-                ports=(ports["off"],),
-            ) as off,
-        ):
-            yield ports, on, off
-
-
 @pytest.mark.integration
 def test_over_tls_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None:
     """Each scenario and random body, from a TLS client through `hopmeter run` with the relay
@@ -153,7 +125,11 @@ def test_over_tls_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> Non
     for times (a pair whose upstream reads were cut apart by timing alone is run again); the
     relay armed for every response and moved its pieces through the client's TLS connection."""
     names = _names()
-    with _side_by_side(tmp_path) as (ports, on, off):
+    with side_by_side(tmp_path, _serve, "--set", f"confdir={tmp_path / 'mitmproxy'}") as (
+        ports,
+        on,
+        off,
+    ):
         flows = 0
         for name in names:
             differences = []
@@ -229,7 +205,11 @@ def test_over_h2_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None
     every piece it moved as HTTP/2, through the client's TLS connection."""
     cases = [(name, None) for name in _names()]
     cases += [(name, SMALL_WINDOW) for name in SMALL_WINDOW_NAMES]
-    with _side_by_side(tmp_path) as (ports, on, off):
+    with side_by_side(tmp_path, _serve, "--set", f"confdir={tmp_path / 'mitmproxy'}") as (
+        ports,
+        on,
+        off,
+    ):
         flows = 0
         for name, window in cases:
             differences = []

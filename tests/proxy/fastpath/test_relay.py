@@ -612,6 +612,36 @@ def _metric(port: int, name: str, label: str = "") -> float:
 
 
 @contextlib.contextmanager
+def side_by_side(
+    tmp_path: Path, serve: Any, *flags: str, upstream_tls: ssl.SSLContext | None = None
+) -> Iterator[tuple[dict[str, int], Any, Any]]:
+    """`hopmeter run` with the relay and without it (`--no-relay`), both with `flags`, in front
+    of one upstream scripted by `serve` (in TLS with `upstream_tls`), each with its own records
+    and metrics port: (the metrics ports, relay, off)."""
+    ports = {side: free_port() for side in ("relay", "off")}
+    for side in ports:
+        (tmp_path / side).mkdir()
+    scheme = "http" if upstream_tls is None else "https"
+    with ScriptedUpstream(serve, upstream_tls) as up:
+        url = f"{scheme}://127.0.0.1:{up.port}"
+        with (
+            measuring(
+                tmp_path / "relay",
+                url,
+                *("--metrics", f"127.0.0.1:{ports['relay']}", *flags),
+                ports=(ports["relay"],),
+            ) as on,
+            measuring(
+                tmp_path / "off",
+                url,
+                *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay", *flags),
+                ports=(ports["off"],),
+            ) as off,
+        ):
+            yield ports, on, off
+
+
+@contextlib.contextmanager
 def faulty_proxy(
     tmp: Path, *flags: str, upstream_tls: ssl.SSLContext | None = None
 ) -> Iterator[tuple[Any, int]]:
@@ -842,48 +872,30 @@ def upstream_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLConte
 def test_from_a_tls_upstream_the_relay_changes_no_byte_and_no_record(
     tmp_path: Path, upstream_tls: tuple[ssl.SSLContext, Path]
 ) -> None:
-    """Each scenario from an upstream in TLS, through `hopmeter run` with the
-    relay and, side by side, without it: the client reads the same bytes and the records agree
+    """Each scenario from an upstream in TLS, through `hopmeter run` with the relay and, side
+    by side, without it: the client reads the same bytes and the records agree
     but for times (a pair cut apart by timing alone is run again); the relay armed for every
     response, left none to mitmproxy and took no read before mitmproxy's TLS layer did."""
     context, cert = upstream_tls
-    ports = {side: free_port() for side in ("relay", "off")}
-    for side in ports:
-        (tmp_path / side).mkdir()
     trust = ("--set", f"ssl_verify_upstream_trusted_ca={cert}")
-    with ScriptedUpstream(_serve, context) as up:
-        url = f"https://127.0.0.1:{up.port}"
-        with (
-            measuring(
-                tmp_path / "relay",
-                url,
-                *("--metrics", f"127.0.0.1:{ports['relay']}", *trust),
-                ports=(ports["relay"],),
-            ) as on,
-            measuring(
-                tmp_path / "off",
-                url,
-                *("--metrics", f"127.0.0.1:{ports['off']}", "--no-relay", *trust),
-                ports=(ports["off"],),
-            ) as off,
-        ):
-            flows = 0
-            for name in TLS_NAMES:
-                differences = []
-                for attempt in range(UP_TLS_ATTEMPTS):
-                    target = f"/v1/chat/completions/up-tls/{attempt}/{name}"
-                    got = [_faulty_exchange(p.port, target) for p in (on, off)]
-                    recs = [_stable(_record_of(p, target)) for p in (on, off)]
-                    flows += 1
-                    if got[0] == got[1] and recs[0] == recs[1]:
-                        break
-                    differences.append((got, recs))
-                else:
-                    raise AssertionError((name, differences[-1]))
-            for side, port in ports.items():
-                assert set(_declined(port).values()) == {0}, (side, _declined(port))
-            responses, pieces, direct = _relayed(ports["relay"])
-            assert _relayed(ports["off"]) == (0, 0, 0)
+    with side_by_side(tmp_path, _serve, *trust, upstream_tls=context) as (ports, on, off):
+        flows = 0
+        for name in TLS_NAMES:
+            differences = []
+            for attempt in range(UP_TLS_ATTEMPTS):
+                target = f"/v1/chat/completions/up-tls/{attempt}/{name}"
+                got = [_faulty_exchange(p.port, target) for p in (on, off)]
+                recs = [_stable(_record_of(p, target)) for p in (on, off)]
+                flows += 1
+                if got[0] == got[1] and recs[0] == recs[1]:
+                    break
+                differences.append((got, recs))
+            else:
+                raise AssertionError((name, differences[-1]))
+        for side, port in ports.items():
+            assert set(_declined(port).values()) == {0}, (side, _declined(port))
+        responses, pieces, direct = _relayed(ports["relay"])
+        assert _relayed(ports["off"]) == (0, 0, 0)
     assert responses == flows and pieces >= 30 and direct == 0
 
 
