@@ -66,6 +66,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="fresh starts of each (medians)")
     p.add_argument("--topologies", default="mitmdump,hopmeter")
+    p.add_argument("--note", default="", help="what was measured, for the results file")
     args = p.parse_args()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
@@ -74,7 +75,10 @@ def main() -> None:
     topos = [cls for cls in topos if cls(0, Path()).available() is None]
     rounds: dict[str, list[dict[str, int]]] = {cls.name: [] for cls in topos}
     out: dict[str, Any] = {"schema": "hopmeter.bench/1", "kind": "idle_memory"}
-    out.update(started_utc=stamp, rounds=rounds, load_average_before=os.getloadavg())
+    out.update(started_utc=stamp, note=args.note, rounds=rounds)
+    # the token table's file: how the page cache holds it decides how much a flow maps
+    out.update(table_cache=os.environ.get("HOPMETER_CACHE_DIR", "~/.cache/hopmeter"))
+    out["load_average_before"] = os.getloadavg()
     with procs.Upstream(logdir) as up:
         for n in range(args.rounds):
             for cls in topos:
