@@ -311,3 +311,27 @@ def test_memo_of_short_texts_is_exact_and_bounded():
     for i in range(MEMO_ENTRIES * 2):
         counter.count(f"w{i}")
     assert len(counter._memo) <= MEMO_ENTRIES
+
+
+def mapped_kib(path: Path) -> int:
+    """How much of the file at `path` is resident in this process's mappings, KiB."""
+    resident, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's first line
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                resident += int(fields[1])
+    return resident
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
+def test_counting_a_few_words_maps_a_few_pages_of_the_table(offline: Path):
+    """A fresh table file, mapped, has only the pages its lookups touched (and the kernel's
+    fault-around) resident in the process, not the whole ~4 MiB: the file is written by the
+    page, so the page cache holds no large piece of it that a fault would map whole."""
+    counter = make_counter("gpt-4o")  # builds the table, writes it, maps it
+    (table,) = offline.glob("o200k_base-*.bpe")
+    assert counter.count("Hello, world!") == 4
+    assert 0 < mapped_kib(table) <= 1024
