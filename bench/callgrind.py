@@ -20,7 +20,8 @@ each on a fresh process, and the medians are reported (hopmeter's looks at the c
 run on wall-clock timers, so a busy machine moves the counts by a percent or two). Writes
 bench/results/<UTC time>-callgrind.json.
 
-`--protos` picks the client's side of the proxy (the upstream is always plain HTTP/1.1): `http1`
+`--protos` picks the client's side of the proxy (the upstream is plain HTTP/1.1 but for
+`tls-up`, where it speaks HTTP/1.1 in TLS to a plain HTTP/1.1 client): `http1`
 (the default, as above), `http1-norelay` (the same with `hopmeter run --no-relay`: every read
 through mitmproxy's own layers; bare mitmdump runs as for `http1`), `tls` (HTTP/1.1 in TLS from
 the client, a new connection and handshake per flow) and `h2` (HTTP/2 in TLS, ALPN h2: every flow
@@ -62,6 +63,7 @@ from h2.connection import H2Connection
 from h2.events import DataReceived, StreamEnded, StreamReset
 
 from harness import log
+from hopmeter.upstream.tls import make_self_signed, server_context
 from upstream import DONE, END, EVENT, FINISH, HEAD, chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +72,7 @@ WARM_EVENTS = 5
 START_TIMEOUT_S = 240.0  # importing mitmproxy under valgrind takes a minute or more
 FLOW_TIMEOUT_S = 600.0
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.M)
-PROTOS = ("http1", "http1-norelay", "tls", "h2")
+PROTOS = ("http1", "http1-norelay", "tls", "h2", "tls-up")
 BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 MARK = b'data: {"t":'  # the start of every token event
 
@@ -84,16 +86,22 @@ class Variant:
     extra: tuple[str, ...] = ()
 
     def command(self, upstream_port: int, port: int, logdir: Path, proto: str) -> list[str]:
+        scheme: str = "http"
+        trust: tuple[str, ...] = ()
+        if proto == "tls-up":  # the upstream in TLS, its own certificate trusted
+            scheme = "https"
+            trust = ("--set", f"ssl_verify_upstream_trusted_ca={upstream_cert(logdir)[0]}")
         if self.checkout is None:
-            mode = f"reverse:http://127.0.0.1:{upstream_port}@127.0.0.1:{port}"
+            mode = f"reverse:{scheme}://127.0.0.1:{upstream_port}@127.0.0.1:{port}"
             bare = procs.BENCH / "bare_addon.py"
-            return [str(procs.BIN / "mitmdump"), "-q", "-s", str(bare), "--mode", mode]
+            return [str(procs.BIN / "mitmdump"), "-q", "-s", str(bare), "--mode", mode, *trust]
         return [
             procs.PY,
             "-m",
             "hopmeter.cli",
             "run",
-            f"http://127.0.0.1:{upstream_port}",
+            f"{scheme}://127.0.0.1:{upstream_port}",
+            *trust,
             *("--listen", f"127.0.0.1:{port}"),
             *("--records", str(logdir / f"{self.label}.records.jsonl")),
             *("--metrics", f"127.0.0.1:{procs.free_port()}"),
@@ -261,6 +269,14 @@ class EventCounter:
         return new > 0
 
 
+def upstream_cert(logdir: Path) -> tuple[Path, Path]:
+    """The upstream's certificate and key for `tls-up` (made once per run, in `logdir`)."""
+    folder = logdir / "upstream-tls"
+    if not (folder / "key.pem").exists():
+        return make_self_signed(folder, ("127.0.0.1",))
+    return folder / "cert.pem", folder / "key.pem"
+
+
 def _client_tls(alpn: list[str]) -> ssl.SSLContext:
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -340,7 +356,8 @@ def measure(
 
     async def go() -> dict[str, Any]:
         pp = PingPong()
-        server = await asyncio.start_server(pp.serve, "127.0.0.1", 0)
+        context = server_context(*upstream_cert(logdir)) if proto == "tls-up" else None
+        server = await asyncio.start_server(pp.serve, "127.0.0.1", 0, ssl=context)
         upstream_port = server.sockets[0].getsockname()[1]
         loads, dumps = [], []
         profile = functions > 0
