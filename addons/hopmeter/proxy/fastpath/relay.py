@@ -344,7 +344,7 @@ def tls_take(layer: ServerTLSLayer, event: Any) -> Any:
     if type(event) is _DataReceived:
         relay = event.connection.__dict__.get(_KEY)
         if relay is not None and relay.up_tls is layer:
-            used = relay.take(relay.handler, event.data, within=True)  # never raises
+            used = relay.take(relay.handler, event.data)  # never raises
             if used:
                 if used == len(event.data):
                     return None
@@ -530,13 +530,13 @@ class BodyRelay:
         self.dead = False  # a fault, or a reader it does not follow: mitmproxy's layers move it
         self.cut_at: BaseException | None = None  # the fault that cut the client's connection
 
-    def take(self, handler: ConnectionHandler, data: bytes, *, within: bool = False) -> int:
+    def take(self, handler: ConnectionHandler, data: bytes) -> int:
         """Move what mitmproxy's layers would only move of `data`; how many bytes of it are done
         with: moved, or gone with the client's connection after a fault (`cut`). The rest is
-        for mitmproxy's layers. `within`: a TLS upstream's plaintext, inside mitmproxy's own
-        `server_event` (which holds its lock). Never raises."""
+        for mitmproxy's layers. Behind an upstream in TLS `data` is plaintext, taken inside
+        mitmproxy's own `server_event` (which holds its lock). Never raises."""
         try:  # "check", "split": nothing changed yet
-            writer = self._ready(handler, within)
+            writer = self._ready(handler)
             if writer is None:
                 return 0
             kind = self.kind
@@ -571,12 +571,12 @@ class BodyRelay:
             self.cut(exc)
         return used
 
-    def _ready(self, handler: ConnectionHandler, within: bool = False) -> Any:
+    def _ready(self, handler: ConnectionHandler) -> Any:
         """The client's writer when mitmproxy's layers would only move a read, else None."""
         if self.dead or handler is not self.handler:
             return None
-        if within:  # a TLS upstream's plaintext: its layer open and holding no events back
-            up = self.up_tls
+        up = self.up_tls
+        if up is not None:  # a TLS upstream's plaintext: its layer open, holding nothing back
             if up.tunnel_state is not _OPEN or up._event_queue:
                 return None
         elif handler._server_event_lock.locked():
