@@ -21,7 +21,8 @@ run on wall-clock timers, so a busy machine moves the counts by a percent or two
 bench/results/<UTC time>-callgrind.json.
 
 `--protos` picks the client's side of the proxy (the upstream is plain HTTP/1.1 but for
-`tls-up`, where it speaks HTTP/1.1 in TLS to a plain HTTP/1.1 client): `http1`
+`tls-up`, where it speaks HTTP/1.1 in TLS to a plain HTTP/1.1 client, and `h2-up`, where it
+speaks HTTP/2 in TLS, one DATA frame per event, to an `h2` client): `http1`
 (the default, as above), `http1-norelay` (the same with `hopmeter run --no-relay`: every read
 through mitmproxy's own layers; bare mitmdump runs as for `http1`), `tls` (HTTP/1.1 in TLS from
 the client, a new connection and handshake per flow) and `h2` (HTTP/2 in TLS, ALPN h2: every flow
@@ -60,7 +61,7 @@ import cg_functions
 import procs
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from h2.events import DataReceived, StreamEnded, StreamReset
+from h2.events import DataReceived, RequestReceived, StreamEnded, StreamReset
 
 from harness import log
 from hopmeter.upstream.tls import make_self_signed, server_context
@@ -70,9 +71,13 @@ ROOT = Path(__file__).resolve().parents[1]
 WARM_FLOWS = 3
 WARM_EVENTS = 5
 START_TIMEOUT_S = 240.0  # importing mitmproxy under valgrind takes a minute or more
+# mitmproxy listens before its `running` hook loads the certificate store: a client in TLS that
+# connects in between fails its handshake and the proxy exits ("Errors logged during startup").
+# Under valgrind that gap is seconds long.
+SETTLE_S = 10.0
 FLOW_TIMEOUT_S = 600.0
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.M)
-PROTOS = ("http1", "http1-norelay", "tls", "h2", "tls-up")
+PROTOS = ("http1", "http1-norelay", "tls", "h2", "tls-up", "h2-up")
 BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 MARK = b'data: {"t":'  # the start of every token event
 
@@ -88,7 +93,7 @@ class Variant:
     def command(self, upstream_port: int, port: int, logdir: Path, proto: str) -> list[str]:
         scheme: str = "http"
         trust: tuple[str, ...] = ()
-        if proto == "tls-up":  # the upstream in TLS, its own certificate trusted
+        if proto in ("tls-up", "h2-up"):  # the upstream in TLS, its own certificate trusted
             scheme = "https"
             trust = ("--set", f"ssl_verify_upstream_trusted_ca={upstream_cert(logdir)[0]}")
         if self.checkout is None:
@@ -156,6 +161,46 @@ class PingPong:
                 await writer.drain()
         writer.close()
 
+    async def serve_h2(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The upstream over HTTP/2 (`h2-up`): each request's events as DATA frames, one per
+        event, the next once the client has read the one before."""
+        conn = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        heads: dict[int, dict[str, str]] = {}
+        streams: set[asyncio.Task[None]] = set()
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while data := await reader.read(1 << 16):
+                for event in conn.receive_data(data):
+                    if isinstance(event, RequestReceived):
+                        heads[event.stream_id] = dict(event.headers)  # type: ignore[arg-type]
+                    elif isinstance(event, DataReceived):
+                        conn.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
+                    elif isinstance(event, StreamEnded):
+                        events = int(heads.pop(event.stream_id)["x-events"])
+                        task = asyncio.create_task(
+                            self._h2_respond(conn, writer, event.stream_id, events)
+                        )
+                        streams.add(task)
+                        task.add_done_callback(streams.discard)
+                writer.write(conn.data_to_send())
+        writer.close()
+
+    async def _h2_respond(
+        self, conn: H2Connection, writer: asyncio.StreamWriter, sid: int, events: int
+    ) -> None:
+        conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+        for _ in range(events):
+            self.next.clear()
+            conn.send_data(sid, EVENT % (time.time_ns(), 0))
+            writer.write(conn.data_to_send())
+            await writer.drain()
+            await self.next.wait()
+        conn.send_data(sid, FINISH + DONE, end_stream=True)
+        writer.write(conn.data_to_send())
+
     def _seen(self, counter: EventCounter, data: bytes) -> None:
         if counter.take(data):
             self.next.set()
@@ -185,7 +230,7 @@ class PingPong:
         writer.close()
 
     async def flows(self, port: int, count: int, events: int, proto: str) -> None:
-        if proto == "h2":
+        if proto in ("h2", "h2-up"):
             await self.h2_flows(port, count, events)
             return
         for _ in range(count):
@@ -334,6 +379,7 @@ def proxy(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{variant.label} did not listen")
                 time.sleep(0.5)
+            time.sleep(SETTLE_S)
             yield proc.pid, port, out
         finally:
             procs.stop(proc)
@@ -356,8 +402,12 @@ def measure(
 
     async def go() -> dict[str, Any]:
         pp = PingPong()
-        context = server_context(*upstream_cert(logdir)) if proto == "tls-up" else None
-        server = await asyncio.start_server(pp.serve, "127.0.0.1", 0, ssl=context)
+        context = server_context(*upstream_cert(logdir)) if proto in ("tls-up", "h2-up") else None
+        serve = pp.serve
+        if proto == "h2-up" and context is not None:
+            context.set_alpn_protocols(["h2"])
+            serve = pp.serve_h2
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
         upstream_port = server.sockets[0].getsockname()[1]
         loads, dumps = [], []
         profile = functions > 0

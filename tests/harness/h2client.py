@@ -175,3 +175,56 @@ def _receive(sock: ssl.SSLSocket, conn: h2.connection.H2Connection, by_id: dict[
         elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
             by_id[event.stream_id].ended = True
     return True
+
+
+def exchange(
+    host: str, port: int, paths: list[str], timeout_s: float = 30.0
+) -> dict[str, list[tuple[str, Any]]]:
+    """POST to every path as streams of one HTTP/2 connection, opened together; what each
+    stream saw, in order: ("status", code), ("data", payload) per DATA frame, ("trailers",
+    fields), ("end", None), ("reset", error code), or ("closed", None) if the connection ended
+    first. Returns once every stream ended or the connection did."""
+    sock = _connect(host, port, timeout_s)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    body = b'{"model": "m", "stream": true}'
+    seen: dict[int, list[tuple[str, Any]]] = {}
+    for path in paths:
+        sid = conn.get_next_available_stream_id()
+        head = [(":method", "POST"), (":path", path), (":scheme", "https")]
+        conn.send_headers(sid, [*head, (":authority", f"{host}:{port}")])
+        conn.send_data(sid, body, end_stream=True)
+        seen[sid] = []
+    sock.sendall(conn.data_to_send())
+    open_ = set(seen)
+    try:
+        while open_:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                for sid in open_:
+                    seen[sid].append(("closed", None))
+                break
+            for event in conn.receive_data(data):
+                sid = getattr(event, "stream_id", 0)
+                if isinstance(event, h2.events.ResponseReceived):
+                    seen[sid].append(("status", dict(event.headers)[b":status"]))
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                    if event.data:
+                        seen[sid].append(("data", event.data))
+                elif isinstance(event, h2.events.TrailersReceived):
+                    seen[sid].append(("trailers", event.headers))
+                if isinstance(event, h2.events.StreamEnded):
+                    seen[sid].append(("end", None))
+                    open_.discard(sid)
+                elif isinstance(event, h2.events.StreamReset) and sid in seen:
+                    seen[sid].append(("reset", event.error_code))
+                    open_.discard(sid)
+            if out := conn.data_to_send():
+                sock.sendall(out)
+    finally:
+        sock.close()
+    return dict(zip(paths, seen.values(), strict=True))

@@ -18,7 +18,9 @@ has a slow `error` hook: the hooks after it (the relay's own, which lets the flo
 
 Over TLS to the client, `<step>` may also be `sendall` or `bio_read`: the client TLS connection's
 call the relay makes in mitmproxy's place (a part of its "write" step). To a client that speaks
-HTTP/2, "frame" is the relay's call of the client's HTTP/2 connection's `send_data`.
+HTTP/2, "frame" is the relay's call of the client's HTTP/2 connection's `send_data`. Behind an
+HTTP/2 upstream (one flow per upstream connection), "check" is a stream's checks, "split" the
+scan of the read's frames and "commit" feeding them to the connection's h2.
 
 Every other request goes through untouched. Each wrapper calls the real code unless its fault is
 due; the fault is a RuntimeError naming the step and the path, raised once per flow.
@@ -36,6 +38,7 @@ from OpenSSL import SSL
 
 from hopmeter.proxy.addon.tap import ResponseTap
 from hopmeter.proxy.fastpath import framing, relay
+from hopmeter.proxy.fastpath.h2_upstream import H2Upstream
 from hopmeter.proxy.fastpath.relay import BodyRelay, ReadShortcut
 
 ARM_AT = 3  # the first reads go through: the client has events before the fault
@@ -59,7 +62,9 @@ ABORTED: set[str] = set()  # /close-mid-read flows whose client transport was ab
 NOW: dict[str, Any] = {"plan": None, "relay": None}  # the read being relayed now
 
 
-def plan_of(body_relay: BodyRelay | None) -> Plan | None:
+def plan_of(body_relay: BodyRelay | H2Upstream | None) -> Plan | None:
+    if isinstance(body_relay, H2Upstream):  # an HTTP/2 upstream's: its (first) stream's flow
+        body_relay = next(iter(body_relay.flows.values()), None)
     if body_relay is None:
         return None
     flow = body_relay.flow
@@ -227,6 +232,9 @@ if ConnectionHandler.server_event is _server_event:  # the script was loaded aft
 ReadShortcut.data_received = data_received  # type: ignore[method-assign]
 ReadShortcut._resume = resume  # type: ignore[method-assign]
 BodyRelay._ready = breaks("check", BodyRelay._ready)  # type: ignore[method-assign]
+H2Upstream._ready = breaks("check", H2Upstream._ready)  # type: ignore[method-assign]
+H2Upstream._frames = breaks("split", H2Upstream._frames)  # type: ignore[method-assign]
+H2Upstream._receive = breaks("commit", H2Upstream._receive)  # type: ignore[method-assign]
 TimeoutWatchdog.register_activity = breaks("commit", TimeoutWatchdog.register_activity)  # type: ignore[method-assign]
 BodyRelay._deliver = deliver  # type: ignore[method-assign]
 ResponseTap.__call__ = tap  # type: ignore[method-assign]

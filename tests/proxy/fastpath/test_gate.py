@@ -12,13 +12,15 @@ from hopmeter.proxy.fastpath import gate
 
 
 def test_the_installed_libraries_pass() -> None:
-    """mitmproxy, h11 and Python as installed here are those the table was read in."""
+    """mitmproxy, h11, h2 and Python as installed here are those the table was read in."""
     assert gate.check() is None
+    assert gate.check_h2_upstream() is None
 
 
 def test_every_mirrored_function_has_its_fingerprints() -> None:
-    """The table and the list of mirrored functions name the same functions."""
-    assert set(gate.FINGERPRINTS) == set(gate.MIRRORED)
+    """The table and the lists of mirrored functions name the same functions."""
+    assert set(gate.FINGERPRINTS) == set(gate.MIRRORED) | set(gate.MIRRORED_H2)
+    assert not set(gate.MIRRORED) & set(gate.MIRRORED_H2)
     assert all(gate.FINGERPRINTS.values())
 
 
@@ -53,6 +55,42 @@ def test_changed_code_is_named_by_its_first_function() -> None:
     assert "(and 1 more)" in line
 
 
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ("h2 FrameBuffer.__next__", "h2 {h2}'s FrameBuffer.__next__"),
+        ("mitmproxy Http2Client.handle_h2_event", "mitmproxy {mitmproxy}'s Http2Client"),
+    ],
+)
+def test_changed_http2_code_turns_off_the_relay_behind_http2_upstreams_alone(
+    changed: str, named: str
+) -> None:
+    """What only the relay behind an HTTP/2 upstream leans on (h2, mitmproxy's HTTP/2 client)
+    turns that part off, in a line of its own; the other fast paths stay."""
+
+    def digest(obj: Any) -> str:
+        name = next(n for n, o in (gate.MIRRORED | gate.MIRRORED_H2).items() if o is obj)
+        return "0" * 16 if name == changed else gate.fingerprint(obj)
+
+    assert gate.check(digest=digest) is None
+    line = gate.check_h2_upstream(digest=digest)
+    assert line is not None and "\n" not in line
+    assert line.startswith("hopmeter: the relay behind HTTP/2 upstreams is off: ")
+    where = {"h2": gate.version_of("h2"), "mitmproxy": gate.version_of("mitmproxy")}
+    assert named.format(**where) in line
+
+
+def test_an_h2_release_not_read_turns_off_the_relay_behind_http2_upstreams_alone() -> None:
+    """An h2 outside the releases read: named, and only that part is off."""
+
+    def versions(name: str) -> str:
+        return "4.5.0" if name == "h2" else gate.version_of(name)
+
+    assert gate.check(version=versions) is None
+    line = gate.check_h2_upstream(version=versions)
+    assert line is not None and "h2 4.5.0 is not a release they were read against" in line
+
+
 def test_code_that_cannot_be_read_turns_them_off() -> None:
     """No source to compare (a frozen build) is a difference, not a pass."""
 
@@ -76,4 +114,5 @@ def test_the_check_leaves_no_source_lines_behind() -> None:
     linecache.getlines(gate.__file__)
     before = set(linecache.cache)
     assert gate.check() is None
+    assert gate.check_h2_upstream() is None
     assert set(linecache.cache) == before

@@ -613,16 +613,20 @@ def _metric(port: int, name: str, label: str = "") -> float:
 
 @contextlib.contextmanager
 def side_by_side(
-    tmp_path: Path, serve: Any, *flags: str, upstream_tls: ssl.SSLContext | None = None
+    tmp_path: Path,
+    serve: Any,
+    *flags: str,
+    upstream_tls: ssl.SSLContext | None = None,
+    upstream: Callable[..., Any] = ScriptedUpstream,
 ) -> Iterator[tuple[dict[str, int], Any, Any]]:
     """`hopmeter run` with the relay and without it (`--no-relay`), both with `flags`, in front
-    of one upstream scripted by `serve` (in TLS with `upstream_tls`), each with its own records
-    and metrics port: (the metrics ports, relay, off)."""
+    of one upstream scripted by `serve` (`upstream`'s kind, in TLS with `upstream_tls`), each
+    with its own records and metrics port: (the metrics ports, relay, off)."""
     ports = {side: free_port() for side in ("relay", "off")}
     for side in ports:
         (tmp_path / side).mkdir()
     scheme = "http" if upstream_tls is None else "https"
-    with ScriptedUpstream(serve, upstream_tls) as up:
+    with upstream(serve, upstream_tls) as up:
         url = f"{scheme}://127.0.0.1:{up.port}"
         with (
             measuring(
@@ -643,15 +647,23 @@ def side_by_side(
 
 @contextlib.contextmanager
 def faulty_proxy(
-    tmp: Path, *flags: str, upstream_tls: ssl.SSLContext | None = None
+    tmp: Path,
+    *flags: str,
+    upstream_tls: ssl.SSLContext | None = None,
+    upstream: Callable[..., Any] | None = None,
 ) -> Iterator[tuple[Any, int]]:
     """`hopmeter run` with the relay-breaking script loaded (tests/proxy/fastpath/
     relay_faults.py) and `flags`, in front of an upstream serving the fault paths (in TLS with
-    `upstream_tls`: `flags` then say whose certificate to trust), and its metrics port."""
+    `upstream_tls`: `flags` then say whose certificate to trust; `upstream`: another upstream
+    than the HTTP/1 one, made with `upstream_tls`), and its metrics port."""
     metrics = free_port()
     scheme = "http" if upstream_tls is None else "https"
+    if upstream is None:
+        made = _HeadFirstUpstream(_serve_events, upstream_tls)
+    else:
+        made = upstream(upstream_tls)
     with (
-        _HeadFirstUpstream(_serve_events, upstream_tls) as up,
+        made as up,
         measuring(
             tmp,
             f"{scheme}://127.0.0.1:{up.port}",

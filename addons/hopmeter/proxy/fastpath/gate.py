@@ -11,7 +11,10 @@ compares what is installed with what the fast paths were read against:
   patch release that leaves them as they were passes; one that changes any of them does not.
 
 On any difference the fast paths stay off (mitmproxy moves every read itself, as without
-hopmeter's shortcuts), and the reason is one line naming what differed. `python -m
+hopmeter's shortcuts), and the reason is one line naming what differed. The relay behind an
+HTTP/2 upstream also leans on h2, whose releases mitmproxy's own requirement lets vary:
+`check_h2_upstream()` compares h2's version and the code of what that part mirrors
+(`SUPPORTED_H2`, `MIRRORED_H2`) apart, and a difference there turns off that part alone. `python -m
 hopmeter.proxy.fastpath.gate` prints the digests of the running interpreter's libraries, to
 record a new release once its code has been read.
 """
@@ -35,9 +38,13 @@ from hopmeter.proxy.fastpath.internals import (
     ClientTLSLayer,
     ConnectionHandler,
     ContentLengthReader,
+    FrameBuffer,
+    H2Connection,
+    H2Stream,
     Http1Client,
     Http1Connection,
     Http1Server,
+    Http2Client,
     Http2Connection,
     Http2Server,
     Http10Reader,
@@ -49,6 +56,7 @@ from hopmeter.proxy.fastpath.internals import (
     TimeoutWatchdog,
     TLSLayer,
     TunnelLayer,
+    WindowManager,
     chunk_header_re,
     make_body_reader,
 )
@@ -113,14 +121,54 @@ MIRRORED: dict[str, Any] = {
     ),
 }
 
+
+def _getter(cls: type, name: str) -> Any:
+    """The function behind `cls`'s property `name`."""
+    return vars(cls)[name].fget
+
+
+# The relay behind an HTTP/2 upstream (hopmeter.proxy.fastpath.h2_upstream): h2's releases read,
+# and what it mirrors or leans on, in mitmproxy's HTTP/2 client and in h2.
+SUPPORTED_H2: dict[str, tuple[str, ...]] = {"h2": ("4.3.", "4.4.")}
+MIRRORED_H2: dict[str, Any] = {
+    # what mitmproxy's HTTP/2 client does with a read of DATA frames
+    "mitmproxy Http2Client._handle_event": Http2Client._handle_event,
+    "mitmproxy Http2Client._handle_event2": Http2Client._handle_event2,
+    "mitmproxy Http2Client.handle_h2_event": Http2Client.handle_h2_event,
+    "mitmproxy Http2Connection.handle_h2_event": Http2Connection.handle_h2_event,
+    "mitmproxy Http2Connection.close_connection": Http2Connection.close_connection,
+    "mitmproxy BufferedH2Connection.receive_data": BufferedH2Connection.receive_data,
+    # what h2 does with them: the checks a frame passes, the events it gives, the acknowledgement
+    "h2 H2Connection.receive_data": H2Connection.receive_data,
+    "h2 H2Connection._receive_frame": H2Connection._receive_frame,
+    "h2 H2Connection._receive_data_frame": H2Connection._receive_data_frame,
+    "h2 H2Connection._get_stream_by_id": H2Connection._get_stream_by_id,
+    "h2 H2Connection.acknowledge_received_data": H2Connection.acknowledge_received_data,
+    "h2 H2Connection.inbound_flow_control_window": _getter(
+        H2Connection, "inbound_flow_control_window"
+    ),
+    "h2 H2Stream.receive_data": H2Stream.receive_data,
+    "h2 H2Stream._track_content_length": H2Stream._track_content_length,
+    "h2 H2Stream.inbound_flow_control_window": _getter(H2Stream, "inbound_flow_control_window"),
+    "h2 FrameBuffer.add_data": FrameBuffer.add_data,
+    "h2 FrameBuffer.__next__": FrameBuffer.__next__,
+    "h2 FrameBuffer._update_header_buffer": FrameBuffer._update_header_buffer,
+    "h2 WindowManager.window_consumed": WindowManager.window_consumed,
+}
+
 # The first 16 hex digits of the sha256 of each mirrored function's source (inspect.getsource;
 # a pattern's text), and the releases it was read in: `python -m hopmeter.proxy.fastpath.gate` on
-# Python 3.12.1 and 3.13.0, with each mitmproxy 12 release listed installed in turn (the same code
-# in all of them).
+# Python 3.12.1 and 3.13.0, with each mitmproxy 12 release and each h2 release listed installed
+# in turn (the code of each from its release's wheel on PyPI).
 _M12 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3, 12.3.0, 12.3.1"
 _M12_2 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3"
 _M12_3 = "mitmproxy 12.3.0, 12.3.1"  # a comment's spelling mended: the same code
+_M12_30 = "mitmproxy 12.0.1, 12.1.2, 12.2.0, 12.2.3, 12.3.0"
+_M12_31 = "mitmproxy 12.3.1"  # `data: Buffer` for `data: bytes`: the same code
 _H11 = "h11 0.16.0"
+_H2 = "h2 4.3.0, 4.4.0, 4.4.1"
+_H2_3 = "h2 4.3.0"
+_H2_4 = "h2 4.4.0, 4.4.1"  # memoryviews for bytes, comments' spelling: the same code
 _PY = "Python 3.12.1, 3.13.0"
 FINGERPRINTS: dict[str, dict[str, str]] = {
     "mitmproxy ConnectionHandler.handle_connection": {"95c3f93e9824e527": _M12},
@@ -155,6 +203,31 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     },
     "mitmproxy Http2Connection.is_open_for_us": {"ada9ae25ced6deaf": _M12},
     "mitmproxy BufferedH2Connection.send_data": {"eeb7918d96b19708": _M12},
+    "mitmproxy Http2Client._handle_event": {"02de05a5b89f087b": _M12},
+    "mitmproxy Http2Client._handle_event2": {"a3b722b18c3f46fa": _M12},
+    "mitmproxy Http2Client.handle_h2_event": {"ff6f4bd9271693b8": _M12},
+    "mitmproxy Http2Connection.handle_h2_event": {"f6b6a52b12548102": _M12},
+    "mitmproxy Http2Connection.close_connection": {"44b76ed198e7916a": _M12},
+    "mitmproxy BufferedH2Connection.receive_data": {
+        "7dd57c12dc7ead79": _M12_30,
+        "1ebc3cf9b6b1e3d6": _M12_31,
+    },
+    "h2 H2Connection.receive_data": {"23c10edc87abe72d": _H2_3, "4470c8fafce8153a": _H2_4},
+    "h2 H2Connection._receive_frame": {"39b2e16b4fd74ed0": _H2},
+    "h2 H2Connection._receive_data_frame": {"09803eef3f564140": _H2},
+    "h2 H2Connection._get_stream_by_id": {"1e663cf23fe28e33": _H2},
+    "h2 H2Connection.acknowledge_received_data": {"a4280c825a0c3987": _H2},
+    "h2 H2Connection.inbound_flow_control_window": {"6c294fa4153650f8": _H2},
+    "h2 H2Stream.receive_data": {"50acc2e021f36c39": _H2},
+    "h2 H2Stream._track_content_length": {"a4580a2f3c858963": _H2},
+    "h2 H2Stream.inbound_flow_control_window": {"725d632fedd3fa2a": _H2},
+    "h2 FrameBuffer.add_data": {"0913882b32ea9f9e": _H2_3, "887d4a892f823f4a": _H2_4},
+    "h2 FrameBuffer.__next__": {
+        "6d36dd5061e8a22a": "h2 4.3.0, 4.4.0",
+        "54792a1319f7ef52": "h2 4.4.1",  # the consumed frame deleted in place: the same bytes
+    },
+    "h2 FrameBuffer._update_header_buffer": {"754ab91814882ca9": _H2_3, "e32970a56626afcc": _H2_4},
+    "h2 WindowManager.window_consumed": {"db17e4434e9a0aca": _H2},
     "h11 ChunkedReader.__init__": {"232ef6fe23fd20ab": _H11},
     "h11 ChunkedReader.__call__": {"2618d847a89a1505": _H11},
     "h11 ContentLengthReader.__call__": {"83205782bcb1dcf6": _H11},
@@ -194,25 +267,45 @@ def check(
     full collection walks, files a traceback's `checkcache` stats): the entries it adds are
     dropped again, so nothing of the check stays behind for the flows.
     """
+    why = _uncached(_check, version, digest, SUPPORTED, MIRRORED)
+    return None if why is None else _off(why)
+
+
+def check_h2_upstream(
+    version: Callable[[str], str] = version_of, digest: Callable[[Any], str] = fingerprint
+) -> str | None:
+    """None when the relay may be armed behind an HTTP/2 upstream (the fast paths installed);
+    else one line naming what differs in h2 or in mitmproxy's HTTP/2 client. As `check`."""
+    why = _uncached(_check, version, digest, SUPPORTED_H2, MIRRORED_H2)
+    return None if why is None else _off_h2(why)
+
+
+def _uncached(check: Callable[..., str | None], *args: Any) -> str | None:
+    """`check(*args)`, with what it added to `linecache` dropped again."""
     cached = set(linecache.cache)
     try:
-        return _check(version, digest)
+        return check(*args)
     finally:
         for name in set(linecache.cache) - cached:
             linecache.cache.pop(name, None)
 
 
-def _check(version: Callable[[str], str], digest: Callable[[Any], str]) -> str | None:
-    for library, prefixes in SUPPORTED.items():
+def _check(
+    version: Callable[[str], str],
+    digest: Callable[[Any], str],
+    supported: dict[str, tuple[str, ...]],
+    mirrored: dict[str, Any],
+) -> str | None:
+    for library, prefixes in supported.items():
         try:
             found = version(library)
         except Exception:  # not installed as a distribution (a vendored copy): unknown
             found = "of unknown version"
         if not found.startswith(prefixes):
             read = ", ".join(p.rstrip(".") for p in prefixes)
-            return _off(f"{library} {found} is not a release they were read against ({read})")
+            return f"{library} {found} is not a release they were read against ({read})"
     changed = []
-    for name, obj in MIRRORED.items():
+    for name, obj in mirrored.items():
         try:
             seen = digest(obj)
         except Exception:  # no source to read (a frozen build): cannot be compared
@@ -223,7 +316,7 @@ def _check(version: Callable[[str], str], digest: Callable[[Any], str]) -> str |
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         library, _, function = changed[0].partition(" ")
         where = f"{library} {version(library) if library != 'asyncio' else version('python')}"
-        return _off(f"{where}'s {function} is not the code they were read against{more}")
+        return f"{where}'s {function} is not the code they were read against{more}"
     return None
 
 
@@ -234,14 +327,22 @@ def _off(why: str) -> str:
     )
 
 
+def _off_h2(why: str) -> str:
+    return (
+        f"hopmeter: the relay behind HTTP/2 upstreams is off: {why}; their reads go through "
+        f'mitmproxy\'s own layers (hopmeter_relay_declined_total{{reason="version"}})'
+    )
+
+
 def main() -> None:
     """Print the running interpreter's fingerprints, to record them in FINGERPRINTS."""
     where = {
         "mitmproxy": version_of("mitmproxy"),
         "h11": version_of("h11"),
+        "h2": version_of("h2"),
         "asyncio": version_of("python"),
     }
-    for name, obj in MIRRORED.items():
+    for name, obj in (MIRRORED | MIRRORED_H2).items():
         print(f"{name}\t{fingerprint(obj)}\t{where[name.split(' ', 1)[0]]}")
 
 

@@ -1,12 +1,14 @@
-"""The private parts of mitmproxy and h11 that hopmeter reaches, imported here and nowhere else.
+"""The private parts of mitmproxy, h11 and h2 that hopmeter reaches, imported here and nowhere else.
 
 mitmproxy gives addons no way to the client's socket, to a connection's layers or to its
 per-read steps; hopmeter's fast paths (relay, backpressure, framing) and its delivery lane
 (hopmeter.proxy.delivery.conn) reach them by private names. Every import of such a name is in this
 module (ruff's banned-api rule keeps them out of the rest of hopmeter.proxy), and every function
 whose code the fast paths repeat or lean on is fingerprinted at start by
-hopmeter.proxy.fastpath.gate. The names read were checked in mitmproxy 12.3.1, h11 0.16.0 and
-pyOpenSSL 26.4.0 (the client TLS layer's connection: `sendall`, `bio_read`, `get_shutdown`).
+hopmeter.proxy.fastpath.gate. The names read were checked in mitmproxy 12.3.1, h11 0.16.0,
+pyOpenSSL 26.4.0 (the client TLS layer's connection: `sendall`, `bio_read`, `get_shutdown`) and h2
+4.3.0 to 4.4.1 (an HTTP/2 upstream's connection: its receive buffer, its streams' windows and
+declared lengths).
 
 Besides the names: how to find a live client's connection handler (`connection_handlers`), its
 layers down to the HTTP layer (`layers_to_http`) and an HTTP/2 client's stream buffers
@@ -17,6 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from h2.connection import ConnectionState as H2ConnectionState
+from h2.connection import H2Connection
+from h2.events import DataReceived as H2DataReceived
+from h2.frame_buffer import FrameBuffer
+from h2.stream import H2Stream
+from h2.stream import StreamState as H2StreamState
+from h2.windows import WindowManager
 from h11._readers import ChunkedReader, ContentLengthReader, Http10Reader, chunk_header_re
 from mitmproxy import ctx, http
 from mitmproxy.proxy.commands import SendData
@@ -30,7 +39,8 @@ from mitmproxy.proxy.layers.http._http1 import (
     Http1Server,
     make_body_reader,
 )
-from mitmproxy.proxy.layers.http._http2 import Http2Connection, Http2Server
+from mitmproxy.proxy.layers.http._http2 import Http2Client, Http2Connection, Http2Server
+from mitmproxy.proxy.layers.http._http2 import StreamState as Http2StreamState
 from mitmproxy.proxy.layers.http._http_h2 import BufferedH2Connection
 from mitmproxy.proxy.layers.tls import ClientTLSLayer, ServerTLSLayer, TLSLayer
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
@@ -47,11 +57,19 @@ __all__ = [
     "ConnectionHandler",
     "ContentLengthReader",
     "DataReceived",
+    "FrameBuffer",
+    "H2Connection",
+    "H2ConnectionState",
+    "H2DataReceived",
+    "H2Stream",
+    "H2StreamState",
     "Http1Client",
     "Http1Connection",
     "Http1Server",
+    "Http2Client",
     "Http2Connection",
     "Http2Server",
+    "Http2StreamState",
     "Http10Reader",
     "HttpClient",
     "HttpEvent",
@@ -68,6 +86,7 @@ __all__ = [
     "TimeoutWatchdog",
     "TunnelLayer",
     "TunnelState",
+    "WindowManager",
     "chunk_header_re",
     "connection_handlers",
     "layers_to_http",

@@ -90,9 +90,10 @@ from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
 from hopmeter.log import get_logger
-from hopmeter.proxy.fastpath import client_tls, framing
+from hopmeter.proxy.fastpath import client_tls, framing, gate
 from hopmeter.proxy.fastpath.backpressure import needs_drain
 from hopmeter.proxy.fastpath.client_tls import send as send_tls
+from hopmeter.proxy.fastpath.h2_upstream import H2Upstream
 from hopmeter.proxy.fastpath.internals import (
     BufferedH2Connection,
     ChunkedReader,
@@ -103,6 +104,7 @@ from hopmeter.proxy.fastpath.internals import (
     Http1Client,
     Http1Connection,
     Http1Server,
+    Http2Client,
     Http2Server,
     Http10Reader,
     HttpClient,
@@ -186,7 +188,16 @@ CUT = "cut"  # the client's connection was ended with a reset, the record says e
 class Stats:
     """What the relays of this process did (a /metrics counter; tests)."""
 
-    __slots__ = ("armed", "declined", "direct", "faults", "h2_pieces", "pieces", "tls_pieces")
+    __slots__ = (
+        "armed",
+        "declined",
+        "direct",
+        "faults",
+        "h2_pieces",
+        "h2_up_pieces",
+        "pieces",
+        "tls_pieces",
+    )
 
     def __init__(self) -> None:
         self.armed = 0  # responses a relay was armed for
@@ -194,6 +205,7 @@ class Stats:
         self.pieces = 0  # body pieces moved by a relay instead of mitmproxy's layers
         self.tls_pieces = 0  # of those, pieces sent through a client's TLS connection
         self.h2_pieces = 0  # of those, pieces sent to a client over HTTP/2
+        self.h2_up_pieces = 0  # of those, pieces from an upstream over HTTP/2 (DATA frames)
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
         self.faults = {LEFT: 0, CUT: 0}  # faults in a relay, by what became of the read
 
@@ -221,8 +233,15 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
             STATS.h2_pieces,
         ),
         (
+            "relayed_h2_upstream_pieces",
+            "Of the relayed pieces, those that came from an upstream over HTTP/2 (its DATA "
+            "frames).",
+            STATS.h2_up_pieces,
+        ),
+        (
             "relayed_responses",
-            "Streamed responses from an HTTP/1 upstream a relay was armed for.",
+            "Streamed responses from an HTTP/1 upstream, or an HTTP/2 upstream in TLS, a relay "
+            "was armed for.",
             STATS.armed,
         ),
         (
@@ -233,7 +252,7 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
         (
             "relay_declined",
             "Streamed responses left to mitmproxy's layers, by reason: tls, not_http1 (an "
-            "HTTP/2 upstream), "
+            "HTTP/2 upstream not in TLS, a client neither HTTP/1 nor HTTP/2), "
             "proxy_debug, layers (a layer that does more than pass events on), unlocated, "
             "version (the relay is off: mitmproxy, h11 or Python is not as it was read).",
             ("reason", dict(STATS.declined)),
@@ -473,6 +492,7 @@ class BodyRelay:
         "kind",
         "layers",
         "on_fault",
+        "ours",
         "reader",
         "response",
         "server",
@@ -482,6 +502,7 @@ class BodyRelay:
         "stream",
         "tap",
         "tls",
+        "up",
         "up_tls",
         "writer",
     )
@@ -492,7 +513,8 @@ class BodyRelay:
         handler: ConnectionHandler,
         flow: http.HTTPFlow,
         http_layer: HttpLayer,
-        h1: Http1Client,
+        h1: Http1Client | Http2Client,
+        sid: int,
         server: Http1Server | Http2Server,
         stream: HttpStream,
         layers: tuple[Any, ...],
@@ -501,6 +523,7 @@ class BodyRelay:
         on_fault: OnFault,
         tls: Any = None,
         up_tls: Any = None,
+        ours: int | None = None,
     ) -> None:
         self.handler = handler
         self.flow = flow
@@ -508,8 +531,8 @@ class BodyRelay:
         self.response: Any = flow.response
         self.tap: Any = getattr(flow.response, "stream", None)  # armed with it (`relay_safe`)
         self.http_layer = http_layer
-        self.h1: Any = h1
-        self.sid: Any = h1.stream_id
+        self.h1: Any = h1  # the upstream connection's Http1Client (Http2Client: `ours`)
+        self.sid = sid  # the flow's stream id in the HTTP layer
         self.server: Any = server
         # an HTTP/2 client's connection (mitmproxy's BufferedH2Connection), else None
         self.h2: Any = server.h2_conn if type(server) is Http2Server else None
@@ -525,6 +548,10 @@ class BodyRelay:
         self.ssl: Any = tls.tls if tls is not None else None
         # the upstream's TLS layer (ServerTLSLayer) when in TLS: the relay takes its plaintext
         self.up_tls: Any = up_tls
+        # from an HTTP/2 upstream: the flow's stream id on that connection (mitmproxy's own),
+        # and the connection's relay, which takes the reads and hands each stream's pieces here
+        self.ours = ours
+        self.up: H2Upstream | None = None
         self.reader: Any = None  # h11's body reader, once mitmproxy made it (_bind_reader)
         self.kind = 0
         self.dead = False  # a fault, or a reader it does not follow: mitmproxy's layers move it
@@ -591,6 +618,13 @@ class BodyRelay:
             or h1.buf
         ):
             return None
+        if self.kind == _CHUNKED and self.reader._reading_trailer:
+            return None
+        return self._ready_down()
+
+    def _ready_down(self) -> Any:
+        """The client's writer when, from the flow's HTTP stream down to the client, mitmproxy's
+        layers would only move a piece of the body (asked per read), else None."""
         for lay in self.layers:
             if lay._paused is not None:
                 return None
@@ -610,8 +644,6 @@ class BodyRelay:
                 return None
         elif not server.is_open_for_us(self.sid) or server.h2_conn is not self.h2:
             return None  # the client reset the stream, or the connection is closing
-        if self.kind == _CHUNKED and self.reader._reading_trailer:
-            return None
         tls = self.tls
         if tls is not None and not client_tls.ready(tls, self.ssl):
             return None  # the handshake, queued events, a close_notify: mitmproxy's to handle
@@ -650,9 +682,7 @@ class BodyRelay:
                 raw = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
                 if raw:
                     _write(raw, writer, ssl)
-        STATS.pieces += len(pieces)
-        if ssl is not None:
-            STATS.tls_pieces += len(pieces)
+        self._count(pieces)
 
     def _deliver_h2(self, pieces: list[bytes], writer: Any) -> None:
         """What HttpStream, Http2Server (Http2Connection._handle_event with a ResponseData) and
@@ -669,10 +699,15 @@ class BodyRelay:
                 raw = h2.data_to_send()
                 if raw:
                     _write(raw, writer, ssl)
-        STATS.pieces += len(pieces)
         STATS.h2_pieces += len(pieces)
-        if ssl is not None:
+        self._count(pieces)
+
+    def _count(self, pieces: list[bytes]) -> None:
+        STATS.pieces += len(pieces)
+        if self.ssl is not None:
             STATS.tls_pieces += len(pieces)
+        if self.ours is not None:
+            STATS.h2_up_pieces += len(pieces)
 
     def fail(self, exc: BaseException) -> None:
         """A fault before anything of a read changed: the relay steps aside for the rest of this
@@ -715,9 +750,12 @@ def _write(raw: bytes, writer: Any, ssl: Any) -> None:
         send_tls(ssl, raw, writer)
 
 
-def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str:
+def arm(
+    flow: http.HTTPFlow, handler: Any, on_fault: OnFault, h2_upstream: bool = True
+) -> BodyRelay | str:
     """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
-    DECLINED)."""
+    DECLINED). `h2_upstream`: whether one may be armed behind an HTTP/2 upstream (the version
+    gate's `check_h2_upstream`)."""
     if flow.response is None or not getattr(flow.response.stream, "relay_safe", False):
         return CALLABLE
     if handler is None or not isinstance(getattr(handler, "transports", None), dict):
@@ -748,18 +786,12 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
     if flow.client_conn.tls and tls is None:
         return TLS
     http_layer = chain[-1]
-    client = http_layer.connections.get(flow.server_conn)
-    up_tls = None
-    if type(client) is ServerTLSLayer:
-        if not _upstream_tls(client, flow.server_conn):
-            return TLS  # not the one TLS session the relay follows
-        up_tls, client = client, client.child_layer
+    upstream = _upstream(flow, http_layer, h2_upstream)
+    if isinstance(upstream, str):
+        return upstream
+    up_tls, client, h1, sid, ours = upstream
+    if up_tls is not None:
         layers.append(up_tls)
-    elif flow.server_conn.tls:
-        return TLS  # the upstream's TLS is not where the relay looks for it
-    h1 = getattr(client, "child_layer", None)
-    if type(client) is not HttpClient or type(h1) is not Http1Client or not _delegates(client, h1):
-        return NOT_HTTP1  # the upstream's connection
     server = http_layer.connections.get(flow.client_conn)
     if type(server) is Http2Server:
         if type(server.h2_conn) is not BufferedH2Connection or "_handle_event" in server.__dict__:
@@ -770,15 +802,19 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
     writer = getattr(io, "writer", None)
     if writer is None:
         return UNLOCATED  # the client's connection has no writer
-    sid = h1.stream_id
     stream = http_layer.streams.get(sid) if sid is not None else None
-    if not isinstance(stream, HttpStream) or getattr(stream, "flow", None) is not flow:
+    if (
+        sid is None
+        or not isinstance(stream, HttpStream)
+        or getattr(stream, "flow", None) is not flow
+    ):
         return UNLOCATED  # this flow's HTTP stream
-    return BodyRelay(
+    relay = BodyRelay(
         handler=handler,
         flow=flow,
         http_layer=http_layer,
         h1=h1,
+        sid=sid,
         server=server,
         stream=stream,
         layers=(*layers, http_layer, client, h1, stream, server),
@@ -787,7 +823,48 @@ def arm(flow: http.HTTPFlow, handler: Any, on_fault: OnFault) -> BodyRelay | str
         on_fault=on_fault,
         tls=tls,
         up_tls=up_tls,
+        ours=ours,
     )
+    if ours is not None:
+        up = flow.server_conn.__dict__.get(_KEY)
+        if type(up) is not H2Upstream or up.client is not h1 or up.handler is not handler:
+            up_writer = getattr(handler.transports.get(flow.server_conn), "writer", None)
+            if up_writer is None:
+                return UNLOCATED  # the upstream's connection has no writer
+            up = H2Upstream(handler=handler, up_tls=up_tls, client=h1, writer=up_writer)
+        relay.up = up
+    return relay
+
+
+def _upstream(
+    flow: http.HTTPFlow, http_layer: HttpLayer, h2_upstream: bool
+) -> tuple[Any, Any, Any, int | None, int | None] | str:
+    """The flow's way from the HTTP layer to its upstream as the relay follows it: (the
+    connection's TLS layer or None, mitmproxy's HttpClient for it, the Http1Client or Http2Client
+    under that, the flow's stream id in the HTTP layer, its stream id on an HTTP/2 connection or
+    None), or why mitmproxy's layers move the body (one of DECLINED)."""
+    client = http_layer.connections.get(flow.server_conn)
+    up_tls = None
+    if type(client) is ServerTLSLayer:
+        if not _upstream_tls(client, flow.server_conn):
+            return TLS  # not the one TLS session the relay follows
+        up_tls, client = client, client.child_layer
+    elif flow.server_conn.tls:
+        return TLS  # the upstream's TLS is not where the relay looks for it
+    h1 = getattr(client, "child_layer", None)
+    if type(client) is not HttpClient or not _delegates(client, h1):
+        return NOT_HTTP1  # the upstream's connection
+    if type(h1) is Http1Client:
+        return up_tls, client, h1, h1.stream_id, None
+    if type(h1) is not Http2Client or up_tls is None:
+        return NOT_HTTP1  # HTTP/2 in the clear: the relay takes HTTP/2 frames from TLS only
+    if not h2_upstream:
+        return VERSION
+    sid = next((k for k, v in http_layer.streams.items() if v.flow is flow), None)
+    ours = h1.our_stream_id.get(sid) if sid is not None else None
+    if ours is None or h1.their_stream_id.get(ours) != sid:
+        return UNLOCATED  # this flow's stream on the upstream connection
+    return up_tls, client, h1, sid, ours
 
 
 def _upstream_tls(layer: Any, server: Any) -> bool:
@@ -838,6 +915,8 @@ class Relay:
         self.connections: dict[Any, Any] | None = None
         self.on = False  # the fast paths are installed: arm relays
         self.off_because: str | None = None  # the version gate's line, when it turned them off
+        self.h2_upstream = False  # arm relays behind HTTP/2 upstreams too
+        self.h2_off_because: str | None = None  # the version gate's line for those alone
 
     def load(self, loader: Loader) -> None:
         declare(loader, RELAY)
@@ -846,11 +925,14 @@ class Relay:
         """The fast paths were installed (None), or the version gate kept them off (its line)."""
         self.on = off_because is None
         self.off_because = off_because
+        self.h2_off_because = gate.check_h2_upstream() if self.on else None
+        self.h2_upstream = self.on and self.h2_off_because is None
 
     def running(self) -> None:
         self.connections = connection_handlers()
-        if self.off_because is not None:
-            log.warning(self.off_because)
+        for off in (self.off_because, self.h2_off_because):
+            if off is not None:
+                log.warning(off)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if not ctx.options.hopmeter_relay or flow.response is None:
@@ -862,11 +944,17 @@ class Relay:
         if self.connections is None:
             return
         try:
-            relay = arm(flow, self.connections.get(flow.client_conn.id), self.on_fault)
+            handler = self.connections.get(flow.client_conn.id)
+            relay = arm(flow, handler, self.on_fault, self.h2_upstream)
             if isinstance(relay, BodyRelay):
-                if relay.up_tls is None:  # a TLS upstream's reads are ciphertext until decrypted
-                    _shortcut(relay.handler, flow.server_conn)
-                flow.server_conn.__dict__[_KEY] = relay
+                up = relay.up
+                if up is not None:  # an HTTP/2 upstream: one relay for all its streams
+                    up.add(relay)
+                    flow.server_conn.__dict__[_KEY] = up
+                else:
+                    if relay.up_tls is None:  # a TLS upstream's reads are ciphertext till read
+                        _shortcut(relay.handler, flow.server_conn)
+                    flow.server_conn.__dict__[_KEY] = relay
                 STATS.armed += 1
             else:
                 STATS.declined[relay] += 1
@@ -875,10 +963,24 @@ class Relay:
                 self.on_fault(flow, exc, False)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        flow.server_conn.__dict__.pop(_KEY, None)
+        _disarm(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        flow.server_conn.__dict__.pop(_KEY, None)
+        _disarm(flow)
+
+
+def _disarm(flow: http.HTTPFlow) -> None:
+    """The flow's response is over: its relay goes (from an HTTP/2 upstream: its stream's, and
+    the connection's with its last stream)."""
+    kept = flow.server_conn.__dict__
+    up = kept.get(_KEY)
+    if type(up) is H2Upstream:
+        for ours, relay in list(up.flows.items()):
+            if relay.flow is flow:
+                del up.flows[ours]
+        if up.flows:
+            return
+    kept.pop(_KEY, None)
 
 
 def install() -> None:
