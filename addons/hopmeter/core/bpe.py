@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from hopmeter.core import unicode_categories
+
 if TYPE_CHECKING:
     import mmap
 
@@ -374,8 +376,6 @@ def unicode_classes() -> tuple[dict[str, Runs], array[int], str]:
     Multilingual Plane, written out for `re` (as `ASCII_CLASSES`), and where the code points
     beyond it change stand-in: the first code point of each stretch (ascending) and its
     stand-in (`ASTRAL_STAND_INS`)."""
-    from hopmeter.core import unicode_categories  # noqa: PLC0415 - ~30 KB, for non-ASCII text
-
     within: dict[str, list[tuple[int, int]]] = {name: [] for name in ASTRAL_STAND_INS}
     starts, stand_ins = array("I", [BMP_END]), [OTHER_STAND_IN]
     for line in unicode_categories.CATEGORIES.splitlines():
@@ -430,6 +430,7 @@ def unicode_split(pattern: str) -> Callable[[str], list[str]]:
 
 
 def _compiled_split(pattern: str) -> Callable[[str], list[str]]:
+    """`unicode_split`'s work: the pattern compiled, and the split around it."""
     classes, starts, stand_ins = unicode_classes()
     compiled = re.compile(stdlib_pattern(pattern, classes))
     findall, finditer = compiled.findall, compiled.finditer
@@ -477,7 +478,7 @@ PRE_TOKENIZERS: Final = {
 # `re`'s compiler allocates ~1 MiB of small objects that it frees again. Freed early, they are
 # reused by the rest of start-up; freed at the first flow, they stay resident as an arena of
 # Python's allocator kept in reserve (+1.1 MiB against +0.1 after one flow, bench/README.md
-# "Idle memory"). The other encodings' come with their first counter.
+# "Idle memory"). The other encodings' are compiled when first needed (`Splitter.prepare`).
 COMPILED_AT_IMPORT: Final = "o200k_base"
 unicode_split(PRE_TOKENIZERS[COMPILED_AT_IMPORT].pattern)
 
