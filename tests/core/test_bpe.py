@@ -7,25 +7,34 @@ import gzip
 import hashlib
 import random
 import re
+import sys
+from bisect import bisect_right
 from functools import cache
 from pathlib import Path
 
 import pytest
 import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hopmeter.core import bpe
 from hopmeter.core.bpe import (
+    ASCII_CLASSES,
     PRE_TOKENIZERS,
     BpeCounter,
+    PreTokenizer,
     RankTable,
     Splitter,
     TableError,
     build_table,
     parse_tiktoken,
     pre_tokenizer_for,
+    stdlib_pattern,
+    unicode_classes,
 )
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.vocab import Api
+from tests.core.unicode_tables import same_in_both
 from tests.harness import tiktoken_ref
 from tests.harness.corpus import CASES, CORPUS, needs_corpus
 
@@ -149,17 +158,150 @@ def _merged_by_rescanning(table: RankTable, piece: bytes) -> int:
 
 @pytest.mark.parametrize("name", sorted(PRE_TOKENIZERS))
 def test_ascii_pattern_splits_like_the_full_one(name: str) -> None:
-    """Pure-ASCII text is split with the standard library's `re`: the same pieces as `regex`
+    """Pure-ASCII text is split with the pattern's ASCII classes: the same pieces as `regex`
     with the encoding's own pattern, on every ASCII character including controls."""
     pre = PRE_TOKENIZERS[name]
     full = regex.compile(pre.pattern).findall
-    ascii_only = re.compile(pre.ascii_pattern).findall
+    ascii_only = re.compile(stdlib_pattern(pre.pattern, ASCII_CLASSES)).findall
     rnd = random.Random(7)
     chars = [chr(c) for c in range(128)] + list(" \n\tabcABC'sS019.,") * 8
     texts = ["".join(rnd.choices(chars, k=rnd.randint(1, 30))) for _ in range(20_000)]
     texts += ["it's", "IT'S", "I'M", "x  \n", "  ", "a\r\n\r\nb", "12345", "//\n", "\x1c \x1f"]
     texts += [t for t in corpus_texts() if t.isascii()]
     assert [t for t in texts if full(t) != ascii_only(t)] == []
+
+
+# Every code point in these contexts: alone, after and before letters of either case, digits,
+# a space, an apostrophe and the suffixes, line ends, and itself.
+CONTEXTS = (
+    "{c}",
+    "a{c}",
+    "{c}a",
+    "A{c}b",
+    "aB{c}",
+    " {c}",
+    "{c} ",
+    "'{c}",
+    "{c}'s",
+    "{c}'LL",
+    "x'{c}",
+    "1{c}2",
+    "12{c}3",
+    "\n{c}\r",
+    "{c}{c}{c}",
+    "{c}\u0301",
+    "\u00e9{c}A",
+)
+
+
+def test_classes_are_regexs_on_every_code_point() -> None:
+    """Each class the patterns name, as written out within the Basic Multilingual Plane and
+    as the stand-ins of the code points beyond it, holds what `regex`'s holds, on every code
+    point both tables class alike."""
+    classes, starts, stand_ins = unicode_classes()
+    chars = same_in_both()
+    within = "".join(c for c in chars if ord(c) < bpe.BMP_END)
+    beyond = "".join(c for c in chars if ord(c) >= bpe.BMP_END)
+    as_stand_ins = "".join(stand_ins[bisect_right(starts, ord(c)) - 1] for c in beyond)
+    assert len(within) + len(beyond) > 1_000_000
+    for name in classes:
+        pattern = r"\s" if name == "s" else rf"\p{{{name}}}"
+        ours = re.compile(stdlib_pattern(pattern, classes))
+        theirs = regex.compile(pattern)
+        assert _starts(ours, within) == _starts(theirs, within), name
+        assert _starts(ours, as_stand_ins) == _starts(theirs, beyond), name
+
+
+def _starts(pattern: re.Pattern[str] | regex.Pattern[str], text: str) -> list[int]:
+    return [m.start() for m in pattern.finditer(text)]
+
+
+# Every code point in these contexts: alone, after and before letters of either case, digits,
+# a space, an apostrophe and the suffixes, line ends, a mark, and itself.
+CONTEXTS = (
+    "{c}",
+    "a{c}",
+    "{c}a",
+    "A{c}b",
+    "aB{c}",
+    " {c}",
+    "{c} ",
+    "'{c}",
+    "{c}'s",
+    "{c}'LL",
+    "x'{c}",
+    "1{c}2",
+    "12{c}3",
+    "\n{c}\r",
+    "{c}{c}{c}",
+    "{c}\u0301",
+    "\u00e9{c}A",
+)
+
+
+@pytest.mark.parametrize("name", sorted(PRE_TOKENIZERS))
+def test_splits_like_regex_on_every_code_point(name: str) -> None:
+    """Every code point of the Basic Multilingual Plane both tables class alike, and beyond
+    it each one where the stand-in changes (and its neighbours) and 20,000 others, in every
+    one of CONTEXTS (4,096 code points' contexts a text): the same pieces as `regex`."""
+    split = Splitter(PRE_TOKENIZERS[name])
+    full = regex.compile(PRE_TOKENIZERS[name].pattern).findall
+    _, starts, _ = unicode_classes()
+    same = same_in_both()
+    edges = {code + step for start in starts for code in (start, start - 1) for step in (-1, 0, 1)}
+    beyond = [c for c in same if ord(c) >= bpe.BMP_END]
+    chars = [c for c in same if ord(c) < bpe.BMP_END or ord(c) in edges]
+    chars += random.Random(12).sample(beyond, 20_000)
+    wrong = []
+    for at in range(0, len(chars), 4096):
+        text = "".join(context.format(c=c) for c in chars[at : at + 4096] for context in CONTEXTS)
+        if split(text) != full(text):
+            wrong.append(hex(ord(chars[at])))
+    assert wrong == []
+
+
+@pytest.mark.parametrize("name", sorted(PRE_TOKENIZERS))
+def test_splits_like_regex_on_the_corpus_and_random_unicode(name: str) -> None:
+    """The recorded streams (every event text, each line, each whole), the random texts of
+    the count tests and random texts of any code point both tables class alike (the
+    surrogates too): the same pieces as `regex`."""
+    split = Splitter(PRE_TOKENIZERS[name])
+    full = regex.compile(PRE_TOKENIZERS[name].pattern).findall
+    rnd = random.Random(11)
+    chars = same_in_both()
+    texts = corpus_texts() + fuzz_texts(2, 5000) + LONG_PIECES
+    texts += ["".join(rnd.choices(chars, k=rnd.randint(1, 40))) for _ in range(20_000)]
+    assert [t for t in texts if split(t) != full(t)] == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(_ALPHABET),
+            st.integers(0, sys.maxunicode).map(chr).filter(lambda c: c in same_in_both()),
+        ),
+        max_size=30,
+    ).map("".join)
+)
+def test_splits_like_regex_on_any_text(text: str) -> None:
+    """Hypothesis' texts of code points from anywhere and the count tests' alphabet: o200k_base's
+    and cl100k_base's pieces are `regex`'s."""
+    for name in ("o200k_base", "cl100k_base"):
+        pre = PRE_TOKENIZERS[name]
+        assert Splitter(pre)(text) == regex.findall(pre.pattern, text)
+
+
+def test_stdlib_pattern_writes_classes_out_and_refuses_what_it_cannot() -> None:
+    """\\p{X} and \\s outside a class become one, inside one join its other items, \\S is
+    their complement; syntax beyond tiktoken's patterns is refused, not mistranslated."""
+    classes = {"L": ((0x41, 0x5A), (0x61, 0x7A)), "N": ((0x30, 0x39),), "s": ((0x20, 0x20),)}
+    assert stdlib_pattern(r"\p{L}+|[^\r\p{L}\p{N}]|\s(?!\S)", classes) == (
+        r"[A-Za-z]+|[^\r0-9A-Za-z]|[\x20](?![^\x20])"
+    )
+    for unknown in (r"[\S]", r"[]a]", r"[[a]", "a]"):
+        with pytest.raises(ValueError, match="cannot write out"):
+            stdlib_pattern(unknown, classes)
 
 
 def test_custom_file_with_gaps_and_its_pre_tokenizer() -> None:
@@ -229,10 +371,21 @@ def test_the_piece_memo_is_bounded_and_exact() -> None:
     assert again == [len(reference.encode_ordinary(w)) for w in words]
 
 
-def test_the_full_pattern_is_compiled_only_for_non_ascii_text() -> None:
-    """ASCII text never needs `regex`: the full pattern waits for the first other text."""
-    split = Splitter(PRE_TOKENIZERS["o200k_base"])
-    assert split("Hello, world!\n") == ["Hello", ",", " world", "!\n"]
+def test_non_ascii_patterns_are_compiled_when_first_needed() -> None:
+    """o200k_base's pattern for non-ASCII text comes compiled with the module; another one is
+    compiled when a text first needs it (or `prepare`), once for every Splitter of it."""
+    assert Splitter(PRE_TOKENIZERS["o200k_base"]).prepared
+    assert Splitter(PRE_TOKENIZERS["o200k_base"])("Grüße, 世界 👋") == [
+        "Grüße",
+        ",",
+        " 世界",
+        " 👋",
+    ]
+    # a pattern no test compiled before: r50k_base's with a comment of its own
+    fresh = PreTokenizer("fresh", PRE_TOKENIZERS["r50k_base"].pattern + f"(?#{id(object())})")
+    split = Splitter(fresh)
+    assert split("Hello, world!\n") == ["Hello", ",", " world", "!", "\n"]
     assert not split.prepared
     assert split("Grüße, 世界") == ["Grüße", ",", " 世界"]
     assert split.prepared
+    assert Splitter(fresh).prepared

@@ -22,11 +22,14 @@ The table's layout (little-endian; `HEADER` then three arrays):
 - offsets: uint32 per rank plus one, where each rank's bytes start (a missing rank is empty);
 - the token bytes, by rank.
 
-Pure-ASCII text, most of a reply, is split with the standard library's `re`; other text with
-`regex` (the `\\p{...}` classes need it), compiled when first needed (`Splitter`). Counting a short
-text costs ~1.3 us where tiktoken's took ~1.0; hopmeter.core.tokens and `BpeCounter` remember
-the counts of recurring texts and pieces, so an event costs ~0.1-0.3 us more on varied text and
-nothing on a reply's common words (bench/micro_tokens.py).
+The pre-tokenizer runs on the standard library's `re`: tiktoken's patterns name Unicode's
+classes (`\\p{L}`, `\\p{N}`, `\\p{Lu}` ...), which `re` lacks, so `stdlib_pattern` writes each
+out as ranges of code points, from hopmeter.core.unicode_categories (Unicode 16.0, the version
+of tiktoken's own tables) for any text, and as their ASCII part for pure-ASCII text, most of
+a reply (`Splitter`). Counting a short text costs ~1.3 us where tiktoken's took ~1.0;
+hopmeter.core.tokens and `BpeCounter` remember the counts of recurring texts and pieces, so an
+event costs ~0.1-0.3 us more on varied text and nothing on a reply's common words
+(bench/micro_tokens.py).
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ import sys
 import threading
 import zlib
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
+
+from hopmeter.core import unicode_categories
 
 if TYPE_CHECKING:
     import mmap
@@ -226,31 +232,99 @@ def _lookup(
 
 @dataclass(frozen=True, slots=True)
 class PreTokenizer:
-    """An encoding's pre-tokenizer: its pattern, and the same pattern for pure-ASCII text in the
-    standard library's `re` (several times faster than `regex` on the short texts of events)."""
+    """An encoding's pre-tokenizer: its name and tiktoken's pattern."""
 
     name: str
-    pattern: str  # for `regex`: tiktoken's, with `$` as `\Z` (end of text only, as in Rust)
-    ascii_pattern: str  # the same splits on ASCII text: \p{L} is [A-Za-z], \s is [\t-\r ] ...
+    # in `regex`'s syntax, as tiktoken writes it (with `$` as `\Z`: end of text only, as in
+    # Rust); `stdlib_pattern` writes it out for the standard library's `re`
+    pattern: str
+
+
+# Runs of code points (first, last): what a class of the patterns is made of
+Runs = tuple[tuple[int, int], ...]
+# The patterns' classes on ASCII text: \p{L} is [A-Za-z], \s is [\t-\r ] ...
+ASCII_CLASSES: Final[dict[str, Runs]] = {
+    "L": ((0x41, 0x5A), (0x61, 0x7A)),
+    "Lu": ((0x41, 0x5A),),
+    "Ll": ((0x61, 0x7A),),
+    "Lt": (),
+    "Lm": (),
+    "Lo": (),
+    "M": (),
+    "N": ((0x30, 0x39),),
+    "s": ((0x09, 0x0D), (0x20, 0x20)),  # White_Space (\s in `re` adds \x1c-\x1f)
+}
+# A pattern's class syntax: \p{X}, \s and \S, another escape, a class's opening and closing
+_CLASS_SYNTAX: Final = re.compile(r"\\p\{(\w+)\}|\\([sS])|(\\.)|(\[\^?)|(\])")
+
+
+def stdlib_pattern(pattern: str, classes: dict[str, Runs]) -> str:
+    """`pattern` (tiktoken's syntax) for the standard library's `re`: each \\p{X} and \\s
+    written out as the code points `classes` gives it, \\S as their complement; the items of a
+    [...] joined into one set of ranges. The syntax of tiktoken's patterns only: a `]` first
+    in a class, or \\S inside one, is refused."""
+    out = []
+    within: list[tuple[int, int]] | None = None  # inside [...]: the runs its items name
+    at = 0
+    for match in _CLASS_SYNTAX.finditer(pattern):
+        prop, space, escape, opening, closing = match.groups()
+        out.append(pattern[at : match.start()])
+        at = match.end()
+        name = prop or ("s" if space == "s" else "")
+        if name and within is not None:
+            within += classes[name]
+        elif name:
+            out.append(f"[{_ranges(classes[name])}]")
+        elif space == "S" and within is None:
+            out.append(f"[^{_ranges(classes['s'])}]")
+        elif opening and within is None:
+            within = []
+            out.append(opening)
+        elif closing and within is not None:
+            out.append(_ranges(within) + closing)
+            within = None
+        elif escape:
+            out.append(escape)
+        else:
+            raise ValueError(f"cannot write out {match[0]!r} at {match.start()} of {pattern!r}")
+    return "".join(out) + pattern[at:]
+
+
+def _ranges(runs: Iterable[tuple[int, int]]) -> str:
+    """Runs of code points as the inside of a `re` class, overlapping and adjacent runs joined:
+    ASCII letters and digits as themselves, other ASCII as \\xNN, the rest as themselves."""
+    joined: list[list[int]] = []
+    for first, last in sorted(runs):
+        if joined and joined[-1][1] + 1 >= first:
+            joined[-1][1] = max(joined[-1][1], last)
+        else:
+            joined.append([first, last])
+    return "".join(
+        _char(first) if first == last else f"{_char(first)}-{_char(last)}" for first, last in joined
+    )
+
+
+def _char(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x80 and not chr(code).isalnum() else chr(code)
 
 
 class Splitter:
-    """Splits text into a pre-tokenizer's pieces.
+    """Splits text into a pre-tokenizer's pieces, with the standard library's `re`.
 
-    The full pattern is compiled only when first needed (`prepare`): importing `regex` and
-    compiling o200k_base's pattern take ~80 ms and ~6 MiB, which a proxy that has seen no
-    traffic, or only ASCII text, need not pay. A caller may `prepare` ahead in a thread (the
-    compiler is mostly Python: the interpreter switches to other threads every few ms) so that
-    a text that needs it later finds it ready; one that comes first waits for it.
+    Pure-ASCII text, most of a reply, is split with the pattern's classes written out for ASCII
+    (`ASCII_CLASSES`). Other text takes them written out from Unicode 16.0's tables, the
+    version tiktoken splits by (`unicode_split`): o200k_base's pattern is compiled with this
+    module (`COMPILED_AT_IMPORT`), another one when first needed (`prepare`, ~10 ms of `re`'s
+    compiler). A caller may `prepare` ahead in a thread so that a text that needs it later
+    finds it ready; one that comes first waits for it.
     """
 
-    __slots__ = ("_ascii", "_full", "_lock", "pattern")
+    __slots__ = ("_ascii", "_full", "pattern")
 
     def __init__(self, pre_tokenizer: PreTokenizer) -> None:
         self.pattern = pre_tokenizer.pattern
-        self._ascii = re.compile(pre_tokenizer.ascii_pattern).findall
-        self._full: Callable[[str], list[str]] | None = None
-        self._lock = threading.Lock()
+        self._ascii = re.compile(stdlib_pattern(self.pattern, ASCII_CLASSES)).findall
+        self._full: Callable[[str], list[str]] | None = _UNICODE_SPLITS.get(self.pattern)
 
     def __call__(self, text: str) -> list[str]:
         if text.isascii():
@@ -259,21 +333,122 @@ class Splitter:
 
     @property
     def prepared(self) -> bool:
-        """Whether the full pattern is compiled."""
+        """Whether the pattern for non-ASCII text is compiled."""
         return self._full is not None
 
     def prepare(self) -> Callable[[str], list[str]]:
-        """Compile the full pattern (once; a second caller waits for the first)."""
-        with self._lock:
-            if self._full is None:
-                import regex  # noqa: PLC0415 - ~40 ms and ~3 MiB, only for non-ASCII text
+        """Compile the pattern for non-ASCII text (once; a second caller waits for the first)."""
+        if self._full is None:
+            self._full = unicode_split(self.pattern)
+        return self._full
 
-                self._full = regex.compile(self.pattern).findall
-            return self._full
+
+# The stand-in within the Basic Multilingual Plane for a code point beyond it, by its general
+# category (the eleven the patterns name; any other is OTHER_STAND_IN). None of them is ASCII,
+# White_Space, or equal to an ASCII letter ignoring case, as no code point beyond the plane is.
+ASTRAL_STAND_INS: Final = {
+    "Lu": "\u0391",  # GREEK CAPITAL LETTER ALPHA
+    "Ll": "\u03b1",  # GREEK SMALL LETTER ALPHA
+    "Lt": "\u01c5",  # LATIN CAPITAL LETTER D WITH SMALL LETTER Z WITH CARON
+    "Lm": "\u02b0",  # MODIFIER LETTER SMALL H
+    "Lo": "\u05d0",  # HEBREW LETTER ALEF
+    "Mn": "\u0301",  # COMBINING ACUTE ACCENT
+    "Mc": "\u0903",  # DEVANAGARI SIGN VISARGA
+    "Me": "\u20dd",  # COMBINING ENCLOSING CIRCLE
+    "Nd": "\u0660",  # ARABIC-INDIC DIGIT ZERO
+    "Nl": "\u2160",  # ROMAN NUMERAL ONE
+    "No": "\u00b2",  # SUPERSCRIPT TWO
+}
+OTHER_STAND_IN: Final = "\u00a7"  # SECTION SIGN (Po): no letter, mark, number nor space
+BMP_END: Final = 0x10000
+_ASTRAL: Final = re.compile("[\U00010000-\U0010ffff]")
+# \p{X} by the general categories it is made of
+_PROPERTIES: Final = {
+    "L": ("Lu", "Ll", "Lt", "Lm", "Lo"),
+    "M": ("Mn", "Mc", "Me"),
+    "N": ("Nd", "Nl", "No"),
+    **{name: (name,) for name in ("Lu", "Ll", "Lt", "Lm", "Lo")},
+}
+
+
+def unicode_classes() -> tuple[dict[str, Runs], array[int], str]:
+    """From hopmeter.core.unicode_categories: the patterns' classes within the Basic
+    Multilingual Plane, written out for `re` (as `ASCII_CLASSES`), and where the code points
+    beyond it change stand-in: the first code point of each stretch (ascending) and its
+    stand-in (`ASTRAL_STAND_INS`)."""
+    within: dict[str, list[tuple[int, int]]] = {name: [] for name in ASTRAL_STAND_INS}
+    starts, stand_ins = array("I", [BMP_END]), [OTHER_STAND_IN]
+    for line in unicode_categories.CATEGORIES.splitlines():
+        span, category = line.split()
+        first, last = _span(span)
+        if first < BMP_END:
+            within[category].append((first, last))
+            continue
+        if starts[-1] == first:
+            stand_ins[-1] = ASTRAL_STAND_INS[category]
+        else:
+            starts.append(first)
+            stand_ins.append(ASTRAL_STAND_INS[category])
+        starts.append(last + 1)
+        stand_ins.append(OTHER_STAND_IN)
+    classes = {
+        prop: tuple(run for name in names for run in within[name])
+        for prop, names in _PROPERTIES.items()
+    }
+    classes["s"] = tuple(_span(span) for span in unicode_categories.WHITE_SPACE.split())
+    return classes, starts, "".join(stand_ins)
+
+
+def _span(span: str) -> tuple[int, int]:
+    """`first..last` or `code` (hexadecimal) as the first and the last code point."""
+    first, _, last = span.partition("..")
+    return int(first, 16), int(last or first, 16)
+
+
+# `unicode_split`'s splits, by pattern (a handful: one per encoding), and the lock that makes
+# two threads that want one compile it once
+_UNICODE_SPLITS: dict[str, Callable[[str], list[str]]] = {}
+_COMPILING: Final = threading.Lock()
+
+
+def unicode_split(pattern: str) -> Callable[[str], list[str]]:
+    """The split of any text by `pattern` (tiktoken's syntax), with `unicode_classes`: compiled
+    once (for the process), then shared by every `Splitter` of the pattern.
+
+    The classes hold the Basic Multilingual Plane only: `re` tests a code point beyond it
+    against each range of a class in turn (~300 for \\p{L}), where one within it is one lookup
+    in a bitmap. A text with code points beyond it (emoji, most often) is split as the same
+    text with each of them replaced by a stand-in within it of the same general category
+    (`ASTRAL_STAND_INS`): the pattern tells code points apart by their classes only, so the
+    pieces fall at the same places, and they are cut from the text itself.
+    """
+    with _COMPILING:
+        split = _UNICODE_SPLITS.get(pattern)
+        if split is None:
+            split = _UNICODE_SPLITS[pattern] = _compiled_split(pattern)
+        return split
+
+
+def _compiled_split(pattern: str) -> Callable[[str], list[str]]:
+    """`unicode_split`'s work: the pattern compiled, and the split around it."""
+    classes, starts, stand_ins = unicode_classes()
+    compiled = re.compile(stdlib_pattern(pattern, classes))
+    findall, finditer = compiled.findall, compiled.finditer
+    beyond, replace_beyond = _ASTRAL.search, _ASTRAL.sub
+
+    def stand_in(match: re.Match[str]) -> str:
+        return stand_ins[bisect_right(starts, ord(match[0])) - 1]
+
+    def split(text: str) -> list[str]:
+        if beyond(text) is None:
+            return findall(text)
+        within = replace_beyond(stand_in, text)
+        return [text[m.start() : m.end()] for m in finditer(within)]
+
+    return split
 
 
 _SUFFIXES: Final = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-_WS: Final = r"\t-\r "  # ASCII White_Space: \t \n \v \f \r and space (not \x1c-\x1f, as \s in re)
 PRE_TOKENIZERS: Final = {
     p.name: p
     for p in (
@@ -284,26 +459,28 @@ PRE_TOKENIZERS: Final = {
             + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
             + _SUFFIXES
             + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-            rf"[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+{_SUFFIXES}|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*{_SUFFIXES}"
-            rf"|[0-9]{{1,3}}| ?[^{_WS}A-Za-z0-9]+[\r\n/]*|[{_WS}]*[\r\n]+|[{_WS}]+(?![^{_WS}])"
-            rf"|[{_WS}]+",
         ),
         PreTokenizer(
             "cl100k_base",
             r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"
             r"| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++\Z|\s*[\r\n]|\s+(?!\S)|\s",
-            rf"'(?i:[sdmt]|ll|ve|re)|[^\r\nA-Za-z0-9]?+[A-Za-z]++|[0-9]{{1,3}}+"
-            rf"| ?[^{_WS}A-Za-z0-9]++[\r\n]*+|[{_WS}]++\Z|[{_WS}]*[\r\n]|[{_WS}]+(?![^{_WS}])"
-            rf"|[{_WS}]",
         ),
         PreTokenizer(
             "r50k_base",
             r"'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++\Z|\s+(?!\S)|\s",
-            rf"'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]++| ?[0-9]++| ?[^{_WS}A-Za-z0-9]++|[{_WS}]++\Z"
-            rf"|[{_WS}]+(?![^{_WS}])|[{_WS}]",
         ),
     )
 }
+
+
+# o200k_base's pattern for non-ASCII text is compiled with this module, early in a proxy's
+# start-up: it counts every model but OpenAI's older ones, so nearly every proxy needs it, and
+# `re`'s compiler allocates ~1 MiB of small objects that it frees again. Freed early, they are
+# reused by the rest of start-up; freed at the first flow, they stay resident as an arena of
+# Python's allocator kept in reserve (+1.1 MiB against +0.1 after one flow, bench/README.md
+# "Idle memory"). The other encodings' are compiled when first needed (`Splitter.prepare`).
+COMPILED_AT_IMPORT: Final = "o200k_base"
+unicode_split(PRE_TOKENIZERS[COMPILED_AT_IMPORT].pattern)
 
 
 def pre_tokenizer_for(ranks: int) -> PreTokenizer:
