@@ -91,7 +91,7 @@ def test_demo_measures_every_sample(tmp_path: Path) -> None:
 # What a `hopmeter run` with records and metrics on never uses until a flag or a flow asks for
 # it: the other commands' packages, the workers' parent (--workers), the OpenTelemetry export
 # (--otlp), browser measuring (--browser), the optional tokenizer libraries, and `regex`, which
-# only the first flow's tokenizer pattern needs.
+# only tests use (the reference the pre-tokenizer is held to).
 NOT_IDLE = (
     "hopmeter.report",
     "hopmeter.join",

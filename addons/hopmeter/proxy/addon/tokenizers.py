@@ -165,7 +165,9 @@ def _encoding(name: str) -> Callable[[str], int]:
 
 # The table counters made before the first flow; from then on each one's full pattern is
 # compiled in a thread as soon as it is made (hopmeter.core.bpe.Splitter), so that the first
-# non-ASCII text finds it ready rather than waiting ~80 ms on the loop.
+# non-ASCII text finds it ready rather than waiting on the loop. o200k_base's is compiled when
+# hopmeter.core.bpe is imported (there, preparing finds it done); another encoding's is
+# compiled here.
 _WAITING: list[BpeCounter] = []
 _TRAFFIC = threading.Event()
 _TRAFFIC_LOCK = threading.Lock()

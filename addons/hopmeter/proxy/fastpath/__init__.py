@@ -1,11 +1,12 @@
 """`hopmeter run`'s fast paths through mitmproxy, and every private name of it they reach.
 
 - `relay`: a streamed HTTP/1 body's reads moved from upstream to client past mitmproxy's layers;
+- `h2_upstream`: the same for the DATA frames of an HTTP/2 upstream in TLS;
 - `client_tls`: the relay's way through mitmproxy's TLS layer to a client in TLS to the proxy;
 - `backpressure`: mitmproxy's per-read drain step run only when a writer could need it;
 - `framing`: mitmproxy's HTTP/1 framing decision kept per response instead of per chunk;
-- `internals`: the private parts of mitmproxy and h11 they (and hopmeter's delivery lane) read;
-- `gate`: whether the installed mitmproxy, h11 and Python are those they were read against.
+- `internals`: the private parts of mitmproxy, h11 and h2 they (and hopmeter's delivery lane) read;
+- `gate`: whether the installed mitmproxy, h11, h2 and Python are those they were read against.
 
 `install()` (`hopmeter run` only, before its proxy starts) asks the gate and then replaces three
 of mitmproxy's methods; `hopmeter run --no-relay` (or `--set hopmeter_relay=false` at start)

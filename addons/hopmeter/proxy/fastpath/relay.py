@@ -1,5 +1,5 @@
-"""`hopmeter run`'s direct relay of a streamed response body from an HTTP/1 upstream, past
-mitmproxy's layers.
+"""`hopmeter run`'s direct relay of a streamed response body from an HTTP/1 upstream (or an
+HTTP/2 upstream in TLS: hopmeter.proxy.fastpath.h2_upstream), past mitmproxy's layers.
 
 Every read mitmproxy takes from an upstream travels its whole layer stack: the connection
 handler's lock, the mode layer, the HTTP layer, the connection's HTTP/1 client (h11's chunked
@@ -52,7 +52,8 @@ stream reader, which stops reading at twice that, so a fast upstream cannot hold
 Whatever the relay does not take goes to mitmproxy's own method: a read while any layer on the
 path is paused (a hook in progress, the response's headers hook included), the last chunk and its
 trailers, an incomplete chunk header, bytes h11 would reject (mitmproxy then reports the same
-error), the final read of a content-length body, an HTTP/2 upstream, an HTTP/2 client's stream
+error), the final read of a content-length body, an HTTP/2 upstream not in TLS (in TLS: its
+DATA frames as hopmeter.proxy.fastpath.h2_upstream takes them), an HTTP/2 client's stream
 no longer open for the proxy to send on, an upstream TLS layer not open, a client TLS layer whose
 tunnel is not open (the handshake), that holds events it queued, or whose session was shut down
 (a close_notify either way), TLS inside TLS, `store_streamed_bodies`, `proxy_debug`, or a relay

@@ -303,10 +303,10 @@ SETTINGS = (
         addon=RELAY,
         kind=Kind.SWITCH,
         default=True,
-        help="move response bodies an HTTP/1 upstream streams from upstream to client directly "
-        "instead of through mitmproxy's layers: the same bytes and measurements at a fraction "
-        "of the CPU. The upstream in TLS or not, the client HTTP/1 or HTTP/2, in TLS or not: an "
-        "HTTP/2 upstream goes through mitmproxy's layers (counted in "
+        help="move streamed response bodies from upstream to client directly instead of "
+        "through mitmproxy's layers: the same bytes and measurements at a fraction of the CPU. "
+        "An HTTP/1 upstream in TLS or not, an HTTP/2 upstream in TLS; the client HTTP/1 or "
+        "HTTP/2, in TLS or not (what it leaves to mitmproxy's layers is counted in "
         "hopmeter_relay_declined_total). Off: every "
         "read goes through them; false at start (`hopmeter run --no-relay`) leaves "
         "mitmproxy's classes as they are",
