@@ -171,29 +171,6 @@ def test_ascii_pattern_splits_like_the_full_one(name: str) -> None:
     assert [t for t in texts if full(t) != ascii_only(t)] == []
 
 
-# Every code point in these contexts: alone, after and before letters of either case, digits,
-# a space, an apostrophe and the suffixes, line ends, and itself.
-CONTEXTS = (
-    "{c}",
-    "a{c}",
-    "{c}a",
-    "A{c}b",
-    "aB{c}",
-    " {c}",
-    "{c} ",
-    "'{c}",
-    "{c}'s",
-    "{c}'LL",
-    "x'{c}",
-    "1{c}2",
-    "12{c}3",
-    "\n{c}\r",
-    "{c}{c}{c}",
-    "{c}\u0301",
-    "\u00e9{c}A",
-)
-
-
 def test_classes_are_regexs_on_every_code_point() -> None:
     """Each class the patterns name, as written out within the Basic Multilingual Plane and
     as the stand-ins of the code points beyond it, holds what `regex`'s holds, on every code

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
+
+from tests.harness.scripted import ScriptedUpstream
 
 H2Handler = Callable[["H2Exchange"], Awaitable[None]]
 
@@ -75,43 +77,14 @@ class H2Exchange:
         await self.conn.flush(cut_at)
 
 
-class H2ScriptedUpstream:
+class H2ScriptedUpstream(ScriptedUpstream):
     """Serve `handler` over HTTP/2 in TLS (`tls`, a server context offering h2) on 127.0.0.1
     from a background thread, once per request; use as a context manager."""
 
     def __init__(self, handler: H2Handler, tls: ssl.SSLContext) -> None:
-        self.handler = handler
-        self.tls = tls
-        self.port = 0
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True)
+        super().__init__(handler, tls)  # type: ignore[arg-type]
+        self.h2_handler = handler
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def __enter__(self) -> H2ScriptedUpstream:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise AssertionError("scripted HTTP/2 upstream did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
-        )
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self.loop.run_forever()
-        server.close()
-        for task in asyncio.all_tasks(self.loop):
-            task.cancel()
-        with contextlib.suppress(Exception):
-            self.loop.run_until_complete(asyncio.sleep(0))
-        self.loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
@@ -142,4 +115,4 @@ class H2ScriptedUpstream:
 
     async def _answer(self, ex: H2Exchange) -> None:
         with contextlib.suppress(ConnectionError, h2.exceptions.ProtocolError):
-            await self.handler(ex)
+            await self.h2_handler(ex)

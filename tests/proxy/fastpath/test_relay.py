@@ -891,24 +891,33 @@ def test_from_a_tls_upstream_the_relay_changes_no_byte_and_no_record(
     context, cert = upstream_tls
     trust = ("--set", f"ssl_verify_upstream_trusted_ca={cert}")
     with side_by_side(tmp_path, _serve, *trust, upstream_tls=context) as (ports, on, off):
-        flows = 0
-        for name in TLS_NAMES:
-            differences = []
-            for attempt in range(UP_TLS_ATTEMPTS):
-                target = f"/v1/chat/completions/up-tls/{attempt}/{name}"
-                got = [_faulty_exchange(p.port, target) for p in (on, off)]
-                recs = [_stable(_record_of(p, target)) for p in (on, off)]
-                flows += 1
-                if got[0] == got[1] and recs[0] == recs[1]:
-                    break
-                differences.append((got, recs))
-            else:
-                raise AssertionError((name, differences[-1]))
+        flows = alike(on, off, TLS_NAMES, "/v1/chat/completions/up-tls", _faulty_exchange)
         for side, port in ports.items():
             assert set(_declined(port).values()) == {0}, (side, _declined(port))
         responses, pieces, direct = _relayed(ports["relay"])
         assert _relayed(ports["off"]) == (0, 0, 0)
     assert responses == flows and pieces >= 30 and direct == 0
+
+
+def alike(on: Any, off: Any, names: list[str], prefix: str, ask: Callable[[int, str], Any]) -> int:
+    """Ask both proxies for `prefix/<attempt>/<name>` of every scenario name, with `ask(port,
+    target)` (what the client reads): what the clients read and the records must agree but for
+    times; a pair that differs is asked again, up to UP_TLS_ATTEMPTS times (its reads may
+    coalesce apart on a busy machine). How many flows each proxy had."""
+    flows = 0
+    for name in names:
+        differences = []
+        for attempt in range(UP_TLS_ATTEMPTS):
+            target = f"{prefix}/{attempt}/{name}"
+            got = [ask(p.port, target) for p in (on, off)]
+            recs = [_stable(_record_of(p, target)) for p in (on, off)]
+            flows += 1
+            if got[0] == got[1] and recs[0] == recs[1]:
+                break
+            differences.append((got, recs))
+        else:
+            raise AssertionError((name, differences[-1]))
+    return flows
 
 
 UPSTREAM_TLS_FAULT_CASES = [step for step in relay.STEPS if step not in ("drain", "resume")]
