@@ -827,14 +827,22 @@ def arm(
         ours=ours,
     )
     if ours is not None:
-        up = flow.server_conn.__dict__.get(_KEY)
-        if type(up) is not H2Upstream or up.client is not h1 or up.handler is not handler:
-            up_writer = getattr(handler.transports.get(flow.server_conn), "writer", None)
-            if up_writer is None:
-                return UNLOCATED  # the upstream's connection has no writer
-            up = H2Upstream(handler=handler, up_tls=up_tls, client=h1, writer=up_writer)
-        relay.up = up
+        relay.up = _h2_upstream(flow, handler, up_tls, h1)
+        if relay.up is None:
+            return UNLOCATED  # the upstream's connection has no writer
     return relay
+
+
+def _h2_upstream(flow: http.HTTPFlow, handler: Any, up_tls: Any, client: Any) -> Any:
+    """The relay of the flow's HTTP/2 upstream connection (made once, for its first stream),
+    or None when the connection has no writer."""
+    up = flow.server_conn.__dict__.get(_KEY)
+    if type(up) is H2Upstream and up.client is client and up.handler is handler:
+        return up
+    writer = getattr(handler.transports.get(flow.server_conn), "writer", None)
+    if writer is None:
+        return None
+    return H2Upstream(handler=handler, up_tls=up_tls, client=client, writer=writer)
 
 
 def _upstream(
