@@ -49,11 +49,17 @@ from hopmeter.core.record import FlowResult, finish
 from hopmeter.core.vocab import Ended
 from hopmeter.core.wire import model_from_path
 from hopmeter.proxy.addon import passage
+from hopmeter.proxy.addon.aside import Aside
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.pairing import LiveFlow, Pairing
 from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap, header_map
 from hopmeter.proxy.addon.tokenizer_load import Vocabulary
 from hopmeter.proxy.delivery.lane import Delivery, FlowOut, LoopLog
+
+# A record whose flow had this many events (a character of its kept text a sixteenth of one) is
+# built beside the loop (proxy.addon.aside): ~5 ms of the loop's time, the interpreter's switch
+# interval, the longest the worker can hold the loop.
+LONG_RECORD_EVENTS = 1024
 
 # A flow in flight: mitmproxy's flow and hopmeter's state of it, by flow id (HopMeter.live).
 Live = Mapping[str, tuple[http.HTTPFlow, FlowState]]
@@ -160,11 +166,13 @@ class Ending:
         self.beacons: Wait = Through()
         self.listeners: list[Listener] = []
         self._timing = False  # inside one of hopmeter's timed steps (`timed`)
+        # a long flow's record is built on a worker thread, beside the loop (proxy.addon.aside)
+        self.aside = Aside(self._measure, big=_long, failed=partial(self.on_error, "finish"))
         self.chain: tuple[Link, ...] = (
             Link("delivery", "delivery", delivery),
             Link("seen", "finish", Step(self._seen)),
             Link("tokenizer", "tokenizer", self.vocabulary),
-            Link("measure", "finish", Step(self._measure)),
+            Link("measure", "finish", self.aside),
             Link("listeners", "flow_listener", Step(self._listen)),
             Link("pairing", "pairing", self.pairing, fail_open=True),
             Link("beacon", "browser", _Slot(self), fail_open=True),
@@ -414,3 +422,11 @@ def _chaos(tap: ResponseTap | None) -> tuple[str, ...] | None:
     if tap is None or tap.chaos is None:
         return None
     return tuple(sorted(tap.chaos.actions))
+
+
+def _long(taken: tuple[http.HTTPFlow, Seen]) -> bool:
+    """Whether the record of what was seen would hold the loop longer than the worker could."""
+    meter = taken[1].meter
+    if meter is None:
+        return False
+    return len(meter.events.t_s) + meter.text_chars // 16 >= LONG_RECORD_EVENTS
