@@ -23,6 +23,7 @@ from h11._receivebuffer import ReceiveBuffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy.connection import Server
+from mitmproxy.proxy.layers.tls import ServerTLSLayer
 from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
 from mitmproxy.test import taddons, tflow
 
@@ -393,12 +394,17 @@ def test_install_puts_the_relay_in_front_and_uninstall_takes_it_away() -> None:
     """Only `hopmeter run` installs it (hopmeter.proxy.fastpath.install); uninstall gives
     mitmproxy its own method back."""
     original = relay._MITMPROXY_SERVER_EVENT
+    tls_own = dict(ServerTLSLayer.__dict__).get("event_to_child")
     try:
         relay.install()
         assert ConnectionHandler.server_event is relay.server_event and relay.installed()
+        assert ServerTLSLayer.event_to_child is relay.tls_event_to_child
     finally:
         relay.uninstall()
     assert ConnectionHandler.server_event is original and not relay.installed()
+    # the TLS layer's own method back where it had one (it swallows the upstream's
+    # OpenConnection until the client's hello), nothing where it inherits TunnelLayer's
+    assert dict(ServerTLSLayer.__dict__).get("event_to_child") is tls_own
 
 
 # -- reads taken as they arrive, on mitmproxy's own connection handler ----------------------------

@@ -142,7 +142,10 @@ STEPS = (
 LEFT_STEPS = STEPS[:2]  # a fault leaves the read to mitmproxy; later ones cut the connection
 
 _MITMPROXY_SERVER_EVENT = ConnectionHandler.server_event
-_MITMPROXY_TLS_TO_CHILD = ServerTLSLayer.event_to_child  # TunnelLayer's, inherited
+# ServerTLSLayer's own (it swallows the upstream's OpenConnection while it waits for the
+# client's hello), or TunnelLayer's where a release inherits it
+_MITMPROXY_TLS_TO_CHILD = ServerTLSLayer.event_to_child
+_TLS_TO_CHILD_OWN = "event_to_child" in ServerTLSLayer.__dict__
 _OPEN = TunnelState.OPEN
 _ESTABLISHING = TunnelState.ESTABLISHING
 _KEY = "_hopmeter_relay"  # in an upstream connection's __dict__: its BodyRelay
@@ -1006,5 +1009,7 @@ def installed() -> bool:
 def uninstall() -> None:
     """mitmproxy's own method again (tests)."""
     ConnectionHandler.server_event = _MITMPROXY_SERVER_EVENT  # type: ignore[method-assign]
-    if "event_to_child" in ServerTLSLayer.__dict__:  # TunnelLayer's again, inherited
+    if _TLS_TO_CHILD_OWN:
+        ServerTLSLayer.event_to_child = _MITMPROXY_TLS_TO_CHILD  # type: ignore[method-assign]
+    elif "event_to_child" in ServerTLSLayer.__dict__:  # TunnelLayer's again, inherited
         del ServerTLSLayer.event_to_child
