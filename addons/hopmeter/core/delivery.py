@@ -25,6 +25,9 @@ from hopmeter.core.ledger import FLAG_HELD, FLAG_OUT, FLAG_SENT, FlowChunks
 # hold (a write stamped before its read): counted, never observed.
 ROUNDING_S = 1e-6
 
+# why a chunk still on its way when the record is taken counts as not seen sent
+STILL_QUEUED = "still queued when the record was written"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliverySeen:
@@ -161,7 +164,7 @@ def summarize(
     base = _evidence(seen)
     if not seen.measured or chunks is None:
         return Delivery(**base, measured=False, **_empty())
-    chunks.settle("still queued when the record was written")
+    chunks.settle(STILL_QUEUED)
     n = len(chunk_t_s)
     if len(chunks) != n:  # never a wrong number: unaligned lists are not measured
         why = f"followed {len(chunks)} chunks, the record lists {n}"

@@ -32,7 +32,7 @@ from typing import Protocol
 from mitmproxy import http
 
 from hopmeter.clock import MONOTONIC, Clock, TimerHandle, Timers, timers_or_loop
-from hopmeter.core.delivery import DeliverySeen
+from hopmeter.core.delivery import STILL_QUEUED, DeliverySeen
 from hopmeter.core.ledger import GONE, NO_WRITE, FlowChunks
 from hopmeter.core.meter import MAX_CHUNKS
 from hopmeter.proxy.delivery.conn import POLL_FAST_S, ConnTracker, OnFail, locate
@@ -183,6 +183,9 @@ class FlowOut:
             if last is not None:
                 rwnd_s = max(0, last - self.rwnd0_us) / 1e6
         switches = None if self.nivcsw0 is None else _involuntary_switches() - self.nivcsw0
+        # settled here, on the loop: the record may be built on another thread
+        # (proxy.addon.aside), and a chunk still on its way is one the loop could still mark
+        self.chunks.settle(STILL_QUEUED)
         return DeliverySeen(
             reason=self.reason,
             measured=True,
