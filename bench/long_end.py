@@ -13,7 +13,9 @@ delay is what is measured, over an 8 s window after a 1.5 s warm-up), and from 2
 window `--long` streams of `--long-events` events each at 1,000 events a second (not measured),
 which end together mid-window. The figure is the short streams' added delay (p50, p99, max: the
 time from the upstream's send to the client's read), the median round's per topology, beside bare
-mitmdump, whose streams wait for nothing at a flow's end. Writes
+mitmdump, whose streams wait for nothing at a flow's end; and from hopmeter's records of the short
+flows, the longest of its own steps on the loop while they streamed and the loop's largest lag
+(`delivery.own_step_max_s`, `loop_lag_max_s`), the worst over the flows. Writes
 bench/results/<UTC time>-long_end.json.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import statistics
 import sys
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
 
-from harness import Load, client, log, warm
+from harness import Load, client, log, wait_quiet, warm
 
 BENCH = Path(__file__).resolve().parent
 SHORT = Load(streams=20, rate=50.0, mode="paced", warmup_s=1.5, measure_s=8.0, grace_s=3.0)
@@ -55,6 +58,9 @@ def one_round(cls: type[procs.Topology], up: procs.Upstream, args: argparse.Name
     )
     with cls(up.port, Path(args.logdir)) as topo:
         warm(topo)
+        waited = wait_quiet([*topo.pids(), up.pid])
+        records = getattr(topo, "records", None)
+        seen = _lines(records)
         longs: dict[str, Any] = {}
 
         def run_long() -> None:
@@ -65,7 +71,46 @@ def one_round(cls: type[procs.Topology], up: procs.Upstream, args: argparse.Name
         thread.start()
         shorts = client(short.args(topo.port))
         thread.join()
-    return {"short": shorts["delay_ms"], "short_outcomes": shorts["outcomes"], "long": longs}
+        time.sleep(1.0)  # the last records written
+        own = _own_steps(records, seen, args.long_events)
+    return {
+        "short": shorts["delay_ms"],
+        "short_outcomes": shorts["outcomes"],
+        "long": longs,
+        "hopmeter_own": own,
+        "waited_for_quiet_s": waited,
+    }
+
+
+def _lines(path: Path | None) -> int:
+    """Records written so far (none without a records file)."""
+    if path is None or not path.exists():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def _own_steps(path: Path | None, skip: int, long_events: int) -> dict[str, Any] | None:
+    """From hopmeter's records of this round's short flows: the longest of its own steps on the
+    loop while each streamed (`delivery.own_step_max_s`), and the loop's largest lag
+    (`delivery.loop_lag_max_s`), the worst over the flows; None for a proxy without records."""
+    if path is None:
+        return None
+    steps, lags, flows = [0.0], [0.0], 0
+    with path.open("rb") as f:
+        for line in itertools.islice(f, skip, None):
+            rec = json.loads(line)
+            events = (rec.get("figures") or {}).get("events") or 0
+            if events >= long_events or "delivery" not in rec:
+                continue
+            flows += 1
+            steps.append(rec["delivery"].get("own_step_max_s") or 0.0)
+            lags.append(rec["delivery"].get("loop_lag_max_s") or 0.0)
+    return {
+        "short_flows": flows,
+        "own_step_max_ms": 1e3 * max(steps),
+        "lag_max_ms": 1e3 * max(lags),
+    }
 
 
 def main() -> None:
@@ -73,7 +118,7 @@ def main() -> None:
     p.add_argument("--topologies", default="hopmeter,mitmdump")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--short", type=int, default=SHORT.streams, help="measured streams")
-    p.add_argument("--long", type=int, default=4, help="long streams, ending together")
+    p.add_argument("--long", type=int, default=2, help="long streams, ending together")
     p.add_argument("--long-events", type=int, default=4000, help="events per long stream")
     p.add_argument("--note", default="")
     args = p.parse_args()
@@ -94,6 +139,8 @@ def main() -> None:
                 r = one_round(cls, up, args)
                 d = r["short"]
                 log(f"  short delay p50/p99/max {d['p50']:.2f}/{d['p99']:.2f}/{d['max']:.2f} ms")
+                if r["hopmeter_own"]:
+                    log(f"  hopmeter's own steps on the loop: {r['hopmeter_own']}")
                 rounds[cls.name].append(r)
     medians = {
         name: {
@@ -101,6 +148,10 @@ def main() -> None:
         }
         for name, rs in rounds.items()
     }
+    for name, rs in rounds.items():
+        if all(r["hopmeter_own"] for r in rs):
+            for key in ("own_step_max_ms", "lag_max_ms"):
+                medians[name][key] = round(statistics.median(r["hopmeter_own"][key] for r in rs), 3)
     out = {
         "schema": "hopmeter.bench/1",
         "kind": "long_end",
@@ -119,7 +170,16 @@ def main() -> None:
     path = BENCH / "results" / f"{stamp}-long_end.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     for name, m in medians.items():
-        log(f"{name}: short streams' delay p50 {m['p50']} ms, p99 {m['p99']} ms, max {m['max']} ms")
+        own = (
+            f"; hopmeter's longest own step {m['own_step_max_ms']} ms,"
+            f" loop lag {m['lag_max_ms']} ms"
+            if "own_step_max_ms" in m
+            else ""
+        )
+        log(
+            f"{name}: short streams' delay p50 {m['p50']} ms, p99 {m['p99']} ms,"
+            f" max {m['max']} ms{own}"
+        )
     log(f"wrote {path}")
 
 

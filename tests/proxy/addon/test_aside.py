@@ -4,6 +4,7 @@ thread, handed back in order; everything else built at once, as before."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -161,13 +162,14 @@ def test_the_drain_waits_for_the_worker_and_hands_everything_on_in_order() -> No
     assert aside.waiting == 0
 
 
-LONG = ending.LONG_RECORD_EVENTS + 10
+# events whose record takes longer than the switch interval, the most the worker may hold the loop
+LONG = round(sys.getswitchinterval() / ending.RECORD_S_PER_EVENT) + 10
 
 
 @pytest.mark.parametrize("loop", [False, True], ids=["no loop", "running loop"])
 def test_a_long_flow_s_record_is_the_same_built_beside_the_loop(loop: bool) -> None:
-    """A flow of more events than LONG_RECORD_EVENTS: its record is built on the worker when a
-    loop runs, and says what the one built at once says."""
+    """A flow whose record would take longer than the interpreter's switch interval: built on
+    the worker when a loop runs, it says what the one built at once says."""
     hm = HopMeter()
     rec = Recorder()
     hm.add_observer(rec)

@@ -5,13 +5,14 @@ the findings over every event: ~5 µs an event and ~0.3 µs a character of new t
 every stream shares, an 8,000-event reply's record held every other stream for 40-50 ms, and a
 reply of long diverse text for 80-115 ms (bench/README.md, "The end of a long flow").
 
-`Aside` runs that work on one worker thread for the flows whose record would take long (`big`),
-in the order they came, and hands each result back to the loop (`call_soon_threadsafe`), where
-the rest of the chain goes on as one of hopmeter's timed steps. The worker holds the interpreter
-lock while it computes, so the loop can still wait for it, but only as long as the interpreter's
-switch interval (5 ms by default: `sys.getswitchinterval`), not the whole record. A short flow's
-record is built at once on the loop, as before: handing it over and back would cost more than it
-saves, and the worker's share of the lock could hold the loop longer than the record itself.
+`Aside` runs that work on one worker thread for the flows whose record would take longer than
+the worker could hold the loop (`big`: hopmeter.proxy.addon.ending's `_long`), in the order they
+came, and hands each result back to the loop (`call_soon_threadsafe`), where the rest of the
+chain goes on as one of hopmeter's timed steps. The worker holds the interpreter lock while it
+computes, so the loop can still wait for it, but only as long as the interpreter's switch
+interval (`sys.getswitchinterval`: 5 ms by default, 1 ms under `hopmeter run`), not the whole
+record. A shorter flow's record is built at once on the loop, as before: the worker's share of
+the lock could hold the loop longer than the record itself.
 
 At most `max_waiting` flows wait for the worker (each holds what was measured of it); past that
 a long flow's record is built on the loop, as before. With no running loop (offline tools,

@@ -33,6 +33,7 @@ steps on the loop (`LoopLog`), as measuring is.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -56,10 +57,11 @@ from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap, heade
 from hopmeter.proxy.addon.tokenizer_load import Vocabulary
 from hopmeter.proxy.delivery.lane import Delivery, FlowOut, LoopLog
 
-# A record whose flow had this many events (a character of its kept text a sixteenth of one) is
-# built beside the loop (proxy.addon.aside): ~5 ms of the loop's time, the interpreter's switch
-# interval, the longest the worker can hold the loop.
-LONG_RECORD_EVENTS = 1024
+# A record takes ~5 µs of CPU an event (a character of its kept text ~a sixteenth of that): one
+# that would take longer than the interpreter's switch interval, the longest the worker can hold
+# the loop (`sys.getswitchinterval`), is built beside the loop (proxy.addon.aside). From 1,000
+# events at Python's default 5 ms; `hopmeter run` sets 1 ms (hopmeter.proxy.run.runner): 200.
+RECORD_S_PER_EVENT = 5e-6
 
 # A flow in flight: mitmproxy's flow and hopmeter's state of it, by flow id (HopMeter.live).
 Live = Mapping[str, tuple[http.HTTPFlow, FlowState]]
@@ -429,4 +431,5 @@ def _long(taken: tuple[http.HTTPFlow, Seen]) -> bool:
     meter = taken[1].meter
     if meter is None:
         return False
-    return len(meter.events.t_s) + meter.text_chars // 16 >= LONG_RECORD_EVENTS
+    events = len(meter.events.t_s) + meter.text_chars / 16
+    return events * RECORD_S_PER_EVENT >= sys.getswitchinterval()
