@@ -90,8 +90,9 @@ def test_demo_measures_every_sample(tmp_path: Path) -> None:
 
 # What a `hopmeter run` with records and metrics on never uses until a flag or a flow asks for
 # it: the other commands' packages, the workers' parent (--workers), the OpenTelemetry export
-# (--otlp), browser measuring (--browser), the optional tokenizer libraries, and `regex`, which
-# only tests use (the reference the pre-tokenizer is held to).
+# (--otlp), browser measuring (--browser), the optional tokenizer libraries, `regex`, which
+# only tests use (the reference the pre-tokenizer is held to), structlog (a line with fields:
+# a fault or a rare event, hopmeter.log) and pairing by content (listeners of several hops).
 NOT_IDLE = (
     "hopmeter.report",
     "hopmeter.join",
@@ -108,6 +109,8 @@ NOT_IDLE = (
     "tiktoken",
     "tokenizers",
     "regex",
+    "structlog",
+    "hopmeter.core.matching",
 )
 MARK = "idle modules: "
 
