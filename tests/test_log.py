@@ -76,6 +76,7 @@ def test_a_plain_line_reads_as_the_structured_logger_writes_it(
     assert lines == [(logging.INFO, "edge openai 200 ttft 0.2s")] * 2
 
 
+@pytest.mark.integration
 def test_structlog_is_imported_at_the_first_structured_line() -> None:
     """Making loggers and writing plain lines leave structlog unimported (an idle proxy's
     memory); the first call of a logger imports it."""

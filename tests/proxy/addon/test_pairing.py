@@ -46,6 +46,7 @@ def test_single_flow_is_written_at_once() -> None:
     assert "hops" not in out.record
 
 
+@pytest.mark.integration
 def test_hops_are_imported_by_the_first_trace_of_two_flows() -> None:
     """Lone flows and declared listeners leave the modules of hops, their order and content
     matching unimported (an idle proxy's memory); a trace of two flows imports the first two,
