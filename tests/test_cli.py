@@ -90,8 +90,10 @@ def test_demo_measures_every_sample(tmp_path: Path) -> None:
 
 # What a `hopmeter run` with records and metrics on never uses until a flag or a flow asks for
 # it: the other commands' packages, the workers' parent (--workers), the OpenTelemetry export
-# (--otlp), browser measuring (--browser), the optional tokenizer libraries, and `regex`, which
-# only tests use (the reference the pre-tokenizer is held to).
+# (--otlp), browser measuring (--browser), the optional tokenizer libraries, `regex`, which
+# only tests use (the reference the pre-tokenizer is held to), structlog (a line with fields:
+# a fault or a rare event, hopmeter.log), pairing by content (listeners of several hops) and
+# mitmproxy's content views (which only a UI or mitmdump's flow details show).
 NOT_IDLE = (
     "hopmeter.report",
     "hopmeter.join",
@@ -108,6 +110,10 @@ NOT_IDLE = (
     "tiktoken",
     "tokenizers",
     "regex",
+    "structlog",
+    "hopmeter.core.matching",
+    "hopmeter.proxy.addon.views",
+    "mitmproxy.contentviews",
 )
 MARK = "idle modules: "
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
-from hopmeter.log import REDACTED, get_logger, redact, render
+from hopmeter.log import REDACTED, get_logger, plain, redact, render
 
 
 def test_credentials_and_content_are_redacted_by_field_name() -> None:
@@ -59,3 +61,35 @@ def test_levels_below_the_loggers_are_dropped(caplog: pytest.LogCaptureFixture) 
     caplog.set_level(logging.INFO, logger="hopmeter")
     get_logger().debug("noisy", hop="edge")
     assert [r for r in caplog.records if r.name == "hopmeter"] == []
+
+
+def test_a_plain_line_reads_as_the_structured_logger_writes_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A line without fields reaches the hopmeter logger as structlog's chain renders it, and
+    not below the logger's level."""
+    caplog.set_level(logging.INFO, logger="hopmeter")
+    get_logger().info("edge openai 200 ttft 0.2s ")
+    plain("edge openai 200 ttft 0.2s ")
+    plain("noisy", logging.DEBUG)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "hopmeter"]
+    assert lines == [(logging.INFO, "edge openai 200 ttft 0.2s")] * 2
+
+
+@pytest.mark.integration
+def test_structlog_is_imported_at_the_first_structured_line() -> None:
+    """Making loggers and writing plain lines leave structlog unimported (an idle proxy's
+    memory); the first call of a logger imports it."""
+    code = (
+        "import sys\n"
+        "from hopmeter.log import get_logger, plain\n"
+        "log = get_logger()\n"
+        "plain('a flow')\n"
+        "print('structlog' in sys.modules)\n"
+        "log.warning('a fault', hop='edge')\n"
+        "print('structlog' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+    assert "a fault hop=edge" in done.stderr

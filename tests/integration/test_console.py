@@ -24,7 +24,7 @@ from mitmproxy import io as mitmio
 from mitmproxy.contentviews import Metadata
 
 from hopmeter.cli import addon_path
-from hopmeter.proxy.addon.ui import HopmeterContentview
+from hopmeter.proxy.addon.views import HopmeterContentview
 from tests.harness.procs import free_port, hopmeter, port_open, wait_for
 
 pytestmark = pytest.mark.integration

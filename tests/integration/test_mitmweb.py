@@ -23,7 +23,7 @@ from mitmproxy import http
 from mitmproxy import io as mitmio
 from mitmproxy.contentviews import Metadata
 
-from hopmeter.proxy.addon.ui import HopmeterContentview
+from hopmeter.proxy.addon.views import HopmeterContentview
 from tests.harness import chromium, nginx
 from tests.harness.chromium import Chromium
 from tests.harness.mitmweb import KNOWN_CONSOLE_ERROR_PATH, MitmWeb

@@ -19,9 +19,8 @@ import orjson
 
 from hopmeter.core.figures import weighted_quantile
 from hopmeter.core.record import FlowResult, summary_line
-from hopmeter.log import get_logger
+from hopmeter.log import plain
 
-log = get_logger()
 MODES = ("text", "json", "off")
 # Per-window memory is one small tuple per flow; past this many flows in one window the rest are
 # only counted (a busy sidecar does thousands per minute).
@@ -76,7 +75,7 @@ class Console:
         if self.mode == "text" and _upstream_answered(rec):
             pass  # the upstream guard's log says it, once per cause per interval, not per flow
         elif self.mode == "text":
-            log.info(summary_line(rec))
+            plain(summary_line(rec))  # no structlog for a flow's line (hopmeter.log)
         elif self.mode == "json" and self.write is not None:
             self.write(orjson.dumps(flow_json(rec)) + b"\n")
         if self.mode == "off" or self.interval_s <= 0:
@@ -109,7 +108,7 @@ class Console:
             await asyncio.sleep(self.interval_s)
             line = self.summary()
             if line:
-                log.info(line)
+                plain(line)
 
     def summary(self) -> str:
         """The window's compact summary (and a new window)."""

@@ -15,13 +15,8 @@ from mitmproxy.contentviews import Metadata
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.proxy.addon.meter import HopMeter
-from hopmeter.proxy.addon.ui import (
-    META_KEY,
-    HopmeterContentview,
-    HopmeterRecordContentview,
-    HopView,
-    record_of,
-)
+from hopmeter.proxy.addon.ui import META_KEY, HopView, record_of
+from hopmeter.proxy.addon.views import HopmeterContentview, HopmeterRecordContentview
 
 WORDS = ["Hello", " 🦙", " there", " friend", " of", " mine", " today", " and", " more"]
 EVENTS = [
@@ -172,20 +167,6 @@ def test_the_view_renders_a_flow_read_back_from_a_file(web: Ui, tmp_path: Path) 
     assert '" 🦙"' in text
     record_text = HopmeterRecordContentview().prettify(b"", meta)
     assert '"schema": "hopmeter.flow/1"' in record_text
-
-
-def test_view_priorities_and_refusals() -> None:
-    """Auto for event streams, by hand for other measured replies, never for requests."""
-    f = tflow.tflow(resp=True)
-    view = HopmeterContentview()
-    assert view.render_priority(b"{}", Metadata(flow=f, http_message=f.response)) == -1
-    f.metadata[META_KEY] = {"api": "openai.chat"}
-    assert view.render_priority(b"{}", Metadata(flow=f, http_message=f.response)) == 0
-    assert view.render_priority(b"", Metadata(flow=f, http_message=f.request)) == -1
-    with pytest.raises(ValueError, match="responses only"):
-        view.prettify(b"", Metadata(flow=f, http_message=f.request))
-    with pytest.raises(ValueError, match="no hopmeter record"):
-        HopmeterRecordContentview().prettify(b"", Metadata(flow=tflow.tflow(resp=True)))
 
 
 def test_commands_write_the_report_and_return_records(web: Ui, tmp_path: Path) -> None:

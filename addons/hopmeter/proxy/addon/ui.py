@@ -6,7 +6,9 @@ Loaded with the other addons (`mitmweb -s "$(hopmeter --addon-path)"`), `HopView
 - marks the flow by its worst finding and sets its comment to a one-line verdict, then fires the
   `update` hook so mitmweb (websocket `flows/update`) and the console redraw it;
 - registers the content views "hopmeter" (the timeline of hopmeter.report.timeline, chosen
-  automatically for event streams) and "hopmeter-record" (the record as JSON, to copy);
+  automatically for event streams) and "hopmeter-record" (the record as JSON, to copy:
+  hopmeter.proxy.addon.views), except in `hopmeter run`, which shows no flow: mitmproxy's
+  content views are ~1.3 MiB of an idle proxy's memory (bench/idle_memory.py);
 - adds the commands hopmeter.report, hopmeter.record and hopmeter.record.clip;
 - adds the comment column to mitmweb's flow list when the user has not chosen its columns.
 (The body a view shows is the copy hopmeter keeps of each streamed body, bounded by
@@ -26,9 +28,8 @@ from typing import Any
 
 import mitmproxy.types
 import orjson
-from mitmproxy import command, contentviews, ctx, exceptions, flow, hooks, http
+from mitmproxy import command, ctx, exceptions, flow, hooks, http
 from mitmproxy.addonmanager import Loader
-from mitmproxy.contentviews import Contentview, Metadata
 
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import Severity
@@ -50,11 +51,6 @@ MARKS: Mapping[Severity | None, str] = {
     None: ":green_circle:",
 }
 UNMEASURED_MARK = ":white_circle:"  # an LLM request with no measured response
-# Media types the "hopmeter" view is chosen for automatically (above json's 1 and raw's 0.1).
-STREAM_TYPES = frozenset(
-    {"text/event-stream", "application/x-ndjson", "application/ndjson", "application/jsonl"}
-)
-AUTO_PRIORITY = 2.0
 # Options that exist only in mitmweb and in the console: their presence says a person is looking.
 INTERACTIVE_OPTIONS = ("web_port", "console_layout")
 
@@ -72,70 +68,13 @@ def json_safe(record: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-class HopmeterContentview(Contentview):
-    """hopmeter's timeline of a response: verdict, findings and fixes, figures, a row per event."""
-
-    def __init__(self, ending: Ending | None = None) -> None:
-        self.ending = ending
-
-    @property
-    def name(self) -> str:
-        return "hopmeter"
-
-    def prettify(self, data: bytes, metadata: Metadata) -> str:
-        msg = metadata.http_message
-        if not isinstance(msg, http.Response):
-            raise ValueError("the hopmeter view shows responses only")
-        f = metadata.flow
-        path = f.request.path.split("?", 1)[0] if isinstance(f, http.HTTPFlow) else "/"
-        rec = record_of(f)
-        live = None
-        if self.ending is not None and rec is None:  # a flow in flight: the threshold now
-            live = self.ending.options.stall_threshold_s
-        from hopmeter.report import timeline  # noqa: PLC0415 - see _show
-
-        return timeline.render(
-            data,
-            rec,
-            content_type=metadata.content_type or "",
-            path=path,
-            stall_threshold_s=live,
-        )
-
-    def render_priority(self, data: bytes, metadata: Metadata) -> float:
-        if not isinstance(metadata.http_message, http.Response):
-            return -1
-        if (metadata.content_type or "") in STREAM_TYPES:
-            return AUTO_PRIORITY
-        return 0 if record_of(metadata.flow) is not None else -1  # by hand on any measured reply
-
-
-class HopmeterRecordContentview(Contentview):
-    """The flow's hopmeter record as JSON (mitmweb's Copy button copies it)."""
-
-    @property
-    def name(self) -> str:
-        return "hopmeter-record"
-
-    @property
-    def syntax_highlight(self) -> contentviews.SyntaxHighlight:
-        return "yaml"  # the console colours JSON's keys and values with it
-
-    def prettify(self, data: bytes, metadata: Metadata) -> str:
-        rec = record_of(metadata.flow)
-        if rec is None:
-            raise ValueError("no hopmeter record in this flow")
-        return orjson.dumps(rec, option=orjson.OPT_INDENT_2).decode()
-
-    def render_priority(self, data: bytes, metadata: Metadata) -> float:
-        return -1  # never chosen automatically
-
-
 class HopView(FlowObserver):
     """Shows hopmeter's measurements in mitmproxy's own interfaces (see the module's docstring)."""
 
-    def __init__(self, ending: Ending) -> None:
+    def __init__(self, ending: Ending, *, views: bool = True) -> None:
+        """`views`: register the content views (not in `hopmeter run`: the module's docstring)."""
         self.ending = ending  # a flow's end: its listeners and observers
+        self.views = views
         self.interactive = False
         # flows whose record may still gain hops from pairing, by flow id; weak references, so
         # bounded by the flows mitmproxy itself keeps, and each is dropped when pairing emits it
@@ -143,8 +82,10 @@ class HopView(FlowObserver):
 
     def load(self, loader: Loader) -> None:
         options.declare(loader, options.UI)
-        contentviews.add(HopmeterContentview(self.ending))
-        contentviews.add(HopmeterRecordContentview())
+        if self.views:
+            from hopmeter.proxy.addon import views  # noqa: PLC0415 - see the module's docstring
+
+            views.register(self.ending)
 
     def running(self) -> None:
         self.interactive = any(hasattr(ctx.options, name) for name in INTERACTIVE_OPTIONS)

@@ -125,8 +125,8 @@ async def run_proxy(
     queues = OutputQueues()
     # mitmdump's addons, only the live ones on the hook path (hopmeter.proxy.run.master); its log
     # lines written by the `log` output's thread, never by the loop; hopmeter's own addons where
-    # `mitmdump -s` has them
-    addons = default_addons(queues)
+    # `mitmdump -s` has them, but for the content views: nothing here shows a flow
+    addons = default_addons(queues, views=False)
     meter, readiness, metrics = addons[0], addons[2], addons[4]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
     assert isinstance(metrics, MetricsOutput)
