@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -190,3 +191,23 @@ def test_mitmproxys_tcp_timeout_outlasts_the_read_timeout() -> None:
         bad = run_options(hopmeter_read_timeout="15m", **QUIET)
         with pytest.raises(UsageError, match=r"^hopmeter_read_timeout '15m'"):
             set_options(opts, ProxyConfig(modes=MODES, options=bad))
+
+
+def test_the_interpreter_switches_threads_each_millisecond_while_hopmeter_runs() -> None:
+    """While the proxy runs, another thread (a long flow's record, built beside the loop) holds
+    the interpreter at most SWITCH_INTERVAL_S when the loop has work; Python's own interval is
+    back once it stops."""
+    before = sys.getswitchinterval()
+    running: list[float] = []
+
+    def on_master(master: Any) -> None:
+        def look() -> None:  # the first turn of the loop once the master runs
+            running.append(sys.getswitchinterval())
+            master.shutdown()
+
+        asyncio.get_running_loop().call_soon(look)
+
+    cfg = ProxyConfig(modes=MODES, options=run_options(**QUIET))
+    assert asyncio.run(runner.run_proxy(cfg, on_master=on_master)) == 0
+    assert running == [runner.SWITCH_INTERVAL_S]
+    assert sys.getswitchinterval() == before != runner.SWITCH_INTERVAL_S

@@ -8,6 +8,7 @@ import ctypes
 import gc
 import logging
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +35,10 @@ from hopmeter.proxy.run.master import LeanMaster, LeanOptions
 # by default); hopmeter's read timeout must come first, or a silent upstream ends as an empty
 # reply recorded client_gone instead of a 504 recorded upstream_timeout.
 TCP_TIMEOUT_MARGIN_S = 60
+# The longest another thread of the process (a long flow's record, built beside the loop:
+# hopmeter.proxy.addon.aside) holds the interpreter while the loop has a read to handle: Python's
+# default is 5 ms. Threads take turns this often only while both have work (bench/long_end.py).
+SWITCH_INTERVAL_S = 0.001
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -161,7 +166,12 @@ async def run_proxy(
     # the vocabulary before the listeners open (mitmproxy opens them before its `running` hook),
     # so that no request that comes early waits for it
     meter.preload()
-    await master.run()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        await master.run()
+    finally:
+        sys.setswitchinterval(switch)
     # asyncio.run cancels the connection tasks still open at exit; on Python 3.12 the stream
     # protocol then reports each cancellation as an error. They are not errors: stay quiet.
     loop.set_exception_handler(_quiet_cancellations)
