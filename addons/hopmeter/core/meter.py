@@ -351,26 +351,34 @@ class FlowMeter:
         sse = self._plain
         if sse is not None and self._head is None:
             # the plain path's stream (SSE read as text, past its first event), whose usual
-            # chunk is one plain event: `_take_plain`'s steps for it inline (once per event)
-            self._utf8.count(decoded)
+            # chunk is one plain event: `_take_plain`'s steps for it inline (once per event),
+            # and `Utf8Decoder.count`'s for an ASCII chunk with nothing carried
+            utf8 = self._utf8
+            if utf8.carrying or not decoded.isascii():
+                utf8.count(decoded)
+            else:
+                utf8.chars += len(decoded)
             event = self._plain_event
-            payloads = sse.plain_data_events(decoded, event)
-            if payloads is not None and len(payloads) == 1:
-                if not event:  # a chat chunk: what it says, without a Delta
-                    said = plain_chat_said(payloads[0])
+            if not event:  # a chat stream: what its one-event chunk says, without a Delta
+                raw = sse.plain_event(decoded)
+                if raw is not None:
+                    said = plain_chat_said(raw)
                     if said is not None:
                         self._plain_misses = 0
-                        sse.took_plain_events(decoded)
-                        content, model, terminal = said
-                        self._on_content(now_s, content, model, terminal)
+                        sse.took_plain_event(decoded)
+                        self._on_content(now_s, *said)
                         return
-                else:
-                    delta = self._plain_read(payloads[0])
-                    if delta is not None:
-                        self._plain_misses = 0
-                        sse.took_plain_events(decoded)
-                        self._on_delta(now_s, False, delta)
-                        return
+                    self._take_plain(decoded, now_s, [None])  # counts the miss
+                    self._on_frames(sse.feed(decoded, now_s))
+                    return
+            payloads = sse.plain_data_events(decoded, event)
+            if payloads is not None and len(payloads) == 1:  # an Anthropic text delta
+                delta = self._plain_read(payloads[0])
+                if delta is not None:
+                    self._plain_misses = 0
+                    sse.took_plain_events(decoded)
+                    self._on_delta(now_s, False, delta)
+                    return
                 self._take_plain(decoded, now_s, [None])  # counts the miss
             elif payloads is not None and self._take_plain(
                 decoded, now_s, [self._plain_read(raw) for raw in payloads]
@@ -520,17 +528,20 @@ class FlowMeter:
         leaves empty (tests hold the plain path to the general one)."""
         facts = self.facts
         self.events_seen += 1
-        if facts.first_event_s is None:
-            facts.first_event_s = t
+        # the first content's time is set after the first event's and the first visible one's
+        # (here and in `_on_delta`): once it is, so are they, and one test spares the other two
+        if facts.first_content_s is None:
+            if facts.first_event_s is None:
+                facts.first_event_s = t
+            if content:
+                if facts.first_visible_s is None:
+                    facts.first_visible_s = t
+                facts.first_content_s = t
         if model and facts.model is None:
             facts.model = model
         if terminal:
             facts.terminal_seen = True
         if content:
-            if facts.first_visible_s is None:
-                facts.first_visible_s = t
-            if facts.first_content_s is None:
-                facts.first_content_s = t
             self._visible_chars += len(content)
             if content.isascii():
                 facts.payload_bytes += len(content)
