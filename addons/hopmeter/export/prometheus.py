@@ -598,7 +598,7 @@ class Metrics:
 
     def _observe_tokens(
         self,
-        event_tokens: Iterable[int],
+        event_tokens: Sequence[int],
         gaps: Sequence[float],
         weights: Sequence[int],
         labels: tuple[str, ...],
@@ -606,10 +606,17 @@ class Metrics:
     ) -> None:
         """Events by the tokens they carry (most carry one), and the token-weighted gaps
         (`gaps[i]` observed `weights[i]` times)."""
-        # every event counted in C, then the ones without tokens left out (the same counts, in
-        # the same order of first appearance, as counting only those with tokens)
-        per_k = CountOf(event_tokens)
-        self.event_tokens.observe(labels, [(float(k), n) for k, n in per_k.items() if k > 0], None)
+        ones = event_tokens.count(1)
+        if ones + event_tokens.count(0) == len(event_tokens):
+            # every event carries one token or none (the usual stream): two counts in C, no
+            # Counter; the one value with tokens is 1
+            per_token = [(1.0, ones)] if ones else []
+        else:
+            # every event counted in C, then the ones without tokens left out (the same counts,
+            # in the same order of first appearance, as counting only those with tokens)
+            per_k = CountOf(event_tokens)
+            per_token = [(float(k), n) for k, n in per_k.items() if k > 0]
+        self.event_tokens.observe(labels, per_token, None)
         self.itl.observe_columns(labels, gaps, weights, exemplar)
 
     def _observe_bytes(self, hop: str, api: str, facts: _Facts) -> None:
