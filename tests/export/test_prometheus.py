@@ -940,3 +940,16 @@ def test_event_tokens_are_what_observing_each_token_carrying_event_gives(tokens:
     got = {key: v for key, v in samples(ours).items() if key[0].startswith(name)}
     want = {key: v for key, v in samples(theirs).items() if key[0].startswith(name)}
     assert got == want
+
+
+@given(st.lists(st.floats(0.0, 2.0), min_size=1, max_size=40))
+def test_values_given_sorted_count_as_values_sorted_here(values: list[float]) -> None:
+    """A weighted histogram given its values already sorted (the figures' gaps) exposes what it
+    exposes when it sorts them itself."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    given_sorted = WeightedHistogram("h_seconds", "Doc.", ("x",), GAP_BUCKETS_S, ours)
+    sorted_here = WeightedHistogram("h_seconds", "Doc.", ("x",), GAP_BUCKETS_S, theirs)
+    ones = [1] * len(values)
+    given_sorted.observe_columns(("a",), values, ones, None, ordered=sorted(values))
+    sorted_here.observe_columns(("a",), values, ones, None)
+    assert samples(ours) == samples(theirs)
