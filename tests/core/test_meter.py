@@ -498,3 +498,13 @@ def test_plain_path_measures_what_the_general_path_does_on_chat_streams(
         general, _ = measure(chunks, "openai.chat", plain=False)
         plain, _ = measure(chunks, "openai.chat", plain=True)
         assert plain == general
+
+
+def test_declines_between_plain_chunks_never_add_up_to_turning_the_plain_path_off() -> None:
+    """A chat stream whose every third chunk declines (a finish or usage chunk) keeps the
+    plain path for all its plain chunks, however many declines it has in all: each plain chunk
+    read starts the count of declines in a row again."""
+    finish = chunk("", choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])
+    chunks = [chunk("a"), *([chunk("b"), chunk("c"), finish] * (3 * PLAIN_MISSES_MAX))]
+    _, taken = measure(chunks, "openai.chat", plain=True)
+    assert taken == 2 * 3 * PLAIN_MISSES_MAX  # every plain chunk but the first (the head's)
