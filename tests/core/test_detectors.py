@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopmeter.core.delivery import Delivery
 from hopmeter.core.detectors import StreamView, detect_burst_gaps, diagnose
+from hopmeter.core.figures import token_gaps
 
 GOOD = {
     "content-type": "text/event-stream",
@@ -346,3 +350,48 @@ class TestProxyHold:
         """A 50 ms step that used 1 ms of CPU was the host, not hopmeter: no finding from it."""
         d = delivery(own_steps=1, own_step_max_s=0.05, own_step_max_cpu_s=0.001)
         assert kinds(view(clock(60, 50), delivery=d)) == []
+
+
+_BURSTS = st.lists(
+    st.tuples(
+        st.integers(1, 12),  # events in the burst
+        st.sampled_from([0.0, 1e-5, 0.002, 0.01, 0.03]),  # the gap inside it
+        st.sampled_from([0.0, 0.01, 0.05, 0.3, 1.5, -0.001]),  # the gap before it
+        st.sampled_from([0, 1, 1, 1, 2]),  # tokens per event
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(_BURSTS, st.sampled_from([None, 0.0, float("nan"), float("inf")]))
+def test_burst_gaps_from_the_figures_gaps_are_the_ones_taken_here(
+    bursts: list[tuple[int, float, float, int]], odd_time: float | None
+) -> None:
+    """detect_burst_gaps given the figures' gaps (each 0.0 unless above it) finds what it finds
+    taking the gaps itself, for bursty, steady, out-of-order and too-short streams, and for
+    times with a NaN or infinity in them (which it does not take the figures' way)."""
+    times: list[float] = []
+    tokens: list[int] = []
+    t = 0.0
+    for events, inner, before, k in bursts:
+        t += before
+        for i in range(events):
+            t += inner if i else 0.0
+            times.append(t)
+            tokens.append(k)
+    if odd_time is not None:
+        times[len(times) // 2] = odd_time
+    alone = view(times, tokens)
+    gaps = token_gaps(times, tokens).event_gaps_s
+    assert detect_burst_gaps(replace(alone, event_gaps_s=gaps)) == detect_burst_gaps(alone)
+
+
+def test_the_burst_gaps_property_test_sees_bursts() -> None:
+    """The shape the property test above draws finds bursts (it would compare None with None
+    otherwise)."""
+    times = [b * 0.5 + i * 0.002 for b in range(6) for i in range(10)]
+    tokens = [1] * len(times)
+    gaps = token_gaps(times, tokens).event_gaps_s
+    found = detect_burst_gaps(replace(view(times, tokens), event_gaps_s=gaps))
+    assert found is not None and found == detect_burst_gaps(view(times, tokens))

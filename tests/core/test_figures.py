@@ -184,3 +184,34 @@ def test_gaps_are_each_the_clamped_gap(times: list[float]):
     gaps = [later - earlier for earlier, later in pairwise(times)]
     want = [gap if gap > 0.0 else 0.0 for gap in gaps]
     assert [repr(g) for g in raw] == [repr(g) for g in want]
+
+
+@given(
+    st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40),
+    st.lists(st.integers(0, 3), min_size=1, max_size=40),
+)
+def test_the_figures_sort_their_gaps_once_for_quantiles_and_metrics(
+    steps: list[float], tokens: list[int]
+) -> None:
+    """compute_figures keeps the gaps sorted when every weight is 1 (for the metrics), and its
+    quantiles are those of the gaps sorted anew."""
+    times = [sum(steps[: i + 1]) for i in range(len(steps))]
+    tokens = (tokens * len(times))[: len(times)]
+    f = compute_figures(
+        first_byte_s=None,
+        last_byte_s=None,
+        times_s=times,
+        tokens=tokens,
+        first_event_s=None,
+        first_visible_s=None,
+        first_content_s=None,
+        stall_threshold_s=0.5,
+    )
+    gaps = f.gaps
+    assert gaps is not None
+    if gaps.weights.count(1) == len(gaps.weights):
+        assert gaps.ordered_s == sorted(gaps.values_s)
+    else:
+        assert gaps.ordered_s is None
+    want = weighted_quantiles(gaps.values_s, gaps.weights, (0.5, 0.99))
+    assert [f.itl_p50_s, f.itl_p99_s] == want

@@ -73,7 +73,7 @@ def state(meter: FlowMeter) -> dict[str, Any]:
             meter.api,
             meter.malformed_events,
         ),
-        "utf8": (meter.utf8.replacement_chars, meter.utf8.split_sequences),
+        "utf8": (meter.utf8.replacement_chars, meter.utf8.split_sequences, meter.utf8.chars),
         "sse": (
             framer.line_endings,
             framer.comments,
@@ -93,14 +93,20 @@ def measure(chunks: list[bytes], api: str, plain: bool) -> tuple[dict[str, Any],
     if plain:
         sse = meter.framer
         assert isinstance(sse, SseDecoder)
-        took = sse.took_plain_events
+        took, took_one = sse.took_plain_events, sse.took_plain_event
 
         def counting(data: bytes) -> None:
             nonlocal taken
             taken += 1
             took(data)
 
+        def counting_one(data: bytes) -> None:
+            nonlocal taken
+            taken += 1
+            took_one(data)
+
         sse.took_plain_events = counting  # type: ignore[method-assign]
+        sse.took_plain_event = counting_one  # type: ignore[method-assign]
     else:
         meter._pick_plain_path = lambda: None  # type: ignore[method-assign]
         meter._plain = None
@@ -289,14 +295,14 @@ def test_a_stream_whose_every_chunk_declines_stops_trying_the_plain_path() -> No
     sse = meter.framer
     assert isinstance(sse, SseDecoder)
     tried = 0
-    read = sse.plain_data_events
+    read = sse.plain_event
 
-    def counting(data: bytes, event: bytes = b"") -> list[bytes] | None:
+    def counting(data: bytes) -> bytes | None:
         nonlocal tried
         tried += 1
-        return read(data, event)
+        return read(data)
 
-    sse.plain_data_events = counting  # type: ignore[method-assign]
+    sse.plain_event = counting  # type: ignore[method-assign]
     for i, data in enumerate(chunks):
         meter.feed(data, i / 1000)
     meter.close(len(chunks) / 1000)
@@ -492,3 +498,13 @@ def test_plain_path_measures_what_the_general_path_does_on_chat_streams(
         general, _ = measure(chunks, "openai.chat", plain=False)
         plain, _ = measure(chunks, "openai.chat", plain=True)
         assert plain == general
+
+
+def test_declines_between_plain_chunks_never_add_up_to_turning_the_plain_path_off() -> None:
+    """A chat stream whose every third chunk declines (a finish or usage chunk) keeps the
+    plain path for all its plain chunks, however many declines it has in all: each plain chunk
+    read starts the count of declines in a row again."""
+    finish = chunk("", choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])
+    chunks = [chunk("a"), *([chunk("b"), chunk("c"), finish] * (3 * PLAIN_MISSES_MAX))]
+    _, taken = measure(chunks, "openai.chat", plain=True)
+    assert taken == 2 * 3 * PLAIN_MISSES_MAX  # every plain chunk but the first (the head's)

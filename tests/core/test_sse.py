@@ -510,3 +510,32 @@ def test_plain_data_events_read_what_feed_reads(chunks: list[bytes]):
         full.unterminated_bytes,
         full.trailing_bytes,
     )
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(_PLAIN_PIECES, max_size=3).map(b"".join), max_size=8))
+def test_plain_event_reads_what_feed_reads(chunks: list[bytes]):
+    """Chunks of one event read by plain_event where it takes them (feed where it declines)
+    give the events, line ends and trailing bytes that feed gives for every chunk; and what it
+    takes is what plain_data_events takes as one event."""
+    plain, full = SseDecoder(), SseDecoder()
+    got: list[str] = []
+    want: list[str] = []
+    for chunk in chunks:
+        value = plain.plain_event(chunk)
+        values = plain.plain_data_events(chunk)
+        assert value is None or values == [value]
+        if value is None:
+            got += [f.data for f in plain.feed(chunk, 1.0)]
+        else:
+            plain.took_plain_event(chunk)
+            got += [value.decode("utf-8", "replace")]
+        want += [f.data for f in full.feed(chunk, 1.0)]
+        assert got == want
+        assert plain.line_endings == full.line_endings
+    plain.close(2.0)
+    full.close(2.0)
+    assert (plain.unterminated_bytes, plain.trailing_bytes) == (
+        full.unterminated_bytes,
+        full.trailing_bytes,
+    )

@@ -920,3 +920,36 @@ def test_outputs_are_exposed_by_output_and_reason(registry: CollectorRegistry) -
     assert value(registry, "hopmeter_output_queued_bytes", output="records") == 120
     states[0] = OutputState(output="records", written=6, lost={"queue_full": 1}, queued_bytes=0)
     assert value(registry, "hopmeter_output_written_lines_total", output="records") == 6
+
+
+@given(st.lists(st.sampled_from([0, 0, 1, 1, 1, 2, 5]), max_size=40))
+def test_event_tokens_are_what_observing_each_token_carrying_event_gives(tokens: list[int]) -> None:
+    """Events by the tokens they carry, observed from a flow's per-event counts (one token or
+    none each, counted without a Counter; or any counts), expose what one Histogram.observe()
+    per token-carrying event exposes."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    labels = ("edge", "openai.chat", "m", "/r")
+    Metrics(ours)._observe_tokens(tuple(tokens), [], [], labels, None)
+    name = "hopmeter_event_tokens"
+    reference = Histogram(
+        name, "-", FLOW_LABELS, registry=theirs, buckets=prometheus.EVENT_TOKEN_BUCKETS
+    ).labels(*labels)
+    for k in tokens:
+        if k > 0:
+            reference.observe(float(k))
+    got = {key: v for key, v in samples(ours).items() if key[0].startswith(name)}
+    want = {key: v for key, v in samples(theirs).items() if key[0].startswith(name)}
+    assert got == want
+
+
+@given(st.lists(st.floats(0.0, 2.0), min_size=1, max_size=40))
+def test_values_given_sorted_count_as_values_sorted_here(values: list[float]) -> None:
+    """A weighted histogram given its values already sorted (the figures' gaps) exposes what it
+    exposes when it sorts them itself."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    given_sorted = WeightedHistogram("h_seconds", "Doc.", ("x",), GAP_BUCKETS_S, ours)
+    sorted_here = WeightedHistogram("h_seconds", "Doc.", ("x",), GAP_BUCKETS_S, theirs)
+    ones = [1] * len(values)
+    given_sorted.observe_columns(("a",), values, ones, None, ordered=sorted(values))
+    sorted_here.observe_columns(("a",), values, ones, None)
+    assert samples(ours) == samples(theirs)

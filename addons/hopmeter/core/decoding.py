@@ -322,24 +322,26 @@ class Utf8Decoder:
         self.replacement_chars = 0
         self.literal_replacement_chars = 0
         self.split_sequences = 0
-        self._carrying = False  # bytes of an unfinished character held from the last chunk
+        # bytes of an unfinished character held from the last chunk (FlowMeter's plain path reads
+        # it: with none held, it counts an ASCII chunk itself, as `count` does)
+        self.carrying = False
 
     def decode(self, data: bytes) -> str:
-        if not self._carrying and data.isascii():
+        if not self.carrying and data.isascii():
             # the common case on the per-chunk path: nothing to decode, count or carry
             self.chars += len(data)
             return data.decode("ascii")
         carried: bytes = self._decoder.getstate()[0]
         text = self._decoder.decode(data)
         self._count(text, carried + data)
-        self._carrying = bool(self._decoder.getstate()[0])
-        if self._carrying:
+        self.carrying = bool(self._decoder.getstate()[0])
+        if self.carrying:
             self.split_sequences += 1
         return text
 
     def count(self, data: bytes) -> None:
         """decode() for its counts alone: an ASCII chunk with nothing carried is not decoded."""
-        if not self._carrying and data.isascii():
+        if not self.carrying and data.isascii():
             self.chars += len(data)
         else:
             self.decode(data)

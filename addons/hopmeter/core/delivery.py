@@ -136,7 +136,9 @@ def tokens_per_chunk(
         and chunk_t_s == event_t_s[:n]
         and all(map(operator.lt, chunk_t_s, itertools.islice(chunk_t_s, 1, None)))
     ):
-        out = [k if k > 0 else 0 for k in itertools.islice(event_tokens, n)]
+        out = list(itertools.islice(event_tokens, n))
+        if min(out) < 0:  # (none is, from a TokenAccount: then no bytecode per chunk)
+            out = [k if k > 0 else 0 for k in out]
         events = itertools.islice(events, n, None)  # events past the listed chunks: searched
     for t, k in events:
         i = bisect_right(chunk_t_s, t) - 1
@@ -285,14 +287,21 @@ def _follow_plain(
     # hold = t_write - (t_in_s + mono0 - skew)
     t_in = map(operator.sub, map(operator.add, chunk_t_s, repeat(mono0)), repeat(skew))
     raw = list(map(operator.sub, t_write, t_in))
-    ok = list(map(operator.ge, raw, repeat(-ROUNDING_S)))
     weights: Sequence[int] = tokens if by_tokens else [1] * n
-    keep = list(map(operator.and_, map(bool, weights), ok)) if by_tokens else ok
+    negative = 0
+    if raw and not math.isnan(sum(raw)) and min(raw) >= -ROUNDING_S:
+        # every hold at or above -ROUNDING_S (none NaN: a NaN makes the sum NaN, and min() is
+        # only sure without one), as in the usual flow: none is negative, and a chunk is kept
+        # when it has a weight, with no test per chunk
+        keep: Sequence[object] = weights
+    else:
+        ok = list(map(operator.ge, raw, repeat(-ROUNDING_S)))
+        keep = list(map(operator.and_, map(bool, weights), ok)) if by_tokens else ok
+        negative = sum(itertools.compress(weights, map(operator.not_, ok)))
     kept = list(itertools.compress(raw, keep))
     if not kept or min(kept) <= 0.0:  # max(0.0, hold): only a hold at or below 0 changes
         kept = list(map(max, repeat(0.0), kept))
     holds = list(zip(kept, itertools.compress(weights, keep), strict=True))
-    negative = sum(itertools.compress(weights, map(operator.not_, ok)))
     return rows, holds, [], negative, False
 
 

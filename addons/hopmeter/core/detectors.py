@@ -229,6 +229,9 @@ class StreamView:
     stream_requested: bool | None = None
     has_terminal: bool = True  # whether this API defines a terminal event
     delivery: Delivery | None = None  # the bytes' way to the client, when it was followed
+    # the gaps between the token-carrying events, each 0.0 unless above it, when measuring
+    # computed them (core.figures.Gaps.event_gaps_s): spares detect_burst_gaps its own pass
+    event_gaps_s: Sequence[float] | None = None
 
 
 def _finding(kind: FindingKind, severity: Severity, **evidence: Any) -> Finding:
@@ -342,7 +345,7 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
     must leave at least `burst_min_events` events per burst on average. Counting tokens instead
     would let coalescing (4 tokens in one event) pass as a burst.
     """
-    if not v.event_stream:
+    if not v.event_stream or _no_bursts_by_figures(v):
         return None
     times, tokens = _carrying(v.event_times_s, v.event_tokens)
     if len(times) < THRESHOLDS["min_events"]:
@@ -401,6 +404,30 @@ def detect_burst_gaps(v: StreamView) -> Finding | None:
         ashman_d=round(d, 2) if d != math.inf else None,
         gap_ratio=round(ratio, 1),
         pattern=pattern,
+    )
+
+
+def _no_bursts_by_figures(v: StreamView) -> bool:
+    """detect_burst_gaps' first tests (too few events, or gaps too even to hold a stall) from the
+    figures' gaps, when the view has them: True where those tests end it, False where they do not
+    or cannot be told here (then it selects the events and takes their gaps itself).
+
+    The figures' gap is the raw one where that is above 0, else 0.0. With every time finite no
+    raw gap is NaN, and 0.0 in place of a gap at or below 0 changes neither test: the widest
+    gap decides only when above 0 (the one-frame floor is), and the narrowest one is raised to
+    _LOG_FLOOR_S anyway (tests/core/test_detectors.py holds the two ways together)."""
+    gaps = v.event_gaps_s
+    if (
+        gaps is None
+        or len(v.event_times_s) != len(v.event_tokens)  # (the selection's error, raised there)
+        or not math.isfinite(sum(v.event_times_s))  # a NaN or infinite time
+    ):
+        return False
+    if len(gaps) + 1 < THRESHOLDS["min_events"]:  # the token-carrying events, when any
+        return True
+    widest = max(gaps)
+    return widest < THRESHOLDS["burst_min_stall_s"] or widest < THRESHOLDS["burst_gap_ratio"] * max(
+        min(gaps), _LOG_FLOOR_S
     )
 
 

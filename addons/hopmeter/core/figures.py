@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress
 from operator import sub, truediv
@@ -28,6 +28,9 @@ class Gaps:
     values_s: tuple[float, ...]
     weights: tuple[int, ...]
     event_gaps_s: tuple[float, ...]  # the raw gap before each token-carrying event after the first
+    # `values_s` sorted, when every weight is 1 and they were sorted for the figures' quantiles:
+    # the metrics count them into buckets from it rather than sort them again (in memory only)
+    ordered_s: list[float] | None = field(default=None, compare=False, repr=False)
 
 
 def token_gaps(times_s: Sequence[float], tokens: Sequence[int]) -> Gaps:
@@ -54,13 +57,18 @@ def _carrying(times_s: Sequence[float], tokens: Sequence[int]) -> tuple[list[flo
     return list(compress(times_s, keep)), list(compress(tokens, keep))
 
 
-def _gaps(times: list[float], counts: list[int]) -> Gaps:
+def _gaps(times: list[float], counts: list[int], *, ordered: bool = False) -> Gaps:
     # each gap later - earlier, 0.0 unless above it (a -0.0 or NaN gap too), with no Python
     # call per gap (not max(): max(-0.0, 0.0) is -0.0)
     raw = tuple([gap if gap > 0.0 else 0.0 for gap in map(sub, times[1:], times)])
     weights = tuple(counts[1:])
     if weights.count(1) == len(weights):  # one token per event: the gaps are the values
-        return Gaps(values_s=raw, weights=weights, event_gaps_s=raw)
+        return Gaps(
+            values_s=raw,
+            weights=weights,
+            event_gaps_s=raw,
+            ordered_s=sorted(raw) if ordered else None,
+        )
     return Gaps(values_s=tuple(map(truediv, raw, weights)), weights=weights, event_gaps_s=raw)
 
 
@@ -70,15 +78,21 @@ def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float)
 
 
 def weighted_quantiles(
-    values: Sequence[float], weights: Sequence[int], qs: Sequence[float]
+    values: Sequence[float],
+    weights: Sequence[int],
+    qs: Sequence[float],
+    *,
+    ordered: Sequence[float] | None = None,
 ) -> list[float | None]:
-    """`weighted_quantile` for each of `qs` (ascending), sorting once."""
+    """`weighted_quantile` for each of `qs` (ascending), sorting once; `ordered` is `values`
+    sorted, when every weight is 1 and the caller has them so (not sorted again)."""
     total = sum(weights)
     if total <= 0:
         return [None] * len(qs)
     ranks = [max(1, math.ceil(q * total)) for q in qs]
     if total == len(weights) and min(weights) == 1:  # all weights 1: a plain sort of floats
-        ordered = sorted(values)
+        if ordered is None:
+            ordered = sorted(values)
         return [ordered[rank - 1] for rank in ranks]
     out: list[float | None] = []
     acc = 0
@@ -150,9 +164,11 @@ def compute_figures(
 ) -> Figures:
     """Every per-flow figure from the event list; nothing here reads a clock."""
     times, counts = _carrying(times_s, tokens)
-    gaps = _gaps(times, counts)
+    gaps = _gaps(times, counts, ordered=True)  # sorted once, for the quantiles and the metrics
     total = sum(counts)
-    itl_p50, itl_p99 = weighted_quantiles(gaps.values_s, gaps.weights, (0.50, 0.99))
+    itl_p50, itl_p99 = weighted_quantiles(
+        gaps.values_s, gaps.weights, (0.50, 0.99), ordered=gaps.ordered_s
+    )
     rate = None
     if len(times) >= 2 and times[-1] > times[0]:
         rate = (total - counts[0]) / (times[-1] - times[0])

@@ -260,4 +260,5 @@ def stream_view(
         stream_requested=stream_requested,
         has_terminal=meter.api in TERMINATED_APIS,
         delivery=delivery if delivery is not None and delivery.measured else None,
+        event_gaps_s=f.gaps.event_gaps_s if f.gaps is not None else None,
     )

@@ -104,6 +104,7 @@ class FlowMeter:
     # ~1.6 KiB; `__dict__` stays for an attribute not listed (made only when one is set)
     __slots__ = (
         "__dict__",
+        "_chat",
         "_chunk_t",
         "_decoder",
         "_document",
@@ -194,6 +195,9 @@ class FlowMeter:
         self._plain_read: Callable[[bytes], Delta | None] = plain_chat_payload
         self._plain_event = b""  # the `event:` line the plain path's events carry, if any
         self._plain_misses = 0  # chunks in a row the plain path declined after reading them
+        # the plain path's SseDecoder while its usual chunk can be read in `feed` itself: a chat
+        # stream, past its first event, with no content coding (`_sync_chat`)
+        self._chat: SseDecoder | None = None
         self._pick_plain_path()
 
     def _pick_plain_path(self) -> None:
@@ -211,6 +215,13 @@ class FlowMeter:
         elif type(self._parser) is AnthropicParser:
             self._plain = framer
             self._plain_read, self._plain_event = plain_anthropic_delta, b"content_block_delta"
+        self._sync_chat()
+
+    def _sync_chat(self) -> None:
+        """`_chat` from what it rests on, each time one of them changes."""
+        plain = self._plain
+        ready = self._head is None and self._decoder is None and not self._plain_event
+        self._chat = plain if ready else None
 
     @property
     def chunk_t(self) -> array[float]:
@@ -261,6 +272,27 @@ class FlowMeter:
             if times is not None:
                 times.append(now_s)
         try:
+            chat = self._chat
+            if chat is not None:
+                # a chat stream's usual chunk, one plain event (`_take`'s plain path for it, with
+                # no call to `_take`; once per event): read, counted, measured
+                raw = chat.plain_event(data)
+                if raw is not None:
+                    said = plain_chat_said(raw)
+                    self.bytes_decoded += n
+                    utf8 = self._utf8
+                    if utf8.carrying or not data.isascii():
+                        utf8.count(data)
+                    else:
+                        utf8.chars += n
+                    if said is None:  # read and declined: the general path, the miss counted
+                        self._take_plain(data, now_s, [None])
+                        self._on_frames(chat.feed(data, now_s))
+                        return
+                    self._plain_misses = 0
+                    chat.took_plain_event(data)
+                    self._on_content(now_s, *said)
+                    return
             if self._decoder is None:  # (a decoding error needs a decoder)
                 self._take(data, now_s)
             elif self.facts.decode_error is None:
@@ -288,6 +320,7 @@ class FlowMeter:
         if self._framer is not None:
             self._on_frames(self._framer.close(now_s))
             head, self._head = self._head, None
+            self._sync_chat()
             if self.events_seen == 0 and head and _is_json_document(head):
                 # declared an event stream, sent one JSON document: measure it as what it is
                 self._framer = None
@@ -351,26 +384,34 @@ class FlowMeter:
         sse = self._plain
         if sse is not None and self._head is None:
             # the plain path's stream (SSE read as text, past its first event), whose usual
-            # chunk is one plain event: `_take_plain`'s steps for it inline (once per event)
-            self._utf8.count(decoded)
+            # chunk is one plain event: `_take_plain`'s steps for it inline (once per event),
+            # and `Utf8Decoder.count`'s for an ASCII chunk with nothing carried
+            utf8 = self._utf8
+            if utf8.carrying or not decoded.isascii():
+                utf8.count(decoded)
+            else:
+                utf8.chars += len(decoded)
             event = self._plain_event
-            payloads = sse.plain_data_events(decoded, event)
-            if payloads is not None and len(payloads) == 1:
-                if not event:  # a chat chunk: what it says, without a Delta
-                    said = plain_chat_said(payloads[0])
+            if not event:  # a chat stream: what its one-event chunk says, without a Delta
+                raw = sse.plain_event(decoded)
+                if raw is not None:
+                    said = plain_chat_said(raw)
                     if said is not None:
                         self._plain_misses = 0
-                        sse.took_plain_events(decoded)
-                        content, model, terminal = said
-                        self._on_content(now_s, content, model, terminal)
+                        sse.took_plain_event(decoded)
+                        self._on_content(now_s, *said)
                         return
-                else:
-                    delta = self._plain_read(payloads[0])
-                    if delta is not None:
-                        self._plain_misses = 0
-                        sse.took_plain_events(decoded)
-                        self._on_delta(now_s, False, delta)
-                        return
+                    self._take_plain(decoded, now_s, [None])  # counts the miss
+                    self._on_frames(sse.feed(decoded, now_s))
+                    return
+            payloads = sse.plain_data_events(decoded, event)
+            if payloads is not None and len(payloads) == 1:  # an Anthropic text delta
+                delta = self._plain_read(payloads[0])
+                if delta is not None:
+                    self._plain_misses = 0
+                    sse.took_plain_events(decoded)
+                    self._on_delta(now_s, False, delta)
+                    return
                 self._take_plain(decoded, now_s, [None])  # counts the miss
             elif payloads is not None and self._take_plain(
                 decoded, now_s, [self._plain_read(raw) for raw in payloads]
@@ -386,6 +427,7 @@ class FlowMeter:
                 # kept until the first event: the body may be one JSON document in disguise
                 if self.events_seen or len(self._head) + len(decoded) > MAX_DOCUMENT_BYTES:
                     self._head = None
+                    self._sync_chat()
                 else:
                     self._head += decoded
             sse = self._plain
@@ -418,6 +460,7 @@ class FlowMeter:
             self._plain_misses += 1
             if self._plain_misses >= PLAIN_MISSES_MAX:
                 self._plain = None
+                self._sync_chat()
             return False
         self._plain_misses = 0
         sse.took_plain_events(decoded)
@@ -517,44 +560,51 @@ class FlowMeter:
     def _on_content(self, t: float, content: str, model: str | None, terminal: bool) -> None:
         """`_on_delta` of a Delta that says only its content, model and end (the plain chat
         chunk's, `plain_chat_said`): the same steps without those for the fields such a Delta
-        leaves empty (tests hold the plain path to the general one)."""
+        leaves empty (tests hold the plain path to the general one). Once per event: each
+        attribute read once, the content's length taken once."""
         facts = self.facts
         self.events_seen += 1
-        if facts.first_event_s is None:
-            facts.first_event_s = t
-        if model and facts.model is None:
+        size = len(content)
+        # the first content's time is set after the first event's and the first visible one's
+        # (here and in `_on_delta`): once it is, so are they, and one test spares the other two
+        if facts.first_content_s is None:
+            if facts.first_event_s is None:
+                facts.first_event_s = t
+            if size:
+                if facts.first_visible_s is None:
+                    facts.first_visible_s = t
+                facts.first_content_s = t
+        if facts.model is None and model:
             facts.model = model
         if terminal:
             facts.terminal_seen = True
-        if content:
-            if facts.first_visible_s is None:
-                facts.first_visible_s = t
-            if facts.first_content_s is None:
-                facts.first_content_s = t
-            self._visible_chars += len(content)
+        visible = self._visible_chars
+        if size:
+            self._visible_chars = visible = visible + size
             if content.isascii():
-                facts.payload_bytes += len(content)
+                facts.payload_bytes += size
             else:
                 facts.replacement_chars += content.count("\ufffd")
                 facts.payload_bytes += len(content.encode("utf-8"))
         marks = self.events
-        if len(marks.t_s) >= MAX_EVENTS:
-            self.text_overflow_chars += len(content)
+        t_s = marks.t_s
+        if len(t_s) >= MAX_EVENTS:
+            self.text_overflow_chars += size
             return
-        if content:
-            if self._keep_text and self.text_chars + len(content) <= MAX_TEXT_CHARS:
-                self.text_chars += len(content)
+        if size:
+            if self._keep_text and self.text_chars + size <= MAX_TEXT_CHARS:
+                self.text_chars += size
             else:
-                self.text_overflow_chars += len(content)
+                self.text_overflow_chars += size
                 content = ""
         recent = self._text_recent
         recent.append(content)
         if len(recent) >= TEXT_BLOCK_EVENTS:
             self._fold_text()
-        marks.t_s.append(t)
+        t_s.append(t)
         if marks.tokens_said is not None:
             marks.said(None, None)
-        marks.content_offset.append(self._visible_chars)
+        marks.content_offset.append(visible)
 
 
 def _is_json_document(body: bytes | bytearray) -> bool:

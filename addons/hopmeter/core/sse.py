@@ -130,17 +130,8 @@ class SseDecoder:
         """
         self._plain_ends = None
         if not event:
-            # the usual chunk, one `data: <value>` event, by slices and `in` tests (an int's is a
-            # memchr; bytes.find and startswith parse their arguments, ~700 instructions a call)
-            raw = data[6:-2]
-            if (
-                data[:6] == b"data: "
-                and data[-2:] == b"\n\n"
-                and 10 not in raw  # no LF: one event
-                and 13 not in raw  # no CR (its head and blank line have none)
-                and len(data) <= _WHOLE_EVENT_MAX
-                and (self._plain_idle or self._idle())
-            ):
+            raw = self.plain_event(data)
+            if raw is not None:
                 self._plain_ends = (data, 2)
                 return [raw]
         head = b"event: " + event + b"\ndata: " if event else b"data: "
@@ -168,6 +159,33 @@ class SseDecoder:
                 return None
         self._plain_ends = (data, ends)
         return [ev[n:] for ev in events]
+
+    def plain_event(self, data: bytes) -> bytes | None:
+        """The data value when `data` is exactly one event of one `data: <value>` line ended by a
+        blank line (LF only), and nothing is pending; else None: `plain_data_events(data)` for
+        the usual chunk of a chat stream, without the list. Changes nothing: a caller that reads
+        the value itself then calls `took_plain_event` instead of `feed(data)`."""
+        # by slices and `in` tests (an int's is a memchr; bytes.find and startswith parse their
+        # arguments, ~700 instructions a call)
+        raw = data[6:-2]
+        if (
+            data[:6] == b"data: "
+            and data[-2:] == b"\n\n"
+            and 10 not in raw  # no LF: one event
+            and 13 not in raw  # no CR (its head and blank line have none)
+            and len(data) <= _WHOLE_EVENT_MAX
+            and (self._plain_idle or self._idle())
+        ):
+            return raw
+        return None
+
+    def took_plain_event(self, data: bytes) -> None:
+        """Account for a chunk whose one event `plain_event` read, as `feed` would have: its two
+        LF line ends, and its event ends where the stream now ends (nothing pending)."""
+        self._fed = fed = self._fed + len(data)
+        self.line_endings["lf"] += 2
+        self._plain_idle = True
+        self._event_start = self._frame_start = fed
 
     def _idle(self) -> bool:
         """Nothing is pending: past the BOM's place, no partial line, event or CR, not closed."""

@@ -445,7 +445,9 @@ class Metrics:
             if value is not None:
                 child(hist, labels).observe(value, exemplar)
         if gaps is not None and event_tokens is not None:
-            self._observe_tokens(event_tokens, gaps.values_s, gaps.weights, labels, exemplar)
+            self._observe_tokens(
+                event_tokens, gaps.values_s, gaps.weights, labels, exemplar, ordered=gaps.ordered_s
+            )
         else:
             self._observe_events(record.get("events") or (), labels, exemplar)
 
@@ -598,19 +600,28 @@ class Metrics:
 
     def _observe_tokens(
         self,
-        event_tokens: Iterable[int],
+        event_tokens: Sequence[int],
         gaps: Sequence[float],
         weights: Sequence[int],
         labels: tuple[str, ...],
         exemplar: dict[str, str] | None,
+        *,
+        ordered: Sequence[float] | None = None,
     ) -> None:
         """Events by the tokens they carry (most carry one), and the token-weighted gaps
-        (`gaps[i]` observed `weights[i]` times)."""
-        # every event counted in C, then the ones without tokens left out (the same counts, in
-        # the same order of first appearance, as counting only those with tokens)
-        per_k = CountOf(event_tokens)
-        self.event_tokens.observe(labels, [(float(k), n) for k, n in per_k.items() if k > 0], None)
-        self.itl.observe_columns(labels, gaps, weights, exemplar)
+        (`gaps[i]` observed `weights[i]` times; `ordered`: the gaps sorted, if they are)."""
+        ones = event_tokens.count(1)
+        if ones + event_tokens.count(0) == len(event_tokens):
+            # every event carries one token or none (the usual stream): two counts in C, no
+            # Counter; the one value with tokens is 1
+            per_token = [(1.0, ones)] if ones else []
+        else:
+            # every event counted in C, then the ones without tokens left out (the same counts,
+            # in the same order of first appearance, as counting only those with tokens)
+            per_k = CountOf(event_tokens)
+            per_token = [(float(k), n) for k, n in per_k.items() if k > 0]
+        self.event_tokens.observe(labels, per_token, None)
+        self.itl.observe_columns(labels, gaps, weights, exemplar, ordered=ordered)
 
     def _observe_bytes(self, hop: str, api: str, facts: _Facts) -> None:
         payload = _num(facts.payload_bytes) or 0.0
@@ -850,10 +861,14 @@ class WeightedHistogram:
         values: Sequence[float],
         weights: Sequence[int],
         exemplar: dict[str, str] | None,
+        *,
+        ordered: Sequence[float] | None = None,
     ) -> None:
         """`observe` with the values and their weights as two columns of one length (a flow's
-        gaps come that way: no pair built per value, nor taken apart again)."""
-        counted = self._count(values, weights) if values else None
+        gaps come that way: no pair built per value, nor taken apart again). `ordered` is
+        `values` sorted, when every weight is 1 and the caller sorted them already (the
+        figures' gaps): they are not sorted again."""
+        counted = self._count(values, weights, ordered) if values else None
         marked = None
         if counted is not None and exemplar is not None:
             marked = Exemplar(exemplar, counted.widest_value, time.time())
@@ -871,7 +886,9 @@ class WeightedHistogram:
                 if n:
                     series.counts[slot] += n
 
-    def _count(self, plain: Sequence[float], weights: Sequence[int]) -> _Counted:
+    def _count(
+        self, plain: Sequence[float], weights: Sequence[int], ordered: Sequence[float] | None = None
+    ) -> _Counted:
         """Observations per bucket for `plain` values of `weights`, without touching any
         series."""
         if len(plain) != len(weights):
@@ -886,7 +903,8 @@ class WeightedHistogram:
                 # a value's bucket is the first whose bound is >= it, so the values up to a
                 # bound are those of its bucket and the ones before: one search per bucket in
                 # the sorted values instead of one per value
-                ordered = sorted(plain)
+                if ordered is None:
+                    ordered = sorted(plain)
                 below = 0
                 for slot, bound in enumerate(bounds):
                     upto = bisect_right(ordered, bound)
