@@ -292,11 +292,14 @@ class TestLoopLog:
         """time.thread_time is a system call: a quick step's end does not read it, a kept one's
         does (its CPU is the CPU it used, never a figure made up)."""
         reads: list[float] = []
+        now = [100.0]  # the wall clock the log reads: set here, so a busy machine moves nothing
 
         class Clocks:
-            """The real clocks; the thread's CPU clock's reads noted."""
+            """A wall clock the test sets; the thread's real CPU clock, its reads noted."""
 
-            monotonic = staticmethod(time.monotonic)
+            @staticmethod
+            def monotonic() -> float:
+                return now[0]
 
             @staticmethod
             def thread_time() -> float:
@@ -305,11 +308,12 @@ class TestLoopLog:
 
         monkeypatch.setattr("hopmeter.proxy.delivery.lane.time", Clocks)
         log = LoopLog()
-        log.step(time.monotonic(), time.thread_time())
+        log.step(now[0], time.thread_time())  # a quick step: it ends as it starts
         assert not log.steps and reads == []
-        t0, cpu0 = time.monotonic(), time.thread_time()
-        while time.monotonic() < t0 + 2 * STEP_FLOOR_S:  # the slow step: busy on purpose
+        t0, cpu0 = now[0], time.thread_time()
+        while time.thread_time() < cpu0 + 0.001:  # the slow step uses CPU, busy on purpose
             pass
+        now[0] = t0 + 2 * STEP_FLOOR_S
         log.step(t0, cpu0)
         ((_, wall, cpu),) = log.steps
         assert len(reads) == 1 and cpu == min(reads[0] - cpu0, wall) and cpu > 0
