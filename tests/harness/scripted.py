@@ -77,10 +77,14 @@ class ScriptedUpstream:
         self._ready.set()
         self.loop.run_forever()
         self._server.close()
-        for task in asyncio.all_tasks(self.loop):
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
             task.cancel()
         with contextlib.suppress(Exception):
-            self.loop.run_until_complete(asyncio.sleep(0))
+            # every connection's task ends (its writer closed), then the transports' closes run:
+            # a socket left to the collector warns in whatever test runs then
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.loop.run_until_complete(asyncio.sleep(0.01))
         self.loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -17,6 +17,7 @@ from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.test import taddons
 
 from hopmeter.errors import UsageError
+from hopmeter.proxy import fastpath
 from hopmeter.proxy.addon.chain import default_addons
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.fastpath.relay import Relay
@@ -207,7 +208,9 @@ def test_the_interpreter_switches_threads_each_millisecond_while_hopmeter_runs()
 
         asyncio.get_running_loop().call_soon(look)
 
-    cfg = ProxyConfig(modes=MODES, options=run_options(**QUIET))
+    # no relay: installing it changes mitmproxy's classes for the rest of the process
+    cfg = ProxyConfig(modes=MODES, options=run_options(hopmeter_relay=False, **QUIET))
     assert asyncio.run(runner.run_proxy(cfg, on_master=on_master)) == 0
+    assert fastpath.installed() == []
     assert running == [runner.SWITCH_INTERVAL_S]
     assert sys.getswitchinterval() == before != runner.SWITCH_INTERVAL_S
