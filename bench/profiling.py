@@ -104,8 +104,8 @@ CATEGORIES: list[tuple[str, str]] = [
     ),
     ("  FlowMeter.feed", "FlowMeter.feed@core/meter.py"),
     (
-        "    plain chat path: SseDecoder.plain_event (one event a chunk)",
-        "SseDecoder.plain_event@core/sse.py",
+        "    plain chat path: SseDecoder.plain_data_events",
+        "SseDecoder.plain_data_events@core/sse.py",
     ),
     ("    plain chat path: plain_chat_payload", "plain_chat_payload@core/apis/openai.py"),
     ("    SseDecoder.feed (framing, other events)", "SseDecoder.feed@core/sse.py"),

@@ -92,9 +92,8 @@ def test_demo_measures_every_sample(tmp_path: Path) -> None:
 # it: the other commands' packages, the workers' parent (--workers), the OpenTelemetry export
 # (--otlp), browser measuring (--browser), the optional tokenizer libraries, `regex`, which
 # only tests use (the reference the pre-tokenizer is held to), structlog (a line with fields:
-# a fault or a rare event, hopmeter.log), pairing by content (listeners of several hops), the hops
-# of a trace and their order (a trace's second flow), and mitmproxy's content views (which only a
-# UI or mitmdump's flow details show).
+# a fault or a rare event, hopmeter.log), pairing by content (listeners of several hops) and
+# mitmproxy's content views (which only a UI or mitmdump's flow details show).
 NOT_IDLE = (
     "hopmeter.report",
     "hopmeter.join",
@@ -113,8 +112,6 @@ NOT_IDLE = (
     "regex",
     "structlog",
     "hopmeter.core.matching",
-    "hopmeter.core.hops",
-    "hopmeter.core.order",
     "hopmeter.proxy.addon.views",
     "mitmproxy.contentviews",
 )

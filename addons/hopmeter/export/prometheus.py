@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import pairwise, repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import (
@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.samples import Exemplar
 
 from hopmeter.core.figures import Gaps
+from hopmeter.core.hops import Segment
 from hopmeter.core.measure import Measurement
 from hopmeter.core.record import FlowResult
 from hopmeter.export.labels import (
@@ -54,9 +55,6 @@ from hopmeter.export.labels import (
     vocabulary_label,
 )
 from hopmeter.export.outlets import OutputState
-
-if TYPE_CHECKING:  # core.hops (and its order) load where a trace has two flows (proxy.pairing)
-    from hopmeter.core.hops import Segment
 
 # Tables read better as rows than as one item per line.
 # fmt: off
