@@ -111,7 +111,6 @@ NOT_IDLE = (
     "tokenizers",
     "regex",
     "structlog",
-    "hopmeter.core.matching",
     "hopmeter.proxy.addon.views",
     "mitmproxy.contentviews",
 )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -44,37 +42,6 @@ def test_single_flow_is_written_at_once() -> None:
     p.start("t1", 0.0)
     (out,) = p.finish(result("edge", 0.0))
     assert "hops" not in out.record
-
-
-@pytest.mark.integration
-def test_hops_are_imported_by_the_first_trace_of_two_flows() -> None:
-    """Lone flows and declared listeners leave the modules of hops, their order and content
-    matching unimported (an idle proxy's memory); a trace of two flows imports the first two,
-    content matching waits for listeners of two hops."""
-    lazy = ("hopmeter.core.hops", "hopmeter.core.matching", "hopmeter.core.order")
-    code = (
-        "import sys\n"
-        "from hopmeter.proxy.addon.pairing import Pairing\n"
-        "from tests.proxy.addon.test_pairing import result\n"
-        "p = Pairing()\n"
-        "p.declare(['edge', 'origin'])\n"
-        "p.start('t1', 0.0)\n"
-        "p.finish(result('edge', 0.0))\n"
-        f"print([m for m in {lazy!r} if m in sys.modules])\n"
-        "p.start('t2', 0.0, 'edge-t2')\n"
-        "p.start('t2', 0.001, 'origin-t2', 'edge-t2')\n"
-        "p.finish(result('origin', 0.001, trace='t2', parent='edge-t2'))\n"
-        "(outer,) = p.finish(result('edge', 0.0, trace='t2'))\n"
-        "print(outer.record['hops'][0]['segment'], p.order.declared)\n"
-        f"print([m for m in {lazy!r} if m in sys.modules])\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        "[]",
-        "edge>origin {'edge': 0, 'origin': 1}",
-        "['hopmeter.core.hops', 'hopmeter.core.order']",
-    ]
 
 
 def test_inner_first_then_outer_with_hops() -> None:

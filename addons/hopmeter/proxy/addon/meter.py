@@ -121,7 +121,7 @@ class HopMeter:
             self.pairing.hops = pairing_hops(opts, self.listener_names)
             # where no parent link says which hop is outer: the listeners as declared, outermost
             # first
-            self.pairing.declare([*self.listener_names.values(), opts.hopmeter_hop])
+            self.pairing.order.declare([*self.listener_names.values(), opts.hopmeter_hop])
         tokenizer = {"hopmeter_tokenizer", "hopmeter_lazy_tokenizer"}
         if updated & tokenizer or self.vocabulary.counters is None:
             try:

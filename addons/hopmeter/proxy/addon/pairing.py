@@ -28,18 +28,21 @@ from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
 
 from hopmeter.core.fingerprint import Fingerprint
+from hopmeter.core.hops import Segment, chained
+from hopmeter.core.matching import (
+    LIVE_SLACK_S,
+    match_records,
+    segments,
+    trace_dropped,
+    with_findings,
+    without_content,
+)
+from hopmeter.core.order import HopOrder
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import SegmentOrder
 from hopmeter.log import get_logger
-
-if TYPE_CHECKING:
-    # imported where a trace has two or more flows, or where flows are paired by content: a
-    # proxy of one listener never does either, and never holds these modules (~0.3 MiB)
-    from hopmeter.core.hops import Segment
-    from hopmeter.core.order import HopOrder
 
 log = get_logger()
 
@@ -113,8 +116,6 @@ class _Unit:
 
     def could_be(self, flow: LiveFlow) -> bool:
         """Whether a flow in flight may still turn out to carry this unit's reply."""
-        from hopmeter.core.matching import LIVE_SLACK_S  # noqa: PLC0415 - content pairing only
-
         if self.key is None or flow.trace_id == self.trace_id:
             return False
         if flow.t_start > self.t_end + LIVE_SLACK_S:
@@ -157,10 +158,9 @@ class Pairing:
         self._in_flight = in_flight
         self._clock = clock
         self.hops: frozenset[str] = frozenset()  # this process's hops: content pairing at 2+
-        # which hop is outer where no parent link says: the listeners' order (`declare`), and
-        # what links between the same hops showed (`order`, made when first needed)
-        self._declared: list[str] = []
-        self._order: HopOrder | None = None
+        # which hop is outer where no parent link says: the listeners' order, and what links
+        # between the same hops showed
+        self.order = HopOrder()
         self._pending: list[_Unit] = []
         self._recheck = False  # a recheck timer is set
         self._logged: dict[str, tuple[float, int]] = {}  # segment -> (last line, since then)
@@ -169,22 +169,6 @@ class Pairing:
         # each gives its records (computing a paired request's segments when its turn comes)
         self._turns: deque[Callable[[], list[FlowResult]]] = deque()
         self._turn_set = False  # a turn is scheduled
-
-    def declare(self, hops: Sequence[str]) -> None:
-        """The listeners' hops, outermost first (hopmeter.core.order.HopOrder.declare)."""
-        self._declared = list(hops)
-        if self._order is not None:
-            self._order.declare(self._declared)
-
-    @property
-    def order(self) -> HopOrder:
-        """Which hop is outer: made, and hopmeter.core.order imported, at its first use."""
-        if self._order is None:
-            from hopmeter.core.order import HopOrder  # noqa: PLC0415 - see the imports
-
-            self._order = HopOrder()
-            self._order.declare(self._declared)
-        return self._order
 
     @property
     def by_content(self) -> bool:
@@ -259,8 +243,6 @@ class Pairing:
 
     def _with_hops(self, out: list[FlowResult], done: list[FlowResult]) -> list[FlowResult]:
         """`out` with each request's outermost record carrying the segments of its chain."""
-        from hopmeter.core.hops import chained  # noqa: PLC0415 - see the imports
-
         heads: dict[int, FlowResult] = {}
         for c, links in chained([r.record for r in done], self.order, one_clock=True):
             segs = [s for _, s in links]
@@ -392,12 +374,6 @@ class Pairing:
     def _settle(self, comp: Sequence[_Unit], *, unsure: bool) -> None:
         """Pair one group of waiting requests and give every record its `pairing`; queue their
         records to be handed out, a few per turn, a paired request's with its segments."""
-        from hopmeter.core.matching import (  # noqa: PLC0415 - see the imports
-            LIVE_SLACK_S,
-            match_records,
-            without_content,
-        )
-
         results = [r for u in comp for r in u.results]
         records = [r.record for r in results]
         matching = match_records(records, LIVE_SLACK_S)
@@ -417,12 +393,6 @@ class Pairing:
     def _with_segments(self, group: list[FlowResult]) -> list[FlowResult]:
         """One paired group's records, each request's outermost with its segments, inner flows
         first as they finished."""
-        from hopmeter.core.matching import (  # noqa: PLC0415 - see the imports
-            segments,
-            trace_dropped,
-            with_findings,
-        )
-
         out = list(group)
         for members, segs in segments([r.record for r in group], self.order, one_clock=True):
             self._learn(segs)
@@ -457,8 +427,6 @@ class Pairing:
 def _components(units: Sequence[_Unit]) -> list[list[_Unit]]:
     """Waiting requests that may pair with each other: the same reply, overlapping in time."""
     by_key: dict[tuple[str, int] | None, list[_Unit]] = defaultdict(list)
-    from hopmeter.core.matching import LIVE_SLACK_S  # noqa: PLC0415 - see the imports
-
     out: list[list[_Unit]] = []
     for u in units:
         if u.key is None:
