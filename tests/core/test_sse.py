@@ -504,12 +504,7 @@ def test_plain_data_events_read_what_feed_reads(chunks: list[bytes]):
         want += [f.data for f in full.feed(chunk, 1.0)]
         assert got == want
         assert plain.line_endings == full.line_endings
-    plain.close(2.0)
-    full.close(2.0)
-    assert (plain.unterminated_bytes, plain.trailing_bytes) == (
-        full.unterminated_bytes,
-        full.trailing_bytes,
-    )
+    _ends_alike(plain, full)
 
 
 @settings(max_examples=300)
@@ -533,6 +528,11 @@ def test_plain_event_reads_what_feed_reads(chunks: list[bytes]):
         want += [f.data for f in full.feed(chunk, 1.0)]
         assert got == want
         assert plain.line_endings == full.line_endings
+    _ends_alike(plain, full)
+
+
+def _ends_alike(plain: SseDecoder, full: SseDecoder) -> None:
+    """Both decoders closed: the same unterminated and trailing bytes."""
     plain.close(2.0)
     full.close(2.0)
     assert (plain.unterminated_bytes, plain.trailing_bytes) == (
