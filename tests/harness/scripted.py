@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
@@ -71,21 +72,38 @@ class ScriptedUpstream:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         self._server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+            asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self.tls)
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self.loop.run_forever()
-        self._server.close()
-        tasks = asyncio.all_tasks(self.loop)
+        self.loop.run_until_complete(self._close(self._server))
+        self.loop.close()
+
+    @staticmethod
+    async def _close(server: asyncio.Server) -> None:
+        """Stop listening and close every connection, so that no socket is left to the collector
+        (it would warn in whichever test runs then)."""
+        server.close()
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        # a connection accepted just before the stop is still a task that has not begun: cancelled
+        # then, it would never own (and close) its socket
+        while any(inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED for t in tasks):  # type: ignore[arg-type]
+            await asyncio.sleep(0)
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
         for task in tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            # every connection's task ends (its writer closed), then the transports' closes run:
-            # a socket left to the collector warns in whatever test runs then
-            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            self.loop.run_until_complete(asyncio.sleep(0.01))
-        self.loop.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0)  # the transports' closes run
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: `_serve`, then its socket closed however that ended (the stop too)."""
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # the upstream is stopping; its loop waits for this task
+        finally:
+            writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
