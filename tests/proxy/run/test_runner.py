@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -194,19 +195,30 @@ def test_mitmproxys_tcp_timeout_outlasts_the_read_timeout() -> None:
             set_options(opts, ProxyConfig(modes=MODES, options=bad))
 
 
+@pytest.mark.loopback
 def test_the_interpreter_switches_threads_each_millisecond_while_hopmeter_runs() -> None:
     """While the proxy runs, another thread (a long flow's record, built beside the loop) holds
     the interpreter at most SWITCH_INTERVAL_S when the loop has work; Python's own interval is
     back once it stops."""
     before = sys.getswitchinterval()
     running: list[float] = []
+    tasks: list[asyncio.Task[None]] = []
+    listened: list[tuple[str, int]] = []
 
     def on_master(master: Any) -> None:
-        def look() -> None:  # the first turn of the loop once the master runs
+        async def look() -> None:
+            # once it listens, its listener closed first: mitmproxy closes none at shutdown (a
+            # process's exit does), and a listening socket left to the collector warned in
+            # whichever later test ran then
+            servers = master.addons.get("proxyserver").servers
+            while not (len(servers) and all(s.is_running for s in servers)):
+                await asyncio.sleep(0.01)
             running.append(sys.getswitchinterval())
+            listened.extend(master.addons.get("proxyserver").listen_addrs())
+            await servers.update([])  # a process would exit here
             master.shutdown()
 
-        asyncio.get_running_loop().call_soon(look)
+        tasks.append(asyncio.get_running_loop().create_task(look()))
 
     # no relay: installing it changes mitmproxy's classes for the rest of the process
     cfg = ProxyConfig(modes=MODES, options=run_options(hopmeter_relay=False, **QUIET))
@@ -214,3 +226,5 @@ def test_the_interpreter_switches_threads_each_millisecond_while_hopmeter_runs()
     assert fastpath.installed() == []
     assert running == [runner.SWITCH_INTERVAL_S]
     assert sys.getswitchinterval() == before != runner.SWITCH_INTERVAL_S
+    with pytest.raises(ConnectionRefusedError):  # nothing left listening
+        socket.create_connection(listened[0][:2], timeout=5).close()
