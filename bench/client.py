@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import re
 import socket
 import ssl
 import struct
@@ -53,6 +54,9 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux <asm-generic/soc
 SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 MARK = b'{"t":'
 TERMINATOR = b"\r\n0\r\n\r\n"  # the last chunk of a chunked body (our payloads hold no CR)
+# A chunk's framing inside an event: a proxy that frames each read as a chunk of its own (mitmproxy
+# under load) may cut one anywhere, even inside a number.
+FRAMING = re.compile(rb"\r\n[0-9a-fA-F]+\r\n")
 RECV_BYTES = 256 * 1024
 WAVE = 64  # connections opened together
 WAVE_WAIT_S = 2.0  # the longest a wave waits for its response headers
@@ -126,8 +130,11 @@ def scan(sink: Sink, buf: bytes, kernel: int, user: int) -> tuple[int, int]:
         if comma2 < 0:
             keep_from = pos
             break
-        sent = int(buf[pos + 5 : comma])
-        late = int(buf[comma + 5 : comma2])  # `"l":` is 4 bytes after the comma
+        t_raw, l_raw = buf[pos + 5 : comma], buf[comma + 1 : comma2]
+        if b"\r" in t_raw or b"\r" in l_raw:  # a proxy cut a chunk inside this event
+            t_raw, l_raw = FRAMING.sub(b"", t_raw), FRAMING.sub(b"", l_raw)
+        sent = int(t_raw)
+        late = int(l_raw[4:])  # after `"l":`
         seen += 1
         if lo <= sent < hi:
             sink.kernel_ns.append(kernel - sent)
