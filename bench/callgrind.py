@@ -20,6 +20,13 @@ each on a fresh process, and the medians are reported (hopmeter's looks at the c
 run on wall-clock timers, so a busy machine moves the counts by a percent or two). Writes
 bench/results/<UTC time>-callgrind.json.
 
+With `--paced STREAMS` the two loads are instead STREAMS streams in flight at once, each paced
+on its own clock (`--paced-rate` events a second, random phases: most reads carry one event),
+from bench/upstream.py in its own process through bench/client.py: the per-event and per-flow
+figures then include what grows with the streams a proxy holds at once (every stream's state
+live together), which one flow at a time cannot show. Protos `http1`, `http1-norelay`, `tls`,
+`h2` and `h2-up` (bench/upstream.py's HTTP/2 listener in TLS, its certificate unchecked).
+
 `--protos` picks the client's side of the proxy (the upstream is plain HTTP/1.1 but for
 `tls-up`, where it speaks HTTP/1.1 in TLS to a plain HTTP/1.1 client, and `h2-up`, where it
 speaks HTTP/2 in TLS, one DATA frame per event, to an `h2` client): `http1`
@@ -63,7 +70,7 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import DataReceived, RequestReceived, StreamEnded, StreamReset
 
-from harness import log
+from harness import Load, client, log
 from hopmeter.upstream.tls import make_self_signed, server_context
 from upstream import DONE, END, EVENT, FINISH, HEAD, chunk
 
@@ -75,6 +82,7 @@ START_TIMEOUT_S = 240.0  # importing mitmproxy under valgrind takes a minute or 
 # connects in between fails its handshake and the proxy exits ("Errors logged during startup").
 # Under valgrind that gap is seconds long.
 SETTLE_S = 10.0
+PACED_GRACE_S = 120.0  # `--paced`: how long past its plan a load may run (valgrind's slowdown)
 FLOW_TIMEOUT_S = 600.0
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.M)
 PROTOS = ("http1", "http1-norelay", "tls", "h2", "tls-up", "h2-up")
@@ -90,12 +98,20 @@ class Variant:
     checkout: Path | None  # None: bare mitmdump
     extra: tuple[str, ...] = ()
 
-    def command(self, upstream_port: int, port: int, logdir: Path, proto: str) -> list[str]:
+    def command(
+        self, upstream_port: int, port: int, logdir: Path, proto: str, *, unchecked: bool = False
+    ) -> list[str]:
+        """The proxy's command line; with `unchecked`, an upstream in TLS whose certificate is
+        not this harness's (bench/upstream.py's, for `--paced`) is taken unchecked."""
         scheme: str = "http"
         trust: tuple[str, ...] = ()
         if proto in ("tls-up", "h2-up"):  # the upstream in TLS, its own certificate trusted
             scheme = "https"
-            trust = ("--set", f"ssl_verify_upstream_trusted_ca={upstream_cert(logdir)[0]}")
+            trust = (
+                ("--set", "ssl_insecure=true")
+                if unchecked
+                else ("--set", f"ssl_verify_upstream_trusted_ca={upstream_cert(logdir)[0]}")
+            )
         if self.checkout is None:
             mode = f"reverse:{scheme}://127.0.0.1:{upstream_port}@127.0.0.1:{port}"
             bare = procs.BENCH / "bare_addon.py"
@@ -355,7 +371,13 @@ def _dumped(out: Path, pid: int, before: set[Path]) -> tuple[int, Path]:
 
 @contextlib.contextmanager
 def proxy(
-    variant: Variant, upstream_port: int, logdir: Path, proto: str, profile: bool
+    variant: Variant,
+    upstream_port: int,
+    logdir: Path,
+    proto: str,
+    profile: bool,
+    *,
+    unchecked: bool = False,
 ) -> Iterator[tuple[int, int, Path]]:
     """The variant under callgrind: (its pid, its port, its dump file prefix)."""
     port = procs.free_port()
@@ -365,7 +387,7 @@ def proxy(
         "--tool=callgrind",
         "--instr-atstart=no",
         f"--callgrind-out-file={out}.%p",
-        *variant.command(upstream_port, port, logdir, proto),
+        *variant.command(upstream_port, port, logdir, proto, unchecked=unchecked),
     ]
     with (logdir / f"{variant.label}.{proto}.log").open("ab") as log_file:
         proc = subprocess.Popen(
@@ -451,6 +473,76 @@ def measure(
     return asyncio.run(go())
 
 
+# `--paced`: bench/client.py's `--proto` for each proto, and which of bench/upstream.py's
+# listeners the proxy is put in front of (its HTTP/1.1 one, or its HTTP/2 one in TLS)
+PACED = {
+    "http1": ("h1", False),
+    "http1-norelay": ("h1", False),
+    "tls": ("tls", False),
+    "h2": ("h2", False),
+    "h2-up": ("h2", True),
+}
+
+
+def measure_paced(  # noqa: PLR0917 - one load point's settings
+    variant: Variant, streams: int, rate: float, short: int, long: int, logdir: Path, proto: str
+) -> dict[str, Any]:
+    """`--paced`: `streams` streams in flight at once, each paced at `rate` events a second on
+    its own clock (bench/client.py), from bench/upstream.py in its own process; a load of
+    `short` events a stream, then one of `long`. Per event and per flow as for the ping-pong
+    loads, but with every stream's state live together, as under a real load."""
+    client_proto, h2_upstream = PACED[proto]
+    loads, instructions = [], []
+    with procs.Upstream(logdir) as up:
+        upstream_port = up.h2_port if h2_upstream else up.port
+        if not upstream_port:
+            raise RuntimeError("the upstream has no HTTP/2 listener (bench/upstream.py has)")
+        with proxy(variant, upstream_port, logdir, proto, False, unchecked=True) as (
+            pid,
+            port,
+            out,
+        ):
+            warm = Load(1, rate=10.0, warmup_s=0.0, measure_s=1.0, grace_s=30.0, proto=client_proto)
+            client(warm.args(port))
+            for events in (short, long):
+                load = Load(
+                    streams,
+                    rate=rate,
+                    warmup_s=0.0,
+                    measure_s=events / rate,
+                    grace_s=PACED_GRACE_S,
+                    proto=client_proto,
+                )
+                before = set(out.parent.glob(f"{out.name}.{pid}.*"))
+                _control(pid, "--zero")
+                _control(pid, "--instr=on")
+                started = time.monotonic()
+                result = client(load.args(port))
+                elapsed = time.monotonic() - started
+                time.sleep(SETTLE_S)  # the flows' ends (records) are the proxy's work too
+                _control(pid, "--instr=off")
+                _control(pid, "--dump")
+                ir, _ = _dumped(out, pid, before)
+                got = int(result["events_received"])
+                if got != streams * events:
+                    raise RuntimeError(
+                        f"{got} events of {streams * events} through {variant.label}"
+                    )
+                instructions.append(ir)
+                loads.append(
+                    {
+                        "streams": streams,
+                        "events_per_stream": events,
+                        "s": round(elapsed, 3),
+                        "ir": ir,
+                    }
+                )
+                log(f"{variant.label} {proto} paced: {streams} x {events} events: {ir:,} Ir")
+    per_event = (instructions[1] - instructions[0]) / (streams * (long - short))
+    per_flow = (instructions[0] - per_event * streams * short) / streams
+    return {"loads": loads, "per_event_ir": round(per_event), "per_flow_ir": round(per_flow)}
+
+
 def _protos(text: str) -> list[str]:
     protos = [p for p in text.split(",") if p]
     unknown = set(protos) - set(PROTOS)
@@ -488,8 +580,20 @@ def main() -> None:
         metavar="N",
         help="one more round per proto and variant, profiled: its top N functions by Ir",
     )
+    p.add_argument(
+        "--paced",
+        type=int,
+        default=0,
+        metavar="STREAMS",
+        help="STREAMS paced streams at once from bench/upstream.py instead of one flow at a time",
+    )
+    p.add_argument(
+        "--paced-rate", type=float, default=4.0, help="--paced: events a second of each stream"
+    )
     p.add_argument("--note", default="", help="what the variants are, for the results file")
     args = p.parse_args()
+    if args.paced and (args.functions or set(args.protos) - set(PACED)):
+        p.error(f"--paced takes --protos among {','.join(PACED)}, and no --functions")
     variants: list[Variant] = args.variant or [Variant("hopmeter", ROOT)]
     if args.bare:
         variants.append(Variant("bare", None))
@@ -504,7 +608,11 @@ def main() -> None:
         for proto in args.protos:
             for variant in variants:
                 rounds[proto][variant.label].append(
-                    measure(variant, args.flows, args.short, args.long, logdir, proto=proto)
+                    measure_paced(
+                        variant, args.paced, args.paced_rate, args.short, args.long, logdir, proto
+                    )
+                    if args.paced
+                    else measure(variant, args.flows, args.short, args.long, logdir, proto=proto)
                 )
     if args.functions:
         for proto in args.protos:
@@ -545,6 +653,7 @@ def main() -> None:
         },
         "serial": results.get("http1", {}),
         "protos": results,
+        "paced": {"streams": args.paced, "rate": args.paced_rate} if args.paced else None,
     }
     if args.functions:
         doc["functions"] = profiled
