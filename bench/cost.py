@@ -13,7 +13,9 @@ reverse mode answers a TLS ClientHello with its own CA's certificate), plain HTT
 `h2` HTTP/2 over TLS from the client, the streams multiplexed (100 to a connection, what
 mitmproxy announces), to an HTTP/2-over-TLS upstream (`mitmdump-h2up`, `hopmeter-h2up`: to an
 HTTP/1 upstream mitmproxy opens at most 5 connections per client connection, so 50 streams on
-one connection would run 5 at a time).
+one connection would run 5 at a time). Each row also runs hopmeter on the standard library's
+event loop, as bare mitmdump runs (`--loop asyncio`: `hopmeter-asyncio`, `hopmeter-h2up-asyncio`;
+without uvloop's ~1.9 MiB of idle RSS).
 
 Ratios are hopmeter over bare mitmproxy (`mitmdump -q -s bench/bare_addon.py`) in the same run,
 the topologies taking turns (bench/run.py's matrix, `--repeat`): CPU per event (the median-CPU
@@ -60,9 +62,9 @@ PER_STREAM_KIB = 24.0
 TLS_OPEN_S_PER_STREAM = 0.03
 # each protocol's topologies, bare mitmproxy first (the ratios' denominator)
 PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "h1": ("mitmdump", "hopmeter", "hopmeter-norelay", "hopmeter-base"),
-    "tls": ("mitmdump", "hopmeter"),
-    "h2": ("mitmdump-h2up", "hopmeter-h2up"),
+    "h1": ("mitmdump", "hopmeter", "hopmeter-norelay", "hopmeter-asyncio", "hopmeter-base"),
+    "tls": ("mitmdump", "hopmeter", "hopmeter-asyncio"),
+    "h2": ("mitmdump-h2up", "hopmeter-h2up", "hopmeter-h2up-asyncio"),
 }
 
 

@@ -450,13 +450,29 @@ class HopmeterNoRelay(Hopmeter):
     extra = ("--no-relay",)
 
 
+class HopmeterAsyncio(Hopmeter):
+    """hopmeter run on the standard library's event loop, as bare mitmdump runs."""
+
+    name, label = "hopmeter-asyncio", "hopmeter --loop asyncio"
+    note = "hopmeter run --loop asyncio: no uvloop (its extension module is ~1.9 MiB of RSS)"
+    extra = ("--loop", "asyncio")
+
+
 class HopmeterH2(Hopmeter):
     """hopmeter run in front of the HTTP/2 upstream (bench/upstream.py --h2-listen)."""
 
     name, label = "hopmeter-h2up", "hopmeter, HTTP/2 upstream"
     note = "the same, to an HTTP/2-over-TLS upstream (its self-signed certificate unchecked)"
     scheme = "https"
-    extra = ("--set", "ssl_insecure=true")
+    extra: tuple[str, ...] = ("--set", "ssl_insecure=true")
+
+
+class HopmeterH2Asyncio(HopmeterH2):
+    """hopmeter run in front of the HTTP/2 upstream on the standard library's event loop."""
+
+    name, label = "hopmeter-h2up-asyncio", "hopmeter --loop asyncio, HTTP/2 upstream"
+    note = "the same as hopmeter-h2up, with --loop asyncio"
+    extra = (*HopmeterH2.extra, "--loop", "asyncio")
 
 
 class HopmeterBase(Hopmeter):
@@ -486,5 +502,8 @@ TOPOLOGIES: dict[str, type[Topology]] = {
 # bench/cost.py's rows beside them (not in bench/run.py's default matrix)
 COST_TOPOLOGIES: dict[str, type[Topology]] = {
     **TOPOLOGIES,
-    **{t.name: t for t in (HopmeterNoRelay, MitmdumpH2, HopmeterH2)},
+    **{
+        t.name: t
+        for t in (HopmeterNoRelay, HopmeterAsyncio, MitmdumpH2, HopmeterH2, HopmeterH2Asyncio)
+    },
 }
