@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from tests.harness.bench import bench_module
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "client.py"
 EVENT = b'data: {"t":1700000000000000000,"l":-22,"choices":[]}\n\n'
-
-
-def _client() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_client", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_an_event_cut_anywhere_after_its_mark_is_read_whole() -> None:
     # mitmproxy under load frames each read as a chunk of its own, so a chunk's framing may
     # land inside an event's numbers; such a cut once crashed the client (int(b'd\r\nl":-22'))
-    client = _client()
+    client = bench_module("client")
     mark_end = EVENT.index(b'{"t":') + len(b'{"t":')
     for cut in range(mark_end, len(EVENT)):
         head, tail = EVENT[:cut], EVENT[cut:]

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "syscalls.py"
+from tests.harness.bench import bench_module
 
 TABLE = """\
 % time     seconds  usecs/call     calls    errors syscall
@@ -20,9 +16,5 @@ TABLE = """\
 
 
 def test_parse_counts_each_call_and_skips_the_total() -> None:
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_syscalls", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_module("syscalls")
     assert mod.parse(TABLE) == {"futex": 135, "epoll_pwait": 6105, "clock_gettime": 3398}
