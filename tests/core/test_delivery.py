@@ -17,6 +17,7 @@ from hopmeter.core.ledger import (
     HELD,
     OUT,
     SENT,
+    T_IN,
     T_WRITE,
     WAITED,
     FlowChunks,
@@ -194,6 +195,21 @@ def test_a_write_stamped_before_its_read_is_counted_not_observed() -> None:
     assert d.negative_holds == 3 and d.as_dict()["negative_holds"] == 3
 
 
+def _both_ways(chunks: list[tuple[list[Any], int]], skew: float) -> tuple[Any, Any]:
+    """`chunks` (each with the tokens its events carried) as one ended flow, followed the short
+    way (None where it does not apply) and chunk by chunk."""
+    flow = FlowChunks()
+    chunk_t, tokens = [], []
+    for c, k in chunks:
+        flow.add(c)
+        chunk_t.append(round((c[T_IN] - MONO0 + skew) * 1e6) / 1e6)
+        tokens.append(k)
+    flow.settle("end")
+    how = {"by_tokens": any(tokens), "mono0": MONO0, "skew": skew}
+    plain = delivery._follow_plain(flow, chunk_t, tokens, **how)
+    return plain, delivery._follow_each(flow, chunk_t, tokens, **how)
+
+
 chunk_shapes = st.lists(
     st.tuples(
         st.floats(0.0, 0.05),  # read this long after the chunk before
@@ -212,8 +228,7 @@ def test_a_client_that_kept_up_is_followed_by_columns_as_chunk_by_chunk(
     """For a flow whose every chunk was written, seen out and sent (never held nor seen
     waiting), the columns give the same rows, holds and counts as the loop over each chunk; any
     other flow is left to the loop."""
-    flow = FlowChunks()
-    t, chunk_t, tokens = MONO0, [], []
+    chunks, t = [], MONO0
     for step, hold, shape, k in shapes:
         t += step
         c = new_chunk(100, t)
@@ -223,14 +238,10 @@ def test_a_client_that_kept_up_is_followed_by_columns_as_chunk_by_chunk(
         c[WAITED] = t + hold + 0.0004 if shape == "waited" else None
         c[HELD] = shape == "held"
         c[GONE] = "gone" if shape == "lost" else None
-        flow.add(c)
-        chunk_t.append(round((t - MONO0 + skew) * 1e6) / 1e6)
-        tokens.append(k if by_tokens else 0)
-    flow.settle("end")
-    how = {"by_tokens": any(tokens), "mono0": MONO0, "skew": skew}
-    plain = delivery._follow_plain(flow, chunk_t, tokens, **how)
+        chunks.append((c, k if by_tokens else 0))
+    plain, each = _both_ways(chunks, skew)
     if all(s in ("kept up", "out later") for _, _, s, _ in shapes):
-        assert plain == delivery._follow_each(flow, chunk_t, tokens, **how)
+        assert plain == each
     else:
         assert plain is None
 
@@ -248,18 +259,13 @@ def test_a_client_that_kept_up_with_no_write_before_its_read_takes_the_short_way
     """A flow whose every chunk kept up and whose holds are all at or above the rounding (the
     usual flow, where the columns skip each chunk's test) gives the same rows, holds and counts
     as the loop over each chunk: chunks without tokens left out when weighted by tokens."""
-    flow = FlowChunks()
-    t, chunk_t, tokens = MONO0, [], []
+    chunks, t = [], MONO0
     for step, hold, k in shapes:
         t += step
         c = new_chunk(100, t)
         c[T_WRITE] = c[OUT] = t + hold
         c[SENT] = t + hold + 0.0005
-        flow.add(c)
-        chunk_t.append(round((t - MONO0 + skew) * 1e6) / 1e6)
-        tokens.append(k if by_tokens else 0)
-    flow.settle("end")
-    how = {"by_tokens": any(tokens), "mono0": MONO0, "skew": skew}
-    plain = delivery._follow_plain(flow, chunk_t, tokens, **how)
+        chunks.append((c, k if by_tokens else 0))
+    plain, each = _both_ways(chunks, skew)
     assert plain is not None
-    assert plain == delivery._follow_each(flow, chunk_t, tokens, **how)
+    assert plain == each
