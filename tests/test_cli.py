@@ -93,7 +93,8 @@ def test_demo_measures_every_sample(tmp_path: Path) -> None:
 # (--otlp), browser measuring (--browser), the optional tokenizer libraries, `regex`, which
 # only tests use (the reference the pre-tokenizer is held to), structlog (a line with fields:
 # a fault or a rare event, hopmeter.log), pairing by content (listeners of several hops) and
-# mitmproxy's content views (which only a UI or mitmdump's flow details show).
+# mitmproxy's content views (which only a UI or mitmdump's flow details show); nor statistics
+# and fractions at all (hopmeter.core.figures has the median and mean hopmeter takes).
 NOT_IDLE = (
     "hopmeter.report",
     "hopmeter.join",
@@ -113,6 +114,8 @@ NOT_IDLE = (
     "structlog",
     "hopmeter.proxy.addon.views",
     "mitmproxy.contentviews",
+    "statistics",
+    "fractions",
 )
 MARK = "idle modules: "
 

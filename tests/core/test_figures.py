@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from itertools import pairwise
 
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from hopmeter.core.figures import (
     _gaps,
     compute_figures,
+    fmean,
+    median,
     min_window_rate,
     token_gaps,
     weighted_quantile,
@@ -215,3 +218,17 @@ def test_the_figures_sort_their_gaps_once_for_quantiles_and_metrics(
         assert gaps.ordered_s is None
     want = weighted_quantiles(gaps.values_s, gaps.weights, (0.5, 0.99))
     assert [f.itl_p50_s, f.itl_p99_s] == want
+
+
+@given(st.lists(st.floats(-1e9, 1e9) | st.integers(-(10**6), 10**6), min_size=1, max_size=50))
+def test_median_and_mean_are_the_standard_librarys(values: list[float]) -> None:
+    """figures.median and fmean answer as statistics.median and fmean, from a list or a
+    generator; no values is an error."""
+    assert median(values) == statistics.median(values)
+    assert median(v for v in values) == statistics.median(values)
+    assert fmean(values) == statistics.fmean(values)
+    assert fmean(v for v in values) == statistics.fmean(values)
+    with pytest.raises(ValueError, match="no values"):
+        median([])
+    with pytest.raises(ValueError, match="no values"):
+        fmean(iter(()))

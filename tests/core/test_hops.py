@@ -13,7 +13,7 @@ from hopmeter.core.hops import (
     chain,
     chained,
     estimate_skew,
-    median,
+    median_or_none,
     skew_bounds,
 )
 from hopmeter.core.order import HopOrder
@@ -235,9 +235,9 @@ def test_hold_p50_is_a_median_of_two_clusters() -> None:
         findings=(),
     )
     assert seg.as_dict()["hold_p50_s"] == pytest.approx(0.746)
-    assert median((0.287,) * 20 + (1.205,) * 21) == 1.205
-    assert median((0.287,) * 21 + (1.205,) * 20) == 0.287
-    assert median(()) is None
+    assert median_or_none((0.287,) * 20 + (1.205,) * 21) == 1.205
+    assert median_or_none((0.287,) * 21 + (1.205,) * 20) == 0.287
+    assert median_or_none(()) is None
 
 
 def test_request_delay_and_added_ttft_come_from_the_request_starts() -> None:

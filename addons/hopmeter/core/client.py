@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from itertools import accumulate, pairwise
-from statistics import median
 from typing import Any
 
 from hopmeter.core.beacon import Beacon
 from hopmeter.core.detectors import Finding
+from hopmeter.core.figures import median
 from hopmeter.core.vocab import FindingKind, Severity
 
 FRAME_MS = 1000 / 60  # a display frame at 60 Hz (headless Chromium's rAF: 16.67 ms, measured)

@@ -13,10 +13,10 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from statistics import fmean, median
 from typing import Any
 
 from hopmeter.core.delivery import Delivery
+from hopmeter.core.figures import fmean, median
 from hopmeter.core.vocab import SEVERITY_ORDER, Ended, FindingKind, Severity
 
 # -- thresholds, in one table, each with where the number comes from --------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress
@@ -70,6 +70,31 @@ def _gaps(times: list[float], counts: list[int], *, ordered: bool = False) -> Ga
             ordered_s=sorted(raw) if ordered else None,
         )
     return Gaps(values_s=tuple(map(truediv, raw, weights)), weights=weights, event_gaps_s=raw)
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value, or the mean of the two middle ones (statistics.median's answer, without
+    importing statistics and fractions into every proxy: ~0.2 MiB of idle memory). No values:
+    ValueError.
+
+    A nearest-rank p50 picks the lower middle of an even count, which on a hold distribution of
+    two clusters (tokens released in two bursts) is one cluster's value, not the middle.
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        raise ValueError("median of no values")
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def fmean(values: Iterable[float]) -> float:
+    """The mean, its sum taken exactly (math.fsum: statistics.fmean's answer). No values:
+    ValueError."""
+    xs = values if isinstance(values, list | tuple) else list(values)
+    if not xs:
+        raise ValueError("mean of no values")
+    return math.fsum(xs) / len(xs)
 
 
 def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float | None:

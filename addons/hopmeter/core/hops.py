@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hopmeter.core.figures import weighted_quantile, weighted_quantiles
+from hopmeter.core.figures import median, weighted_quantile, weighted_quantiles
 from hopmeter.core.order import Chain, HopOrder, Link, Node, chains
 from hopmeter.core.vocab import FindingKind, PairedBy, SegmentOrder, SkewBasis
 
@@ -248,7 +248,7 @@ class Segment:
             "inner_hop": self.inner_hop,
             "order": self.order,
             "first_token_hold_s": _r(self.first_token_hold_s),
-            "hold_p50_s": _r(median(self.holds_s)),
+            "hold_p50_s": _r(median_or_none(self.holds_s)),
             "hold_p99_s": q(0.99),
             "hold_max_s": round(max(self.holds_s), 6) if self.holds_s else None,
             "whole_body": self.whole_body,
@@ -277,7 +277,7 @@ def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
     """`{name}_p50_s` (a median), `{name}_p99_s` and `{name}_max_s` of per-token values (None
     when none)."""
     (p99,) = weighted_quantiles(values, [1] * len(values), (0.99,))
-    p50 = median(values)
+    p50 = median_or_none(values)
     top = max(values) if values else None
     return {
         f"{name}_p50_s": None if p50 is None else round(p50, 6),
@@ -290,18 +290,9 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-def median(values: Sequence[float]) -> float | None:
-    """The median as a median: the middle value, or the mean of the two middle ones.
-
-    A nearest-rank p50 picks the lower middle of an even count, which on a hold distribution of
-    two clusters (tokens released in two bursts) is one cluster's value, not the middle.
-    """
-    n = len(values)
-    if not n:
-        return None
-    ordered = sorted(values)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def median_or_none(values: Sequence[float]) -> float | None:
+    """The median (hopmeter.core.figures.median) of some values, or None of none."""
+    return median(values) if values else None
 
 
 def _token_times(v: HopView) -> list[tuple[float, int, int]]:
