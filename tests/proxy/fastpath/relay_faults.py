@@ -18,7 +18,8 @@ has a slow `error` hook: the hooks after it (the relay's own, which lets the flo
 
 Over TLS to the client, `<step>` may also be `sendall` or `bio_read`: the client TLS connection's
 call the relay makes in mitmproxy's place (a part of its "write" step). To a client that speaks
-HTTP/2, "frame" is the relay's call of the client's HTTP/2 connection's `send_data`. Behind an
+HTTP/2, "frame" is the relay's call of the client's HTTP/2 connection's `send_data`, or of
+h2_frames' `send`, which takes its steps for a piece that fits at once. Behind an
 HTTP/2 upstream (one flow per upstream connection), "check" is a stream's checks, "split" the
 scan of the read's frames and "commit" feeding them to the connection's h2.
 
@@ -243,6 +244,7 @@ relay._rest = breaks("rest", relay._rest)
 relay.needs_drain = needs_drain
 framing.chunked = breaks("frame", framing.chunked)
 BufferedH2Connection.send_data = relaying("frame", BufferedH2Connection.send_data)  # type: ignore[method-assign]
+relay.send_frame = relaying("frame", relay.send_frame)
 SSL.Connection.sendall = relaying("sendall", SSL.Connection.sendall)  # type: ignore[method-assign]
 SSL.Connection.bio_read = relaying("bio_read", SSL.Connection.bio_read)  # type: ignore[method-assign]
 asyncio.StreamWriter.write = breaks("write", asyncio.StreamWriter.write)  # type: ignore[method-assign]

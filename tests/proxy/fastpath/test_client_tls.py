@@ -232,8 +232,10 @@ def test_over_h2_the_relay_changes_no_byte_and_no_record(tmp_path: Path) -> None
         assert _relayed(ports["relay"])[0] == flows
         pieces, tls_pieces = _tls_metrics(ports["relay"])
         h2_pieces = _metric(ports["relay"], "hopmeter_relayed_h2_pieces_total")
+        own = _metric(ports["relay"], "hopmeter_relayed_h2_own_frames_total")
         assert _tls_metrics(ports["off"]) == (0, 0)
     assert pieces >= 30 and tls_pieces == pieces and h2_pieces == pieces
+    assert 30 <= own <= h2_pieces  # sent by h2_frames' steps: all but pieces h2 split or held
 
 
 # -- faults at each step of a read relayed through the client's TLS connection --------------------

@@ -18,8 +18,10 @@ def test_the_installed_libraries_pass() -> None:
 
 
 def test_every_mirrored_function_has_its_fingerprints() -> None:
-    """The table and the lists of mirrored functions name the same functions."""
-    assert set(gate.FINGERPRINTS) == set(gate.MIRRORED) | set(gate.MIRRORED_H2)
+    """The table and the lists of mirrored functions name the same functions (a function two
+    paths mirror is in each list, with one entry in the table)."""
+    mirrored = set(gate.MIRRORED) | set(gate.MIRRORED_H2) | set(gate.MIRRORED_H2_FRAMES)
+    assert set(gate.FINGERPRINTS) == mirrored
     assert not set(gate.MIRRORED) & set(gate.MIRRORED_H2)
     assert all(gate.FINGERPRINTS.values())
 
@@ -91,6 +93,23 @@ def test_an_h2_release_not_read_turns_off_the_relay_behind_http2_upstreams_alone
     assert line is not None and "h2 4.5.0 is not a release they were read against" in line
 
 
+def test_changed_h2_send_code_turns_off_the_relays_own_frame_steps_alone() -> None:
+    """A change in what h2_frames stands in for (here h2's `H2Stream.send_data`) turns off its
+    steps alone, in a line of its own: the relay, behind HTTP/2 upstreams too, stays on."""
+    changed = gate.MIRRORED_H2_FRAMES["h2 H2Stream.send_data"]
+
+    def digest(obj: Any) -> str:
+        return "0" * 16 if obj is changed else gate.fingerprint(obj)
+
+    assert gate.check(digest=digest) is None
+    assert gate.check_h2_upstream(digest=digest) is None
+    line = gate.check_h2_frames(digest=digest)
+    assert line is not None and "\n" not in line
+    assert line.startswith("hopmeter: the relay's own HTTP/2 DATA frame steps are off: ")
+    assert f"h2 {gate.version_of('h2')}'s H2Stream.send_data" in line
+    assert "the relay stays on" in line
+
+
 def test_code_that_cannot_be_read_turns_them_off() -> None:
     """No source to compare (a frozen build) is a difference, not a pass."""
 
@@ -115,4 +134,5 @@ def test_the_check_leaves_no_source_lines_behind() -> None:
     before = set(linecache.cache)
     assert gate.check() is None
     assert gate.check_h2_upstream() is None
+    assert gate.check_h2_frames() is None
     assert set(linecache.cache) == before

@@ -24,7 +24,10 @@ mitmproxy's layers would only move them:
 - those frames go to the connection's h2 state machine, as mitmproxy would feed them, which
   must give back exactly one `DataReceived` per frame; each is acknowledged, the client's
   `last_activity` (its keep-alive pings' clock) set, and what the connection has to send
-  written to the upstream through its TLS connection, as mitmproxy's TLS layer sends it;
+  written to the upstream through its TLS connection, as mitmproxy's TLS layer sends it. Where
+  the version gate allows (`own_steps`), hopmeter.proxy.fastpath.h2_frames takes h2's steps for
+  them instead: the same windows, counts and WINDOW_UPDATE frames, without h2's frame objects,
+  state machines and events;
 - each frame's data then goes to its flow's client as the relay delivers a piece
   (`BodyRelay._deliver`: the stream callable, the client's framing, its writer).
 
@@ -44,6 +47,7 @@ import contextlib
 import time
 from typing import Any
 
+from hopmeter.proxy.fastpath import h2_frames
 from hopmeter.proxy.fastpath.client_tls import send as send_tls
 from hopmeter.proxy.fastpath.internals import (
     H2ConnectionState,
@@ -66,9 +70,11 @@ _STREAM_ID = 0x7FFFFFFF  # the stream id's bits (the top bit is reserved)
 class H2Upstream:
     """The relays of one HTTP/2 upstream connection in TLS, by mitmproxy's stream id on it."""
 
-    __slots__ = ("client", "dead", "flows", "h2", "handler", "up_tls", "writer")
+    __slots__ = ("client", "dead", "flows", "h2", "handler", "own_steps", "up_tls", "writer")
 
-    def __init__(self, *, handler: Any, up_tls: Any, client: Any, writer: Any) -> None:
+    def __init__(
+        self, *, handler: Any, up_tls: Any, client: Any, writer: Any, own_steps: bool = False
+    ) -> None:
         self.handler = handler
         self.up_tls = up_tls  # mitmproxy's ServerTLSLayer: its plaintext reaches `take`
         self.client = client  # mitmproxy's Http2Client for the connection
@@ -76,6 +82,9 @@ class H2Upstream:
         self.writer = writer  # the upstream connection's writer (window updates)
         self.flows: dict[int, Any] = {}  # mitmproxy's stream id -> the flow's BodyRelay
         self.dead = False  # a fault in the checks: mitmproxy's layers move every read
+        # the frames' steps taken by h2_frames rather than by h2 (the version gate's
+        # `check_h2_frames`): the same state and bytes, a fraction of the work
+        self.own_steps = own_steps
 
     def add(self, relay: Any) -> None:
         """Relay the body of `relay`'s flow, a stream of this connection."""
@@ -94,22 +103,22 @@ class H2Upstream:
             return 0
         used = taken[-1][2]
         try:  # "commit": the frames into the connection's h2, as mitmproxy feeds them
-            events = self._receive(data[:used], taken)
+            pieces = self._receive(data, taken)
         except Exception as exc:
-            for relay, _, _ in taken:
+            for relay, *_ in taken:
                 relay.cut(exc)
             return used
-        for (relay, writer, _), event in zip(taken, events, strict=True):
+        for (relay, writer, _, _), piece in zip(taken, pieces, strict=True):
             if relay.cut_at is None:  # else its client's connection is gone, and this with it
                 try:
-                    relay._deliver([event.data], writer)
+                    relay._deliver([piece], writer)
                 except Exception as exc:
                     relay.cut(exc)
         return used
 
-    def _frames(self, handler: Any, data: bytes) -> list[tuple[Any, Any, int]]:
+    def _frames(self, handler: Any, data: bytes) -> list[tuple[Any, Any, int, int]]:
         """The read's leading frames the relay takes: (the flow's relay, its client's writer,
-        where the frame ends in `data`) for each."""
+        where the frame ends in `data`, its payload's length) for each."""
         if self.dead or handler is not self.handler:
             return []
         up = self.up_tls
@@ -129,7 +138,7 @@ class H2Upstream:
             return []
         max_frame = h2.max_inbound_frame_size
         room = h2.inbound_flow_control_window
-        taken: list[tuple[Any, Any, int]] = []
+        taken: list[tuple[Any, Any, int, int]] = []
         ready: dict[int, tuple[Any, Any]] = {}  # stream id -> (relay, writer), once per read
         rooms: dict[int, int] = {}
         pos, size = 0, len(data)
@@ -150,7 +159,7 @@ class H2Upstream:
                 break
             rooms[sid] -= length
             room -= length
-            taken.append((relay, writer, end))
+            taken.append((relay, writer, end, length))
             pos = end
         return taken
 
@@ -166,19 +175,29 @@ class H2Upstream:
             or stream.state_machine.state not in _RECEIVING
             or client.streams.get(sid) is not _HEADERS_RECEIVED
             or client.their_stream_id.get(sid) != relay.sid
+            or not stream.state_machine.headers_received
         ):
             return relay, None
         return relay, relay._ready_down()
 
-    def _receive(self, raw: bytes, taken: list[tuple[Any, Any, int]]) -> list[Any]:
-        """What mitmproxy's HTTP/2 client does with `raw`, whole DATA frames, up to its pieces:
-        the h2 state machine's events (one DataReceived per frame, checked), each acknowledged,
-        the keep-alive clock set, and what the connection has to send written upstream."""
+    def _receive(self, data: bytes, taken: list[tuple[Any, Any, int, int]]) -> list[bytes]:
+        """What mitmproxy's HTTP/2 client does with the read's whole DATA frames `taken`, up to
+        their pieces (each frame's data): the frames through the connection's h2 (each
+        acknowledged), the keep-alive clock set, and what the connection has to send written
+        upstream. By h2_frames' steps, or by h2's own (its events checked: one DataReceived per
+        frame)."""
         h2 = self.h2
-        events: list[Any] = h2.receive_data(raw)
+        if self.own_steps:
+            streams = h2.streams
+            h2_frames.received(h2, [(streams[relay.ours], n) for relay, _, _, n in taken])
+            self.client.last_activity = time.time()
+            if h2._data_to_send:
+                send_tls(self.up_tls.tls, h2.data_to_send(), self.writer)
+            return [data[end - n : end] for _, _, end, n in taken]
+        events: list[Any] = h2.receive_data(data[: taken[-1][2]])
         if len(events) != len(taken):
             raise RuntimeError(f"h2 gave {len(events)} events for {len(taken)} DATA frames")
-        for (relay, _, _), event in zip(taken, events, strict=True):
+        for (relay, *_), event in zip(taken, events, strict=True):
             if (
                 type(event) is not _H2DataReceived
                 or event.stream_id != relay.ours
@@ -191,7 +210,7 @@ class H2Upstream:
         out = h2.data_to_send()
         if out:
             send_tls(self.up_tls.tls, out, self.writer)
-        return events
+        return [event.data for event in events]
 
     def fail(self, exc: BaseException) -> None:
         """A fault before anything of a read changed: this connection's relay steps aside, and

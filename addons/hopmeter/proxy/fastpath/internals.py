@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from h2.connection import ConnectionInputs as H2ConnectionInputs
 from h2.connection import ConnectionState as H2ConnectionState
-from h2.connection import H2Connection
+from h2.connection import H2Connection, H2ConnectionStateMachine
 from h2.events import DataReceived as H2DataReceived
 from h2.frame_buffer import FrameBuffer
-from h2.stream import H2Stream
+from h2.stream import H2Stream, H2StreamStateMachine
+from h2.stream import StreamInputs as H2StreamInputs
 from h2.stream import StreamState as H2StreamState
+from h2.stream import _transitions as h2_stream_transitions
 from h2.windows import WindowManager
 from h11._readers import ChunkedReader, ContentLengthReader, Http10Reader, chunk_header_re
 from mitmproxy import ctx, http
@@ -59,10 +62,14 @@ __all__ = [
     "DataReceived",
     "FrameBuffer",
     "H2Connection",
+    "H2ConnectionInputs",
     "H2ConnectionState",
+    "H2ConnectionStateMachine",
     "H2DataReceived",
     "H2Stream",
+    "H2StreamInputs",
     "H2StreamState",
+    "H2StreamStateMachine",
     "Http1Client",
     "Http1Connection",
     "Http1Server",
@@ -89,6 +96,7 @@ __all__ = [
     "WindowManager",
     "chunk_header_re",
     "connection_handlers",
+    "h2_stream_transitions",
     "layers_to_http",
     "locate_h2",
     "make_body_reader",

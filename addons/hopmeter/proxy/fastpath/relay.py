@@ -32,7 +32,9 @@ does what the layers would do, in the same order, with the same bytes:
   instead of HTTP/1 framing: the piece into its HTTP/2 connection on the flow's stream
   (`send_data` of mitmproxy's BufferedH2Connection, which holds back what the stream's window
   does not allow, as for mitmproxy), then the frames the connection has to send
-  (`data_to_send`), written (in TLS: through the client's OpenSSL connection) as one write.
+  (`data_to_send`), written (in TLS: through the client's OpenSSL connection) as one write. A
+  piece that fits the stream's windows and frame size at once takes h2's steps for it by
+  hopmeter.proxy.fastpath.h2_frames (the same bytes and windows, a fraction of the work).
 
 An upstream in TLS (mitmproxy's `ServerTLSLayer` for the flow's connection, under the HTTP
 layer) is followed one step lower: its reads go through mitmproxy's `server_event` and its TLS
@@ -94,6 +96,7 @@ from hopmeter.log import get_logger
 from hopmeter.proxy.fastpath import client_tls, framing, gate
 from hopmeter.proxy.fastpath.backpressure import needs_drain
 from hopmeter.proxy.fastpath.client_tls import send as send_tls
+from hopmeter.proxy.fastpath.h2_frames import send as send_frame
 from hopmeter.proxy.fastpath.h2_upstream import H2Upstream
 from hopmeter.proxy.fastpath.internals import (
     BufferedH2Connection,
@@ -197,6 +200,7 @@ class Stats:
         "declined",
         "direct",
         "faults",
+        "h2_own_frames",
         "h2_pieces",
         "h2_up_pieces",
         "pieces",
@@ -210,6 +214,7 @@ class Stats:
         self.tls_pieces = 0  # of those, pieces sent through a client's TLS connection
         self.h2_pieces = 0  # of those, pieces sent to a client over HTTP/2
         self.h2_up_pieces = 0  # of those, pieces from an upstream over HTTP/2 (DATA frames)
+        self.h2_own_frames = 0  # DATA frames, in or out, whose steps h2_frames took, not h2
         self.direct = 0  # reads a relay took as they arrived, without mitmproxy's read loop
         self.faults = {LEFT: 0, CUT: 0}  # faults in a relay, by what became of the read
 
@@ -241,6 +246,12 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
             "Of the relayed pieces, those that came from an upstream over HTTP/2 (its DATA "
             "frames).",
             STATS.h2_up_pieces,
+        ),
+        (
+            "relayed_h2_own_frames",
+            "HTTP/2 DATA frames a relay received from an upstream or sent to a client taking "
+            "h2's steps for them itself (the same bytes and windows, a fraction of the work).",
+            STATS.h2_own_frames,
         ),
         (
             "relayed_responses",
@@ -497,6 +508,7 @@ class BodyRelay:
         "layers",
         "on_fault",
         "ours",
+        "own_steps",
         "reader",
         "response",
         "server",
@@ -528,6 +540,7 @@ class BodyRelay:
         tls: Any = None,
         up_tls: Any = None,
         ours: int | None = None,
+        own_steps: bool = False,
     ) -> None:
         self.handler = handler
         self.flow = flow
@@ -540,6 +553,8 @@ class BodyRelay:
         self.server: Any = server
         # an HTTP/2 client's connection (mitmproxy's BufferedH2Connection), else None
         self.h2: Any = server.h2_conn if type(server) is Http2Server else None
+        # an HTTP/2 frame's steps by h2_frames where they fit (the gate's `check_h2_frames`)
+        self.own_steps = own_steps
         self.stream: Any = stream
         self.layers = layers  # those whose pause would hold a read back: a hook in progress
         self.store_option = store_option  # mitmproxy's store_streamed_bodies (read per read)
@@ -694,13 +709,17 @@ class BodyRelay:
         stream callable returns into the connection on the flow's stream (`_ready` found the
         stream open for the proxy), then the frames it has to send, if any, as one write."""
         tap = self.response.stream
-        h2, sid, ssl = self.h2, self.sid, self.ssl
+        h2, sid, ssl, own = self.h2, self.sid, self.ssl, self.own_steps
         for piece in pieces:
             out = tap(piece)
             chunks: Iterable[bytes] = [out] if isinstance(out, bytes) else out
             for chunk in chunks:
-                h2.send_data(sid, chunk)
-                raw = h2.data_to_send()
+                raw = send_frame(h2, sid, chunk) if own else None
+                if raw is None:  # h2's own steps (or a piece that does not fit at once)
+                    h2.send_data(sid, chunk)
+                    raw = h2.data_to_send()
+                else:
+                    STATS.h2_own_frames += 1
                 if raw:
                     _write(raw, writer, ssl)
         STATS.h2_pieces += len(pieces)
@@ -712,6 +731,8 @@ class BodyRelay:
             STATS.tls_pieces += len(pieces)
         if self.ours is not None:
             STATS.h2_up_pieces += len(pieces)
+            if self.own_steps:  # each an upstream's DATA frame, taken in by h2_frames
+                STATS.h2_own_frames += len(pieces)
 
     def fail(self, exc: BaseException) -> None:
         """A fault before anything of a read changed: the relay steps aside for the rest of this
@@ -755,11 +776,16 @@ def _write(raw: bytes, writer: Any, ssl: Any) -> None:
 
 
 def arm(
-    flow: http.HTTPFlow, handler: Any, on_fault: OnFault, h2_upstream: bool = True
+    flow: http.HTTPFlow,
+    handler: Any,
+    on_fault: OnFault,
+    h2_upstream: bool = True,
+    own_steps: bool = False,
 ) -> BodyRelay | str:
     """A relay for `flow`'s response body, or why mitmproxy's layers move it instead (one of
     DECLINED). `h2_upstream`: whether one may be armed behind an HTTP/2 upstream (the version
-    gate's `check_h2_upstream`)."""
+    gate's `check_h2_upstream`); `own_steps`: whether it takes HTTP/2 DATA frames' steps itself
+    (h2_frames; the gate's `check_h2_frames`)."""
     if flow.response is None or not getattr(flow.response.stream, "relay_safe", False):
         return CALLABLE
     if handler is None or not isinstance(getattr(handler, "transports", None), dict):
@@ -828,15 +854,18 @@ def arm(
         tls=tls,
         up_tls=up_tls,
         ours=ours,
+        own_steps=own_steps,
     )
     if ours is not None:
-        relay.up = _h2_upstream(flow, handler, up_tls, h1)
+        relay.up = _h2_upstream(flow, handler, up_tls, h1, own_steps)
         if relay.up is None:
             return UNLOCATED  # the upstream's connection has no writer
     return relay
 
 
-def _h2_upstream(flow: http.HTTPFlow, handler: Any, up_tls: Any, client: Any) -> Any:
+def _h2_upstream(
+    flow: http.HTTPFlow, handler: Any, up_tls: Any, client: Any, own_steps: bool
+) -> Any:
     """The relay of the flow's HTTP/2 upstream connection (made once, for its first stream),
     or None when the connection has no writer."""
     up = flow.server_conn.__dict__.get(_KEY)
@@ -845,7 +874,9 @@ def _h2_upstream(flow: http.HTTPFlow, handler: Any, up_tls: Any, client: Any) ->
     writer = getattr(handler.transports.get(flow.server_conn), "writer", None)
     if writer is None:
         return None
-    return H2Upstream(handler=handler, up_tls=up_tls, client=client, writer=writer)
+    return H2Upstream(
+        handler=handler, up_tls=up_tls, client=client, writer=writer, own_steps=own_steps
+    )
 
 
 def _upstream(
@@ -929,6 +960,8 @@ class Relay:
         self.off_because: str | None = None  # the version gate's line, when it turned them off
         self.h2_upstream = False  # arm relays behind HTTP/2 upstreams too
         self.h2_off_because: str | None = None  # the version gate's line for those alone
+        self.own_steps = False  # HTTP/2 DATA frames' steps by h2_frames, not h2
+        self.steps_off_because: str | None = None  # the version gate's line for those
 
     def load(self, loader: Loader) -> None:
         declare(loader, RELAY)
@@ -939,10 +972,12 @@ class Relay:
         self.off_because = off_because
         self.h2_off_because = gate.check_h2_upstream() if self.on else None
         self.h2_upstream = self.on and self.h2_off_because is None
+        self.steps_off_because = gate.check_h2_frames() if self.on else None
+        self.own_steps = self.on and self.steps_off_because is None
 
     def running(self) -> None:
         self.connections = connection_handlers()
-        for off in (self.off_because, self.h2_off_because):
+        for off in (self.off_because, self.h2_off_because, self.steps_off_because):
             if off is not None:
                 log.warning(off)
 
@@ -957,7 +992,7 @@ class Relay:
             return
         try:
             handler = self.connections.get(flow.client_conn.id)
-            relay = arm(flow, handler, self.on_fault, self.h2_upstream)
+            relay = arm(flow, handler, self.on_fault, self.h2_upstream, self.own_steps)
             if isinstance(relay, BodyRelay):
                 up = relay.up
                 if up is not None:  # an HTTP/2 upstream: one relay for all its streams
