@@ -62,7 +62,14 @@ PER_STREAM_KIB = 24.0
 TLS_OPEN_S_PER_STREAM = 0.03
 # each protocol's topologies, bare mitmproxy first (the ratios' denominator)
 PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "h1": ("mitmdump", "hopmeter", "hopmeter-norelay", "hopmeter-asyncio", "hopmeter-base"),
+    "h1": (
+        "mitmdump",
+        "hopmeter",
+        "hopmeter-norelay",
+        "hopmeter-asyncio",
+        "hopmeter-norelay-asyncio",
+        "hopmeter-base",
+    ),
     "tls": ("mitmdump", "hopmeter", "hopmeter-asyncio"),
     "h2": ("mitmdump-h2up", "hopmeter-h2up", "hopmeter-h2up-asyncio"),
 }

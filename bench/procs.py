@@ -458,6 +458,15 @@ class HopmeterAsyncio(Hopmeter):
     extra = ("--loop", "asyncio")
 
 
+class HopmeterNoRelayAsyncio(Hopmeter):
+    """hopmeter run --no-relay on the standard library's event loop: mitmproxy's own path,
+    on the loop bare mitmdump runs."""
+
+    name, label = "hopmeter-norelay-asyncio", "hopmeter --no-relay --loop asyncio"
+    note = "hopmeter run --no-relay --loop asyncio"
+    extra = ("--no-relay", "--loop", "asyncio")
+
+
 class HopmeterH2(Hopmeter):
     """hopmeter run in front of the HTTP/2 upstream (bench/upstream.py --h2-listen)."""
 
@@ -504,6 +513,13 @@ COST_TOPOLOGIES: dict[str, type[Topology]] = {
     **TOPOLOGIES,
     **{
         t.name: t
-        for t in (HopmeterNoRelay, HopmeterAsyncio, MitmdumpH2, HopmeterH2, HopmeterH2Asyncio)
+        for t in (
+            HopmeterNoRelay,
+            HopmeterAsyncio,
+            HopmeterNoRelayAsyncio,
+            MitmdumpH2,
+            HopmeterH2,
+            HopmeterH2Asyncio,
+        )
     },
 }

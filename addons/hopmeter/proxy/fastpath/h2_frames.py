@@ -6,16 +6,17 @@ hyperframe `DataFrame` out of its receive buffer, runs the connection's and the 
 machines (each transition a dict lookup keyed by two enums, hashed in Python), makes a
 `DataReceived` event and, for the acknowledgement, looks the stream up again; for one it sends it
 runs both state machines, makes and serializes a `DataFrame` and copies the bytes through its send
-buffer. With the caches cold, as between two events of a paced stream, that was ~47 µs for a
-received frame and its acknowledgement and ~31 µs for a sent frame (bench/micro_feed.py's `h2`
-rows): more than half of what bare mitmproxy spends per event on HTTP/2. For the frames the relay
+buffer. With the caches cold, as between two events of a paced stream, that was ~63 µs for a
+received frame and its acknowledgement and ~38 µs for a sent frame, against ~11 and ~10 µs for
+the steps here (bench/micro_h2.py, `micro-h2-20261206T074019Z.json`): h2 took more than half of
+what bare mitmproxy spends per event on HTTP/2. For the frames the relay
 moves (a DATA frame with no flag, on an open stream, within every window and the frame size) each
 of those steps leaves the state as it was or changes a counter, and this module does just that:
 
 - `received` is `H2Connection._receive_data_frame` and `acknowledge_received_data` for such a
   frame: the connection's and the stream's windows consumed, the stream's received length counted,
   then the bytes handed to the window managers as processed, and the WINDOW_UPDATE frames they ask
-  for (h2's own `process_bytes` decides) returned to be sent;
+  for (h2's own `process_bytes` decides) added to what the connection has to send;
 - `send` is `BufferedH2Connection.send_data` for a piece that fits at once: the two outbound
   windows lowered and the frame's nine header bytes put in front of the piece, after whatever the
   connection already had to send. Anything else (a piece over the frame size or a window, data
