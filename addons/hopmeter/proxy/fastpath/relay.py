@@ -796,25 +796,10 @@ def arm(
     chain = layers_to_http(handler)
     if not chain:
         return UNLOCATED  # no HTTP layer under this client's connection
-    layers: list[Any] = []  # those above the HTTP layer that a paused state could hold
-    tls = None  # the client's TLS layer
-    for obj, nxt in itertools.pairwise(chain):
-        if isinstance(obj, NextLayer):
-            if getattr(obj._handle, "__self__", None) is not nxt:
-                return LAYERS  # still being decided
-        elif _delegates(obj, nxt):
-            layers.append(obj)
-        elif tls is None and type(obj) is ClientTLSLayer:
-            if not client_tls.follows(obj, nxt, flow.client_conn):
-                return TLS  # not the one TLS session the relay follows
-            tls = obj
-            layers.append(obj)
-        elif _passes_on(obj, nxt, flow):
-            layers.append(obj)
-        else:
-            return LAYERS  # does more than pass events on
-    if flow.client_conn.tls and tls is None:
-        return TLS
+    above = _layers_above(chain, flow)
+    if isinstance(above, str):
+        return above
+    layers, tls = above
     http_layer = chain[-1]
     upstream = _upstream(flow, http_layer, h2_upstream)
     if isinstance(upstream, str):
@@ -861,6 +846,32 @@ def arm(
         if relay.up is None:
             return UNLOCATED  # the upstream's connection has no writer
     return relay
+
+
+def _layers_above(chain: list[Any], flow: http.HTTPFlow) -> tuple[list[Any], Any] | str:
+    """The layers above the HTTP layer in `chain` that a paused state could hold, and the
+    client's TLS layer among them (or None); or why the relay cannot follow them (one of
+    DECLINED)."""
+    layers: list[Any] = []
+    tls = None
+    for obj, nxt in itertools.pairwise(chain):
+        if isinstance(obj, NextLayer):
+            if getattr(obj._handle, "__self__", None) is not nxt:
+                return LAYERS  # still being decided
+        elif _delegates(obj, nxt):
+            layers.append(obj)
+        elif tls is None and type(obj) is ClientTLSLayer:
+            if not client_tls.follows(obj, nxt, flow.client_conn):
+                return TLS  # not the one TLS session the relay follows
+            tls = obj
+            layers.append(obj)
+        elif _passes_on(obj, nxt, flow):
+            layers.append(obj)
+        else:
+            return LAYERS  # does more than pass events on
+    if flow.client_conn.tls and tls is None:
+        return TLS
+    return layers, tls
 
 
 def _h2_upstream(
