@@ -242,5 +242,5 @@ class TraceOutcome(StrEnum):
 class EventLoop(StrEnum):
     """The event loop `hopmeter run` runs on (`--loop`)."""
 
-    ASYNCIO = "asyncio"  # the standard library's selector loop (the default without uvloop)
-    UVLOOP = "uvloop"  # libuv's: less CPU per event; the default where it is installed
+    ASYNCIO = "asyncio"  # the standard library's selector loop (the default)
+    UVLOOP = "uvloop"  # libuv's

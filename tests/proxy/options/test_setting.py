@@ -116,14 +116,6 @@ def test_switches_lists_and_choices_become_their_argparse_forms() -> None:
     assert parser.parse_args(["http://h"]).upstream == "http://h"
 
 
-def test_a_computed_default_is_asked_when_the_flag_is_made() -> None:
-    """A default given as a function (`--loop`: what is installed) is called for the parser."""
-    loop = Setting(
-        flag="--loop", choices=tuple(EventLoop), default=lambda: EventLoop.UVLOOP, help="l"
-    )
-    assert parser_of(loop).parse_args([]).loop is EventLoop.UVLOOP
-
-
 def test_a_hidden_flag_has_no_help() -> None:
     """A flag for hopmeter's own use is suppressed from --help (and so from the environment)."""
     hidden = Setting(flag="--worker-index", kind=Kind.INT, default=None, hidden=True, help="w")

@@ -12,8 +12,6 @@ A long module on purpose: one row per setting, a few lines each, read top to bot
 
 from __future__ import annotations
 
-import importlib.util
-
 from hopmeter.core.detectors import DEFAULT_STALL_THRESHOLD_S
 from hopmeter.core.vocab import EventLoop
 from hopmeter.proxy.options.setting import Kind, Setting
@@ -32,12 +30,6 @@ UI = "ui"  # hopmeter.proxy.addon.ui.HopView
 QUEUES = "queues"  # hopmeter.proxy.addon.outlets.OutputQueues
 RELAY = "relay"  # hopmeter.proxy.fastpath.relay.Relay (hopmeter run only)
 DRAIN = "drain"  # hopmeter.proxy.run.drain.Drain (hopmeter run only)
-
-
-def installed_loop() -> EventLoop:
-    """uvloop where it is installed, else asyncio (`--loop`'s default;
-    hopmeter.proxy.run.loops)."""
-    return EventLoop.UVLOOP if importlib.util.find_spec("uvloop") is not None else EventLoop.ASYNCIO
 
 
 SETTINGS = (
@@ -335,10 +327,9 @@ SETTINGS = (
     Setting(
         flag="--loop",
         choices=tuple(EventLoop),
-        default=installed_loop,
-        default_doc="uvloop where it is installed, else asyncio",
-        help="the event loop: uvloop (libuv's: ~20% less CPU per event under mitmproxy) or "
-        "asyncio, the standard library's",
+        default=EventLoop.ASYNCIO,
+        help="the event loop: asyncio, the standard library's (what mitmdump runs on), or uvloop "
+        "(libuv's: ~2 MiB more RSS idle, and no less CPU per event in bench/cost.py)",
         more="; records, metrics and the delivery lane are the same on both",
     ),
     Setting(

@@ -66,7 +66,7 @@ class Setting:
     flag: str = ""  # --flag-name; a bare name is the positional argument; "" for an option alone
     option: str = ""  # the mitmproxy option it is (hopmeter_*); "" for a flag of the process
     kind: Kind = Kind.TEXT
-    default: Any = ""  # the option's default and the flag's; a zero-argument callable: computed
+    default: Any = ""  # the option's default and the flag's
     addon: str = ""  # which addon's `load` declares the option (hopmeter.proxy.options.declare)
     metavar: str | None = None
     choices: tuple[Any, ...] = ()
@@ -96,7 +96,6 @@ class Setting:
     def flag_arguments(self) -> tuple[list[str], dict[str, Any]]:
         """What `parser.add_argument` takes for the flag."""
         kw: dict[str, Any] = {"help": argparse.SUPPRESS if self.hidden else self._flag_help()}
-        default = self.default() if callable(self.default) else self.default
         if self.positional:
             return [self.attribute], {**kw, "nargs": "?", "metavar": self.metavar}
         if self.dest:
@@ -105,9 +104,9 @@ class Setting:
             return [self.flag], {**kw, "action": "store_true"}
         if self.kind is Kind.LIST:
             return [self.flag], {**kw, "action": "append", "default": [], "metavar": self.metavar}
-        kw |= {"default": default, "metavar": self.metavar, "type": self._flag_type()}
+        kw |= {"default": self.default, "metavar": self.metavar, "type": self._flag_type()}
         if self.kind is Kind.ON_OFF:
-            kw |= {"default": "on" if default else "off", "choices": ("on", "off")}
+            kw |= {"default": "on" if self.default else "off", "choices": ("on", "off")}
         if self.choices:
             kw |= {"choices": list(self.choices), "metavar": None}
         return [self.flag], {k: v for k, v in kw.items() if v is not None}

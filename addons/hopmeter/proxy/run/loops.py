@@ -1,12 +1,13 @@
-"""The event loop `hopmeter run` runs on: uvloop's where it is installed, else asyncio's (`--loop`).
+"""The event loop `hopmeter run` runs on: asyncio's, or uvloop's with `--loop uvloop`.
 
-uvloop (libuv, a well-kept library; a dependency on Linux and macOS) spends ~18-25% fewer CPU
-instructions per streamed event than asyncio's selector loop under mitmproxy (callgrind,
-bench/README.md "cost"), so it is the default where it is installed (declared with the flag, in
-hopmeter.proxy.options.declared). Everything a record says is the same on both loops, the
-client delivery lane included: hopmeter follows the client's bytes through mitmproxy's
-`asyncio.StreamWriter`, which both loops use (hopmeter.proxy.delivery.conn).
-Windows has no uvloop: there, and with `--loop asyncio`, the standard library's loop runs.
+The standard library's selector loop is the default, as mitmdump runs (declared with the flag, in
+hopmeter.proxy.options.declared). uvloop (libuv, a well-kept library; installed on Linux and
+macOS) spent ~18-25% fewer CPU instructions per streamed event while mitmproxy's layers moved
+every body; with the relay moving the response bodies (hopmeter.proxy.fastpath) the two loops
+cost the same CPU per event in bench/cost.py, and uvloop's extension module adds ~2 MiB to the
+idle RSS (bench/README.md "cost", "idle memory"). Everything a record says is the same on both
+loops, the client delivery lane included: hopmeter follows the client's bytes through
+mitmproxy's `asyncio.StreamWriter`, which both loops use (hopmeter.proxy.delivery.conn).
 
 mitmproxy runs with asyncio's eager task factory. uvloop 0.22 and newer call a task factory on
 Python 3.13 with an `eager_start` keyword, which the factory of Python 3.13.0 does not take
