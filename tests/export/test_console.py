@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from hopmeter.core.record import FlowResult
+from hopmeter.export import console
 from hopmeter.export.console import Console, flow_json
 
 
@@ -67,6 +68,34 @@ def test_window_summary_per_hop() -> None:
     assert "[edge] n=10 ttft p50=500ms p99=1000ms itl p50=20ms" in line
     assert "[origin] n=1" in line and "findings stall=1" in line
     assert c.summary() == ""
+
+
+def test_window_keeps_flows_without_figures_out_of_the_quantiles() -> None:
+    """A flow with no TTFT or ITL (no token came) counts in its hop's n, not in the quantiles."""
+    c = Console("text", 60)
+    c.observe(flow("edge", 0.3, 0.03))
+    silent = flow("edge", 0.0, 0.0)
+    silent.record["figures"] = {"ttfb_s": 0.01, "ttft_s": None, "itl_p50_s": None}
+    c.observe(silent)
+    c.observe(flow("edge", 0.1, 0.01))
+    c.observe(flow("edge", 0.2, 0.02))
+    line = c.summary()
+    assert "[edge] n=4 ttft p50=200ms p99=300ms itl p50=20ms" in line
+
+
+def test_window_past_its_cap_counts_the_rest_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_WINDOW_FLOWS in one window, flows are counted but not kept: the summary says its
+    quantiles are of the first ones, and the next window starts with room again."""
+    monkeypatch.setattr(console, "MAX_WINDOW_FLOWS", 3)
+    c = Console("text", 60)
+    for i in range(5):
+        c.observe(flow("edge", 0.1 * (i + 1), 0.02))
+    line = c.summary()
+    assert line.startswith("hopmeter: last 60s: 5 flows (quantiles of the first 3)")
+    assert "[edge] n=3 ttft p50=200ms p99=300ms" in line
+    c.observe(flow("edge", 0.9, 0.02))
+    line = c.summary()
+    assert "quantiles of" not in line and "[edge] n=1 ttft p50=900ms" in line
 
 
 def test_flows_the_proxy_answered_for_a_failed_upstream_get_no_line(

@@ -11,7 +11,9 @@ a stream wait.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, defaultdict
+import math
+from array import array
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -22,9 +24,12 @@ from hopmeter.core.record import FlowResult, summary_line
 from hopmeter.log import plain
 
 MODES = ("text", "json", "off")
-# Per-window memory is one small tuple per flow; past this many flows in one window the rest are
-# only counted (a busy sidecar does thousands per minute).
+# Per-window memory is two floats per flow (16 bytes, in arrays per hop: a tuple of three per flow
+# was ~120 bytes, ~4 MiB held for a window of 35,000 flows); past this many flows in one window
+# the rest are counted but left out of the quantiles, and the summary says so (a busy sidecar
+# does thousands per minute).
 MAX_WINDOW_FLOWS = 100_000
+_NONE = math.nan  # a figure the flow did not have (no token: no TTFT)
 
 
 def flow_json(rec: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +69,9 @@ class Console:
         self.mode = mode
         self.interval_s = interval_s
         self.write = write
-        self._window: list[tuple[str, float | None, float | None]] = []  # (hop, ttft, itl p50)
+        # per hop, the window's TTFT and ITL p50 of each flow (NaN where a flow had none)
+        self._window: dict[str, tuple[array[float], array[float]]] = {}
+        self._kept = 0
         self._dropped = 0
         self._findings: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
@@ -81,8 +88,15 @@ class Console:
         if self.mode == "off" or self.interval_s <= 0:
             return  # no summary will ever empty the window: keep nothing
         fig = rec.get("figures") or {}
-        if len(self._window) < MAX_WINDOW_FLOWS:
-            self._window.append((str(rec.get("hop")), fig.get("ttft_s"), fig.get("itl_p50_s")))
+        if self._kept < MAX_WINDOW_FLOWS:
+            hop = str(rec.get("hop"))
+            columns = self._window.get(hop)
+            if columns is None:
+                columns = self._window[hop] = (array("d"), array("d"))
+            ttft, itl = fig.get("ttft_s"), fig.get("itl_p50_s")
+            columns[0].append(_NONE if ttft is None else ttft)
+            columns[1].append(_NONE if itl is None else itl)
+            self._kept += 1
         else:
             self._dropped += 1
         self._findings.update(f["kind"] for f in rec.get("findings") or [])
@@ -112,22 +126,21 @@ class Console:
 
     def summary(self) -> str:
         """The window's compact summary (and a new window)."""
-        window, self._window = self._window, []
+        window, self._window = self._window, {}
         findings, self._findings = self._findings, Counter()
-        flows = len(window) + self._dropped
-        self._dropped = 0
-        if not flows:
+        kept, dropped = self._kept, self._dropped
+        self._kept = self._dropped = 0
+        if not kept + dropped:
             return ""
-        by_hop: dict[str, list[tuple[float | None, float | None]]] = defaultdict(list)
-        for hop, ttft, itl in window:
-            by_hop[hop].append((ttft, itl))
-        parts = [f"hopmeter: last {self.interval_s:g}s: {flows} flows"]
-        for hop, rows in sorted(by_hop.items()):
-            ttfts = [t for t, _ in rows if t is not None]
-            itls = [i for _, i in rows if i is not None]
+        parts = [f"hopmeter: last {self.interval_s:g}s: {kept + dropped} flows"]
+        if dropped:
+            parts.append(f"(quantiles of the first {kept})")
+        for hop, (ttft_column, itl_column) in sorted(window.items()):
+            ttfts = [t for t in ttft_column if not math.isnan(t)]  # NaN: a flow without one
+            itls = [i for i in itl_column if not math.isnan(i)]
             parts.append(
-                f"[{hop}] n={len(rows)} ttft p50={_ms(_q(ttfts, 0.5))} p99={_ms(_q(ttfts, 0.99))}"
-                f" itl p50={_ms(_q(itls, 0.5))}"
+                f"[{hop}] n={len(ttft_column)} ttft p50={_ms(_q(ttfts, 0.5))}"
+                f" p99={_ms(_q(ttfts, 0.99))} itl p50={_ms(_q(itls, 0.5))}"
             )
         if findings:
             parts.append("findings " + " ".join(f"{k}={n}" for k, n in findings.most_common()))
