@@ -28,8 +28,10 @@ import h2.connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.harness
 
 from micro_feed import CHUNK, bench, bench_cold, nothing
+from tests.harness.h2pair import shake
 
 from hopmeter.proxy.fastpath import h2_frames
 from hopmeter.proxy.fastpath.internals import BufferedH2Connection
@@ -40,17 +42,6 @@ HEAD += [(":authority", "upstream.bench")]
 COLD_MIB = 4
 
 
-def _shake(a: Any, b: Any) -> None:
-    for _ in range(8):
-        out_a, out_b = a.data_to_send(), b.data_to_send()
-        if not out_a and not out_b:
-            return
-        if out_a:
-            b.receive_data(out_a)
-        if out_b:
-            a.receive_data(out_b)
-
-
 def to_client() -> Any:
     """mitmproxy's connection to an HTTP/2 client, stream 1 open with its response's headers
     sent, the client's windows as large as HTTP/2 allows (no WINDOW_UPDATE in the loop)."""
@@ -59,10 +50,10 @@ def to_client() -> Any:
     client.initiate_connection()
     client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
     proxy.initiate_connection()  # type: ignore[no-untyped-call]  # (mitmproxy's)
-    _shake(client, proxy)
+    shake(client, proxy)
     client.send_headers(1, HEAD, end_stream=True)
     client.increment_flow_control_window(2**31 - 1 - 65_535)
-    _shake(client, proxy)
+    shake(client, proxy)
     proxy.send_headers(1, [(":status", "200")])
     proxy.data_to_send()
     return proxy
@@ -75,11 +66,11 @@ def from_upstream() -> tuple[Any, bytes]:
     upstream = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
     proxy.initiate_connection()  # type: ignore[no-untyped-call]  # (mitmproxy's)
     upstream.initiate_connection()
-    _shake(proxy, upstream)
+    shake(proxy, upstream)
     proxy.send_headers(1, HEAD, end_stream=True)
-    _shake(proxy, upstream)
+    shake(proxy, upstream)
     upstream.send_headers(1, [(":status", "200")])
-    _shake(proxy, upstream)
+    shake(proxy, upstream)
     upstream.send_data(1, CHUNK)
     return proxy, upstream.data_to_send()
 

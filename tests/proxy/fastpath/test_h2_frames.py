@@ -24,6 +24,7 @@ from mitmproxy.proxy.layers.http._http_h2 import SendH2Data
 
 from hopmeter.proxy.fastpath import gate, h2_frames
 from hopmeter.proxy.fastpath.internals import BufferedH2Connection
+from tests.harness.h2pair import shake
 
 HEAD = [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "https")]
 HEAD += [(":authority", "upstream.test")]
@@ -35,18 +36,6 @@ def _config(client_side: bool) -> h2.config.H2Configuration:
     return h2.config.H2Configuration(client_side=client_side, header_encoding="utf-8")
 
 
-def _shake(a: Any, b: Any) -> None:
-    """Move what each side has to send to the other until neither has any."""
-    for _ in range(8):
-        out_a, out_b = a.data_to_send(), b.data_to_send()
-        if not out_a and not out_b:
-            return
-        if out_a:
-            b.receive_data(out_a)
-        if out_b:
-            a.receive_data(out_b)
-
-
 def _to_client(window: int, frame_size: int) -> tuple[Any, Any]:
     """mitmproxy's connection to an HTTP/2 client (server side), with the client's streams open
     and their responses' headers sent; the client announces `window` and `frame_size`."""
@@ -55,13 +44,13 @@ def _to_client(window: int, frame_size: int) -> tuple[Any, Any]:
     client.initiate_connection()
     client.update_settings({INITIAL_WINDOW_SIZE: window, MAX_FRAME_SIZE: frame_size})
     proxy.initiate_connection()
-    _shake(client, proxy)
+    shake(client, proxy)
     for sid in STREAMS:
         client.send_headers(sid, HEAD, end_stream=sid != 5)  # stream 5 stays open both ways
-    _shake(client, proxy)
+    shake(client, proxy)
     for sid in STREAMS:
         proxy.send_headers(sid, [(":status", "200")])
-    _shake(client, proxy)
+    shake(client, proxy)
     return proxy, client
 
 
@@ -76,13 +65,13 @@ def _from_upstream(buffered: bool, window: int) -> tuple[Any, Any]:
     if not buffered:
         proxy.update_settings({INITIAL_WINDOW_SIZE: window})
     upstream.initiate_connection()
-    _shake(proxy, upstream)
+    shake(proxy, upstream)
     for sid in STREAMS:
         proxy.send_headers(sid, HEAD, end_stream=sid != 5)
-    _shake(proxy, upstream)
+    shake(proxy, upstream)
     for sid in STREAMS:
         upstream.send_headers(sid, [(":status", "200")])
-    _shake(proxy, upstream)
+    shake(proxy, upstream)
     return proxy, upstream
 
 
