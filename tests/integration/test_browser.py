@@ -21,6 +21,7 @@ from urllib.parse import quote
 import orjson
 import pytest
 
+from hopmeter.core.vocab import SEVERITY_ORDER
 from tests.harness import chromium
 from tests.harness.chromium import Chromium, Page
 from tests.harness.procs import HOPMETER, Proc, free_port, hopmeter, wait_for
@@ -269,12 +270,11 @@ LANES_JS = """[...document.querySelectorAll('section.trace')].filter(s => s.data
       [...li.classList].find(c => c.startsWith('sev-')).slice(4)),
   }))"""
 
-SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-
 
 def _worst(trace: dict[str, Any]) -> int:
-    """The report's rank of a drawn trace's worst finding (0 for an error, 3 for none)."""
-    return min((SEVERITY_RANK[s] for s in trace["severities"]), default=3)
+    """The report's rank of a drawn trace's worst finding (0 for an error, after every
+    severity for none)."""
+    return min((SEVERITY_ORDER[s] for s in trace["severities"]), default=len(SEVERITY_ORDER))
 
 
 def test_the_demo_runs_headless_and_the_report_draws_the_page_s_lanes(

@@ -29,7 +29,6 @@ MODES = ("text", "json", "off")
 # the rest are counted but left out of the quantiles, and the summary says so (a busy sidecar
 # does thousands per minute).
 MAX_WINDOW_FLOWS = 100_000
-_NONE = math.nan  # a figure the flow did not have (no token: no TTFT)
 
 
 def flow_json(rec: dict[str, Any]) -> dict[str, Any]:
@@ -94,8 +93,9 @@ class Console:
             if columns is None:
                 columns = self._window[hop] = (array("d"), array("d"))
             ttft, itl = fig.get("ttft_s"), fig.get("itl_p50_s")
-            columns[0].append(_NONE if ttft is None else ttft)
-            columns[1].append(_NONE if itl is None else itl)
+            # NaN: a figure the flow did not have (no token: no TTFT)
+            columns[0].append(math.nan if ttft is None else ttft)
+            columns[1].append(math.nan if itl is None else itl)
             self._kept += 1
         else:
             self._dropped += 1
