@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.harness.findings import stream_kinds
 from tests.harness.h2client import PacedStream, read_streams
 from tests.harness.procs import Measuring, Proc, free_port, measuring, read_records, wait_for
 from tests.harness.scripted import Exchange, ScriptedUpstream
@@ -205,7 +206,7 @@ def test_the_same_stream_read_fast_waits_on_nobody(proxy: Measuring) -> None:
         body = client.get(f"{proxy.url}/v1/chat/completions/fast").content
     rec = record_for(proxy, "/v1/chat/completions/fast")
     assert body.count(b"\n\n") == EVENTS + 1
-    assert not {"slow_client", "proxy_hold"} & set(kinds(rec))
+    assert not {"slow_client", "proxy_hold"} & set(stream_kinds(rec))
     wait = _measured_wait(rec)
     assert wait < 0.05 * rec["figures"]["duration_s"]
 

@@ -35,6 +35,7 @@ from hopmeter.core.detectors import THRESHOLDS
 from hopmeter.core.vocab import SEVERITY_ORDER
 from hopmeter.upstream import formats
 from hopmeter.upstream.scenario import Scenario
+from tests.harness.findings import stream_kinds
 from tests.harness.nginx import CONFIGS, NGINX, NginxServer, available
 from tests.harness.procs import HOPMETER, Proc, free_port, read_records
 from tests.harness.scripted import Exchange, ScriptedUpstream
@@ -525,7 +526,7 @@ def test_proxy_buffers_burst_unchunked_bodies_only(matrix: Run) -> None:
         origin = cell.origin["response"]
         assert 0 < burst["stall_period_s"] < origin["t_last_byte"] - origin["t_first_byte"]
         assert "burst_gaps" not in kinds(cell.origin)
-    assert kinds(matrix.cells["buffer_bursts", "clean"].edge) == []
+    assert stream_kinds(matrix.cells["buffer_bursts", "clean"].edge) == []
 
 
 def test_origin_faults_carry_their_evidence(matrix: Run) -> None:
