@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness.procs import demo_path, read_records, rss_mib, wait_for
+from tests.harness.procs import demo_path, free_port, read_records, rss_mib, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +47,43 @@ def test_sigterm_writes_finished_and_in_flight_flows(tmp_path: Path) -> None:
     assert [r["response"]["ended"] for r in recs] == ["complete", "shutdown"]
     assert recs[1]["figures"]["events"] >= 5
     assert "Traceback" not in proxy.output()
+
+
+def test_a_stream_the_drain_ends_stops_where_its_record_ends(tmp_path: Path) -> None:
+    """A relayed stream still in flight when the drain runs out: once its record is written
+    (ended shutdown) no byte reaches the client past what the record counts, and nothing is
+    measured after its end. The metrics endpoint is on: stopping it keeps the process up for a
+    moment after the records, while the upstream goes on sending."""
+    metrics = free_port()
+    with demo_path(
+        tmp_path, "--drain-timeout", "0.3", "--metrics", f"127.0.0.1:{metrics}", ports=(metrics,)
+    ) as path:
+        proxy, records = path.proxy, path.records
+        got: list[bytes] = []
+
+        def long_stream() -> None:
+            try:
+                with httpx.stream(
+                    "POST",
+                    f"{path.url}/v1/chat/completions",
+                    json={"stream": True},
+                    timeout=30,
+                    headers={"x-hopmeter-scenario": "tokens=1000;rate=50"},
+                ) as r:
+                    for piece in r.iter_raw():
+                        got.append(piece)
+            except httpx.HTTPError:
+                pass
+
+        client = threading.Thread(target=long_stream)
+        client.start()
+        wait_for(lambda: len(got) >= 5, what="the long stream to be under way")
+        assert proxy.stop(signal.SIGTERM) == 0
+        client.join(10)
+    (rec,) = read_records(records, 1)
+    assert rec["response"]["ended"] == "shutdown"
+    assert sum(map(len, got)) == rec["response"]["bytes_out"]
+    assert "measuring failed" not in proxy.output()
 
 
 def test_unwritable_records_file_is_a_clear_error(tmp_path: Path) -> None:

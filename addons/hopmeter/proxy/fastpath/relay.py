@@ -1026,6 +1026,35 @@ class Relay:
     def error(self, flow: http.HTTPFlow) -> None:
         _disarm(flow)
 
+    def done(self) -> None:
+        """The proxy stops: every relay steps aside, so that no read moves past mitmproxy's
+        layers once the flows in flight are recorded as ended (`shutdown`). mitmproxy's layers
+        take the reads that come while the process writes what it holds, and its connections
+        close with their tasks, as without the relay: the client sees its stream cut where the
+        record ends, never bytes the record does not count."""
+        stopped = stop_all(self.connections)
+        if stopped:
+            log.debug(f"hopmeter: {stopped} relays stopped with the proxy")
+
+
+def stop_all(connections: dict[Any, Any] | None) -> int:
+    """Mark every armed relay of these connection handlers dead (mitmproxy's layers move every
+    read from now on); how many there were. Never raises."""
+    stopped = 0
+    for handler in list((connections or {}).values()):
+        try:
+            for conn in list(handler.transports):
+                relay = conn.__dict__.get(_KEY)
+                if relay is None:
+                    continue
+                relay.dead = True
+                stopped += 1
+                for each in getattr(relay, "flows", {}).values():  # an HTTP/2 upstream's streams
+                    each.dead = True
+        except Exception as exc:  # a handler not as read: its relays, if any, end with the loop
+            log.debug(f"hopmeter: stopping a connection's relay: {type(exc).__name__}: {exc}")
+    return stopped
+
 
 def _disarm(flow: http.HTTPFlow) -> None:
     """The flow's response is over: its relay goes (from an HTTP/2 upstream: its stream's, and
