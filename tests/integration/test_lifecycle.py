@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
-from tests.harness.procs import demo_path, free_port, read_records, rss_mib, wait_for
+from tests.harness.procs import (
+    HOPMETER,
+    demo_path,
+    free_port,
+    port_open,
+    read_records,
+    rss_mib,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +94,35 @@ def test_a_stream_the_drain_ends_stops_where_its_record_ends(tmp_path: Path) -> 
     assert rec["response"]["ended"] == "shutdown"
     assert sum(map(len, got)) == rec["response"]["bytes_out"]
     assert "measuring failed" not in proxy.output()
+
+
+@pytest.mark.parametrize("flags", [("--json",), ("--records", "-")], ids=["json", "records"])
+def test_standard_output_carries_only_the_flows_json_lines(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """With the flows' JSON lines on standard output (`--json`, `--records -`), the log lines
+    (listening, draining, the console's text line) go to standard error: a reader of standard
+    output (jq, a log shipper) gets JSON lines only."""
+    port = free_port()
+    out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [*HOPMETER, "run", "--listen", f"127.0.0.1:{port}", "--metrics", "off", *flags],
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            wait_for(lambda: port_open(port), what="the proxy to listen")
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"stream": True})
+            assert r.status_code == 200
+            wait_for(lambda: out_path.read_bytes().count(b"\n") >= 1, what="a JSON line")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+    lines = out_path.read_bytes().splitlines()
+    assert len(lines) == 1 and orjson.loads(lines[0])["trace_id"]
+    said = err_path.read_text()
+    assert "listening at" in said and "drained" in said
 
 
 def test_unwritable_records_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from hopmeter.proxy.run.drain import Drain
 from hopmeter.proxy.run.runner import (
     FreezeAtStart,
     drop_legacy_log_events,
+    log_target,
     quiet_mitmproxy_logs,
     set_options,
 )
@@ -228,3 +229,20 @@ def test_the_interpreter_switches_threads_each_millisecond_while_hopmeter_runs()
     assert sys.getswitchinterval() == before != runner.SWITCH_INTERVAL_S
     with pytest.raises(ConnectionRefusedError):  # nothing left listening
         socket.create_connection(listened[0][:2], timeout=5).close()
+
+
+def test_the_log_goes_to_stderr_when_stdout_carries_the_flows_json_lines() -> None:
+    """--json and --records - put JSON lines on stdout: the log moves to stderr (a `--set`
+    of either option counts, and wins over the flags, as it is applied last)."""
+
+    def target(extra: list[str] | None = None, **options: Any) -> str:
+        return log_target(
+            ProxyConfig(modes=[], options={**run_options(), **options}, extra=extra or [])
+        )
+
+    assert target() == "-"
+    assert target(hopmeter_console="json") == "stderr"
+    assert target(hopmeter_records="-") == "stderr"
+    assert target(hopmeter_records="flows.jsonl") == "-"
+    assert target(["hopmeter_console=json"]) == "stderr"
+    assert target(["hopmeter_console=text"], hopmeter_console="json") == "-"

@@ -110,8 +110,9 @@ class QueuedTermLogHandler(termlog.TermLogHandler):
 
 class QueuedTermLog(termlog.TermLog):
     """mitmproxy's TermLog addon (its `termlog_verbosity` option) with `QueuedTermLogHandler`:
-    what `hopmeter run`'s master logs to standard output through the `log` output."""
+    what `hopmeter run`'s master logs through the `log` output, to standard output unless
+    `target` says otherwise (STDERR when standard output carries the flows' JSON lines)."""
 
-    def __init__(self, outlets: Outlets) -> None:  # not TermLog's: it would install a printer
-        self.logger = QueuedTermLogHandler(outlets.open("log", STDOUT))
+    def __init__(self, outlets: Outlets, target: str = STDOUT) -> None:  # not TermLog's
+        self.logger = QueuedTermLogHandler(outlets.open("log", target))
         self.logger.install()

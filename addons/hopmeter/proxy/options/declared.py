@@ -72,7 +72,10 @@ SETTINGS = (
         option="hopmeter_records",
         addon=RECORDS,
         metavar="PATH",
-        help='append one JSON line per finished flow to this file ("-" = stdout)',
+        help=(
+            'append one JSON line per finished flow to this file ("-" = stdout; '
+            "hopmeter run's log then goes to stderr)"
+        ),
     ),
     Setting(
         flag="--metrics",
@@ -242,7 +245,7 @@ SETTINGS = (
         flag="--json",
         kind=Kind.SWITCH,
         sets=("hopmeter_console", "json"),
-        help="one JSON object per finished flow on stdout",
+        help="one JSON object per finished flow on stdout (the log then goes to stderr)",
     ),
     Setting(
         flag="--summary-interval",

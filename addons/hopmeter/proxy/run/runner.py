@@ -17,6 +17,7 @@ from mitmproxy import exceptions
 from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
+from hopmeter.export.outlets import STDERR, STDOUT
 from hopmeter.export.prometheus import ProcessCounters
 from hopmeter.proxy import fastpath
 from hopmeter.proxy.addon.chain import default_addons
@@ -135,7 +136,7 @@ async def run_proxy(
     meter, readiness, metrics = addons[0], addons[2], addons[4]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
     assert isinstance(metrics, MetricsOutput)
-    master = LeanMaster(opts, QueuedTermLog(queues.outlets), scripts=addons)
+    master = LeanMaster(opts, QueuedTermLog(queues.outlets, log_target(cfg)), scripts=addons)
     drain = Drain(meter, readiness, queues.outlets)
     relays = relay.Relay(meter.relay_failed)
     master.addons.add(drain, FreezeAtStart(meter), relays)
@@ -176,6 +177,18 @@ async def run_proxy(
     # protocol then reports each cancellation as an error. They are not errors: stay quiet.
     loop.set_exception_handler(_quiet_cancellations)
     return 0
+
+
+def log_target(cfg: ProxyConfig) -> str:
+    """Where the process's log lines (and the console's text lines) go: standard error when
+    standard output carries the flows' JSON lines (`--json`, `--records -`), so that a reader
+    of it (jq, a log shipper) gets nothing else; otherwise standard output, as mitmdump's."""
+    chosen = dict(cfg.options)
+    for item in cfg.extra:  # `--set NAME=VALUE`, applied last: it wins
+        name, _, value = item.partition("=")
+        chosen[name] = value
+    json_lines = chosen.get("hopmeter_console") == "json"
+    return STDERR if json_lines or chosen.get("hopmeter_records") == STDOUT else STDOUT
 
 
 def set_options(opts: LeanOptions, cfg: ProxyConfig) -> None:
