@@ -165,6 +165,9 @@ def test_an_addon_loaded_after_hopmeter_that_replaces_its_tap_is_said(
     assert body.startswith(b"DATA: ")
     assert record["mitmproxy"]["stream"] == "replaced"
     assert "load hopmeter after it" in dump.proc.output()
+    # nothing of the body was measured: no figures, no finding drawn from an empty stream
+    assert record["api"] == "other" and record["findings"] == []
+    assert record["delivery"]["measured"] is False
 
 
 def test_modify_body_on_a_json_reply_is_applied(tmp_path: Path, upstream: int) -> None:

@@ -192,6 +192,23 @@ def test_missing_output_folder_is_a_usage_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_an_output_that_cannot_be_written_is_a_usage_error(tmp_path: Path, demo_path: Path) -> None:
+    """--html naming a folder (or a file that cannot be written) says so, with the fix."""
+    args = _args(str(demo_path), "--html", str(tmp_path), "--quiet")
+    with pytest.raises(HopmeterError, match=r"--html .*: cannot write it \(Is a directory\)"):
+        report.run(args)
+
+
+def test_a_record_not_as_hopmeter_writes_it_is_named(tmp_path: Path) -> None:
+    """A record that was cut or edited (a field missing, a figure of the wrong type) is an error
+    naming which record and why, not a traceback from deep inside the report."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"schema":"hopmeter.flow/1","flow_id":"a","hop":"edge","figures":"x"}\n')
+    with pytest.raises(HopmeterError, match=r"record 1 of .*r.jsonl \(flow_id 'a'\) is not as"):
+        report.run(_args(str(path)))
+
+
+@pytest.mark.integration
 def test_segments_show_the_inner_hops_own_hold_apart(tmp_path: Path, streaming_path: Path) -> None:
     """Real two-hop records carry out times: each band draws the origin's own part in its own
     colour, and the holds table gives the origin's own p99 and the wire's apart."""

@@ -22,6 +22,8 @@ from hopmeter.report.traces import stall_threshold, traces_of
 # Traces drawn in one HTML file; past this the worst are drawn and the rest counted. A trace's
 # lanes are ~100 KB of SVG at most (events are capped per record), so the file stays openable.
 DEFAULT_MAX_TRACES = 200
+# what reading a record that is not as hopmeter writes it (cut, edited, made by hand) raises
+UNREADABLE = (KeyError, TypeError, AttributeError, ValueError, IndexError)
 
 
 def add_parser(sub: Any) -> None:
@@ -63,14 +65,45 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    threshold = args.stall_threshold or stall_threshold(records)
-    traces = traces_of(records, threshold)
-    fleet = summarise(records, traces)
+    try:
+        threshold = args.stall_threshold or stall_threshold(records)
+        traces = traces_of(records, threshold)
+        fleet = summarise(records, traces)
+        text = render_text(fleet, traces)
+        page = (
+            ""
+            if out is None
+            else render_html(fleet, traces, threshold_s=threshold, max_traces=args.max_traces)
+        )
+    except UNREADABLE as exc:
+        raise HopmeterError(_unreadable(records, args.records, exc)) from None
     if not args.quiet:
-        sys.stdout.write(render_text(fleet, traces))
+        sys.stdout.write(text)
     if out is not None:
-        page = render_html(fleet, traces, threshold_s=threshold, max_traces=args.max_traces)
-        out.write_text(page, encoding="utf-8")
+        try:
+            out.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise HopmeterError(
+                f"--html {args.html}: cannot write it ({exc.strerror}); pick a file path in a "
+                f"folder you can write to"
+            ) from None
         if not args.quiet:
             print(f"hopmeter report: wrote {out}")
     return 0
+
+
+def _unreadable(records: list[dict[str, Any]], paths: list[str], exc: Exception) -> str:
+    """Which record the report could not read, found by reading each alone, and why."""
+    where = f"of {', '.join(paths)}"
+    for n, rec in enumerate(records, 1):
+        try:
+            alone = traces_of([rec], stall_threshold([rec]))
+            render_text(summarise([rec], alone), alone)
+        except UNREADABLE as own:
+            where = f"{n} {where} (flow_id {rec.get('flow_id')!r})"
+            exc = own
+            break
+    return (
+        f"hopmeter.flow/1 record {where} is not as hopmeter writes it "
+        f"({type(exc).__name__}: {exc}): was it cut or edited?"
+    )

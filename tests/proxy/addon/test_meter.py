@@ -63,7 +63,7 @@ def meter() -> Iterator[HopMeter]:
     """A HopMeter in mitmproxy's test context, configured as `hopmeter run` would."""
     hm = HopMeter()
     with taddons.context(hm) as tctx:
-        tctx.configure(hm, hopmeter_hop="edge")
+        tctx.configure(hm, hopmeter_hop="edge", hopmeter_stream="all")
         yield hm
 
 

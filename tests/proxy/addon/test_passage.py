@@ -152,11 +152,37 @@ def test_an_unknown_length_body_is_streamed(tctx: Any) -> None:
     assert flow.response is not None and callable(flow.response.stream)
 
 
+def test_a_request_body_stays_buffered_as_mitmproxy_has_it(tctx: Any) -> None:
+    """Plain mitmproxy's addon (hopmeter_stream=streams) leaves a request body to mitmproxy, so
+    a `request` hook acts before anything is sent upstream; its size, model and stream flag are
+    read from the body at the `request` hook. A body mitmproxy streams itself stays streamed;
+    with hopmeter_stream=all (hopmeter run) hopmeter streams it through its request tap."""
+    ctx, hm, records = tctx
+    flow = _flow()
+    flow.request.content = b'{"model": "gpt-4o-mini", "stream": true, "messages": []}'
+    _headers(hm, flow)
+    assert flow.request.stream is False
+    hm.request(flow)
+    _stream(hm, flow, [b"data: [DONE]\n\n"])
+    hm.response(flow)
+    (rec,) = records.records
+    assert rec["request"]["bytes"] == len(flow.request.content)
+    assert rec["model"] == "gpt-4o-mini"
+    assert rec["mitmproxy"]["request_buffered_by"] == "not_a_stream"
+    large = _flow()
+    large.request.stream = True  # mitmproxy's stream_large_bodies
+    _headers(hm, large)
+    assert large.request.stream is True
+    ctx.configure(hm, hopmeter_stream="all")
+    assert callable(_headers(hm, _flow()).request.stream)
+
+
 def test_modify_body_and_hopmeter_buffer_leave_bodies_buffered(tctx: Any) -> None:
     """A body modify_body or hopmeter_buffer matches is not streamed (request or response), so
-    the edit applies; a spec that does not match changes nothing."""
+    the edit applies; a spec that does not match changes nothing (hopmeter_stream=all, where
+    hopmeter streams request bodies)."""
     ctx, hm, _ = tctx
-    ctx.configure(hm, modify_body=["/~u nomatch/a/b"])
+    ctx.configure(hm, hopmeter_stream="all", modify_body=["/~u nomatch/a/b"])
     flow = _headers(hm, _flow())
     assert callable(flow.request.stream) and callable(flow.response.stream)  # type: ignore[union-attr]
     ctx.configure(hm, modify_body=["/~u completions/a/b"])
@@ -260,3 +286,11 @@ def test_what_the_record_says_is_taken_once_the_flow_ended() -> None:
     buffered = FlowPassage(stream="buffered", buffered_by="modify_body", edited=True).seen()
     assert buffered is not None and not buffered.edited_after_streaming
     assert buffered.findings() == []
+
+
+def test_a_stream_mode_that_is_not_one_is_refused(tctx: Any) -> None:
+    """hopmeter_stream takes 'streams' or 'all' (mitmproxy's `choices` show them; nothing else
+    enforces them): anything else is an error naming the option, not a silent 'streams'."""
+    ctx, hm, _ = tctx
+    with pytest.raises(exceptions.OptionsError, match="hopmeter_stream must be one of"):
+        ctx.configure(hm, hopmeter_stream="bogus")

@@ -262,6 +262,8 @@ class Ending:
         meter = tap.meter if tap is not None else None
         if p is not None:
             passage.settle(flow, p, meter, tap)
+            if p.stream == passage.REPLACED:
+                meter = None  # another addon's callable took the body: none of it was measured
         if meter is not None:
             try:
                 meter.close(end.end_s)

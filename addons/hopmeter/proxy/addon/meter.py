@@ -26,6 +26,7 @@ from mitmproxy.addonmanager import Loader
 from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
+from hopmeter.core.wire import sniff_request
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
@@ -44,6 +45,7 @@ from hopmeter.proxy.addon.meter_options import (
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.passage import CrashWatch, FlowPassage, Passage
 from hopmeter.proxy.addon.tap import (
+    REQUEST_SNIFF_BYTES,
     FlowState,
     MeasureQueue,
     RequestTap,
@@ -104,6 +106,11 @@ class HopMeter:
         opts = ctx.options
         try:  # each option read once (hopmeter.proxy.addon.meter_options): a bad one named
             passage.configure(self.passage, opts, updated)
+            if "hopmeter_hop" in updated and not opts.hopmeter_hop.strip():
+                raise UsageError(
+                    "hopmeter_hop must not be empty: name this vantage point (--hop edge), "
+                    "or leave it out for the default"
+                )
             if "hopmeter_stall_threshold" in updated:
                 self.stall_threshold_s = options.read(opts, "hopmeter_stall_threshold")
             if "hopmeter_listeners" in updated:
@@ -206,6 +213,20 @@ class HopMeter:
             self.internal_error("requestheaders", exc)
         if state is not None and flow.request.stream is False and not _request_buffered(state):
             flow.request.stream = RequestTap(state, self.internal_error)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        """A request body mitmproxy buffered (not through hopmeter's request tap): its size, and
+        its model and stream flag, read as the tap reads them, from the body as it goes upstream
+        (after the hooks of the addons loaded before hopmeter)."""
+        state = self._state(flow)
+        if state is None or callable(flow.request.stream):
+            return
+        try:
+            body = flow.request.raw_content or b""
+            state.request_bytes = len(body)
+            state.request_model, state.stream_requested = sniff_request(body[:REQUEST_SNIFF_BYTES])
+        except Exception as exc:
+            self.internal_error("request", exc)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # First: never hold a body hopmeter did not decide to leave buffered. Anything that fails

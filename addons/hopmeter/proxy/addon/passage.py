@@ -274,8 +274,16 @@ class Passage:
     replaced_warned: bool = False
 
     def buffer_request(self, flow: http.HTTPFlow) -> str | None:
-        """Why the request body must not be streamed (an edit would not apply), or None."""
-        return self._edits(flow)
+        """Why the request body is left to mitmproxy to buffer, or None to stream it: an edit
+        must apply to it; or, with `hopmeter_stream=streams` (plain mitmproxy's addon), it is a
+        body mitmproxy buffers (a request body is no token stream): a `request` hook (a user's
+        kill, intercept, replay or edit) then acts before anything of the request is sent
+        upstream, as it does without hopmeter. A body mitmproxy streams itself (its
+        `stream_large_bodies`) stays streamed."""
+        why = self._edits(flow)
+        if why is not None or self.mode == ALL or flow.request.stream is not False:
+            return why
+        return NOT_A_STREAM
 
     def decide(self, flow: http.HTTPFlow) -> str | None:
         """Why a response mitmproxy would buffer (its `stream` still False: no size bound and no
@@ -429,7 +437,13 @@ def configure(passage: Passage, options: Any, updated: set[str]) -> None:
     UsageError naming the option."""
     if not updated & PASSAGE_OPTIONS:
         return
-    passage.mode = options.hopmeter_stream
+    mode = options.hopmeter_stream
+    if mode not in STREAM_MODES:  # `choices` shows in mitmproxy's UIs; nothing enforces it
+        raise UsageError(
+            f"hopmeter_stream must be one of {', '.join(STREAM_MODES)}, got {mode!r}: 'streams' "
+            "leaves what is no token stream to mitmproxy, 'all' streams every body"
+        )
+    passage.mode = mode
     passage.buffer_filter = parse_buffer_filter(options.hopmeter_buffer)
     passage.keep_body = read(options, "hopmeter_keep_body")
     passage.budget.cap = read(options, "hopmeter_keep_body_total")

@@ -124,7 +124,7 @@ SETTINGS = (
         addon=MEASURING,
         kind=Kind.SWITCH,
         default=False,
-        help="include prompt and reply text in records (keys and cookies never)",
+        help="include the reply text in records (prompts, keys and cookies never)",
     ),
     Setting(
         flag="--otel-endpoint",
@@ -397,9 +397,10 @@ SETTINGS = (
         default="streams",
         # hopmeter run is a proxy in production: every response streamed, no body kept (below)
         run="all",
-        help="which responses hopmeter streams when nothing else chose to: 'streams' (event "
-        "streams, NDJSON, bodies of unknown length; others stay buffered as mitmproxy has them, "
-        "so a script's response hook can edit them) or 'all' (hopmeter run's default)",
+        help="which bodies hopmeter streams when nothing else chose to: 'streams' (responses "
+        "that are event streams, NDJSON or of unknown length; other responses and request bodies "
+        "stay buffered as mitmproxy has them, so a script's request and response hooks act on "
+        "them) or 'all' (every body: hopmeter run's default)",
     ),
     Setting(
         option="hopmeter_buffer",

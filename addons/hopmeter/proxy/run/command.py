@@ -12,7 +12,7 @@ from hopmeter.argtypes import check_port_free, parse_hostport, parse_listener
 from hopmeter.env import bind_env, source
 from hopmeter.errors import UsageError
 from hopmeter.pidfile import ignore_hangup, pid_file
-from hopmeter.proxy.options import OPTIONS, add_flags, run_options
+from hopmeter.proxy.options import FLAGS, OPTIONS, add_flags, run_options
 from hopmeter.proxy.run.config import ProxyConfig, listen_addresses
 from hopmeter.proxy.run.listen import tune_listeners
 from hopmeter.proxy.run.loops import loop_factory
@@ -20,6 +20,10 @@ from hopmeter.proxy.run.loops import loop_factory
 # With --workers, the parent waits this long past the drain timeout for its workers to end the
 # streams still in flight, write their records and exit, before it kills them.
 STOP_MARGIN_S = 10.0
+# --listen's default: told apart from a --listen that was given
+LISTEN_DEFAULT = next(s.default for s in FLAGS if s.flag == "--listen")
+# addresses that listen on every interface: a port bound there is bound on each address
+ANY_HOST = frozenset({"0.0.0.0", "::", ""})
 
 
 def add_parser(sub: Any) -> None:
@@ -35,6 +39,15 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
     """Validate `run`'s flags into a ProxyConfig."""
     if args.listener:
         flag = source(args, "listener", "--listener")
+        if args.upstream is not None or args.listen != LISTEN_DEFAULT:
+            given = (
+                "UPSTREAM_URL" if args.upstream is not None else source(args, "listen", "--listen")
+            )
+            raise UsageError(
+                f"{given} and {flag} do not go together: each listener's mode names its own "
+                f"address and upstream (NAME=reverse:http://UPSTREAM@HOST:PORT); drop {given} "
+                f"or add it as one more {flag}"
+            )
         modes = [parse_listener(pair, flag)[1] for pair in args.listener]
     else:
         if not upstream.startswith(("http://", "https://")):
@@ -63,11 +76,20 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
 
 
 def check_ports(cfg: ProxyConfig) -> None:
-    """Every port hopmeter will bind must be free; say which is not."""
-    for host, port in listen_addresses(cfg.modes):
+    """Every port hopmeter will bind must be free, and bound once; say which is not."""
+    listening = listen_addresses(cfg.modes)
+    for host, port in listening:
         check_port_free(host, port, "listen address")
     if cfg.metrics.lower() != "off":
-        check_port_free(*parse_hostport(cfg.metrics, "--metrics"), "metrics address")
+        host, port = parse_hostport(cfg.metrics, "--metrics")
+        for lhost, lport in listening:
+            if port == lport and (host == lhost or ANY_HOST & {host, lhost}):
+                raise UsageError(
+                    f"the metrics address {host}:{port} is also a listen address "
+                    f"({lhost}:{lport}); give the metrics endpoint another port with "
+                    f"--metrics HOST:PORT"
+                )
+        check_port_free(host, port, "metrics address")
 
 
 def run(args: argparse.Namespace) -> int:
