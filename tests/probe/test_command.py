@@ -184,6 +184,8 @@ def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str
         (["http://127.0.0.1:1", "--line-endings", "lf,crlf2"], "--line-endings"),
         (["http://127.0.0.1:1", "--header", "no-colon"], "--header 'no-colon'"),
         (["http://127.0.0.1:1", "--tokens", "1"], "--tokens must be 2 or more"),
+        (["http://127.0.0.1:1", "--timeout", "-1"], "--timeout and --max-first-word must be"),
+        (["http://127.0.0.1:1", "--max-first-word", "0"], "--timeout and --max-first-word"),
     ],
 )
 def test_usage_errors_raise_before_any_request(argv: list[str], message: str) -> None:

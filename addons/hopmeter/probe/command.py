@@ -66,8 +66,20 @@ def add_parser(sub: Any) -> None:
         metavar="VAR",
         help="read the API key from this environment variable, e.g. OPENAI_API_KEY (never shown)",
     )
-    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, metavar="N")
-    p.add_argument("--rate", type=float, default=DEFAULT_RATE, metavar="TOKENS_PER_S")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=DEFAULT_TOKENS,
+        metavar="N",
+        help=f"tokens the upstream is asked to stream in each probe (default {DEFAULT_TOKENS})",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=DEFAULT_RATE,
+        metavar="TOKENS_PER_S",
+        help=f"how fast it is asked to stream them (default {DEFAULT_RATE:g} per second)",
+    )
     p.add_argument(
         "--line-endings",
         default=",".join(LINE_ENDINGS),
@@ -81,8 +93,20 @@ def add_parser(sub: Any) -> None:
         metavar="URL",
         help="the upstream's own address, for its send log (/_hopmeter/sends/ID)",
     )
-    p.add_argument("--max-first-word", type=float, default=None, metavar="SECONDS")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
+    p.add_argument(
+        "--max-first-word",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail when the first word comes later than this",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="give up on a reply after this long (default 30)",
+    )
     p.add_argument(
         "--header", action="append", default=[], metavar="NAME:VALUE", help="extra header"
     )
@@ -176,6 +200,8 @@ def _specs(args: argparse.Namespace) -> list[Spec]:
         raise UsageError(f"--line-endings {args.line_endings!r}: use lf, crlf and/or cr")
     if args.tokens < 2 or args.rate <= 0:
         raise UsageError("--tokens must be 2 or more and --rate above 0")
+    if args.timeout <= 0 or (args.max_first_word is not None and args.max_first_word <= 0):
+        raise UsageError("--timeout and --max-first-word must be above 0 seconds")
     seed = args.seed if args.seed is not None else secrets.randbelow(1_000_000)
     return [
         Spec(api=args.api, tokens=args.tokens, rate=args.rate, line_ending=e, seed=seed)

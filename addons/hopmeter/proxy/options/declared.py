@@ -157,7 +157,7 @@ SETTINGS = (
         sets=("hopmeter_trace_header", False),
         help="do not add or rewrite traceparent (by default hopmeter forwards it with its own "
         "span as the parent, the incoming trace id kept)",
-        more="; the only change hopmeter ever makes to a request",
+        more="; the only change hopmeter itself makes to a request",
     ),
     Setting(
         flag="--fingerprint-key-env",
@@ -291,7 +291,7 @@ SETTINGS = (
         help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops (a "
         "second signal stops at once)",
         more="; keep it below the pod's terminationGracePeriodSeconds ([README, As a "
-        "sidecar](../README.md#as-a-sidecar))",
+        "sidecar](deploying.md#as-a-sidecar))",
     ),
     Setting(
         option="hopmeter_relay",
