@@ -270,6 +270,49 @@ def test_what_mitmproxy_cannot_forward_is_never_complete(
         assert record["mitmproxy"]["informational"] == [103]
 
 
+# a user's own addon: kills in `request` the requests whose path says so
+KILL = """
+def request(flow):
+    if "kill" in flow.request.path:
+        flow.kill()
+"""
+
+
+async def _answer(ex: Exchange) -> None:
+    await ex.head({"content-type": "text/event-stream"})
+    await ex.chunk(b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n')
+    await ex.chunk(b"data: [DONE]\n\n")
+    await ex.end()
+
+
+def test_a_request_hook_acts_before_anything_goes_upstream(tmp_path: Path) -> None:
+    """With the addon, a request body stays buffered as mitmproxy has it: a user's `request`
+    hook that kills the flow stops it before the upstream sees anything, as without hopmeter;
+    a request that goes on reaches the upstream whole, its size and model in the record, and
+    the saved flow keeps its body (replay needs it)."""
+    script = tmp_path / "kill.py"
+    script.write_text(KILL)
+    with ScriptedUpstream(_answer) as up:
+        dump = Dump(tmp_path, up.port, before=str(script))
+        try:
+            with pytest.raises(httpx.HTTPError):
+                httpx.post(f"{dump.url}/v1/chat/completions/kill", json=CHAT, timeout=20)
+            body = _ask(dump.url, "/v1/chat/completions", True)
+            records = read_records(dump.records, 2)
+        finally:
+            dump.stop()
+        assert [ex.path for ex in up.requests] == ["/v1/chat/completions"]
+        sent = up.requests[0].body
+    assert body.endswith(b"data: [DONE]\n\n")
+    killed = next(r for r in records if r["request"]["path"].endswith("/kill"))
+    assert killed["ended"] == "error" and killed["mitmproxy"]["killed"] is True
+    rec = next(r for r in records if r["request"]["path"] == "/v1/chat/completions")
+    assert rec["request"]["bytes"] == len(sent) and rec["model"] == "gpt-4o-mini"
+    assert rec["mitmproxy"]["request_buffered_by"] == "not_a_stream"
+    saved = dump.saved_flows()["/v1/chat/completions"]
+    assert saved.request.content == sent
+
+
 def test_mitmweb_shows_the_body_and_hopmeters_view(tmp_path: Path, upstream: int) -> None:
     """In mitmweb a streamed flow shows its body (hopmeter's copy) and hopmeter's view."""
     port = free_port()

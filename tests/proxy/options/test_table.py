@@ -24,6 +24,7 @@ from hopmeter.proxy.addon.ui import HopView
 from hopmeter.proxy.fastpath.relay import Relay
 from hopmeter.proxy.options import FLAGS, OPTIONS, Kind, run_options
 from hopmeter.proxy.options.setting import DURATIONS
+from hopmeter.proxy.run.command import check_ports, proxy_config
 from hopmeter.proxy.run.drain import Drain
 
 # What `hopmeter run` set on its master before the table made it, by hand: the same options.
@@ -189,3 +190,37 @@ def test_a_list_options_default_is_a_fresh_list() -> None:
     listeners = OPTIONS["hopmeter_listeners"]
     assert listeners.kind is Kind.LIST and listeners.default == ()
     assert options.table.option_default(listeners) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["http://127.0.0.1:9000", "--listener", "e=regular@127.0.0.1:18080"],
+            "UPSTREAM_URL and --listener do not go together",
+        ),
+        (
+            ["--listen", "127.0.0.1:18081", "--listener", "e=regular@127.0.0.1:18080"],
+            "--listen and --listener do not go together",
+        ),
+    ],
+)
+def test_an_upstream_or_listen_address_with_listeners_is_refused(
+    argv: list[str], message: str
+) -> None:
+    """Listeners name their own address and upstream: an UPSTREAM_URL or --listen given beside
+    them would be silently ignored, so it is an error naming both and the fix."""
+    with pytest.raises(UsageError, match=message):
+        proxy_config(run_args(*argv), "http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("metrics", ["127.0.0.1:18082", "0.0.0.0:18082"])
+def test_a_metrics_address_that_is_a_listen_address_is_refused(metrics: str) -> None:
+    """The metrics endpoint on a listener's port would fail to bind after the proxy started,
+    with only mitmproxy's "Error logged during startup": it is refused first, by name."""
+    cfg = proxy_config(
+        run_args("http://127.0.0.1:9000", "--listen", "127.0.0.1:18082", "--metrics", metrics),
+        "http://127.0.0.1:9000",
+    )
+    with pytest.raises(UsageError, match="is also a listen address"):
+        check_ports(cfg)

@@ -264,6 +264,12 @@ class Ending:
             passage.settle(flow, p, meter, tap)
             if p.stream == passage.REPLACED:
                 meter = None  # another addon's callable took the body: none of it was measured
+        if flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE:
+            # an addon killed the flow (`flow.kill()`), in any hook, even after hopmeter's own
+            # `response` hook: its connection is closed, so the reply did not end whole
+            ended = Ended.ERROR
+            if p is not None:
+                p.killed = True
         if meter is not None:
             try:
                 meter.close(end.end_s)

@@ -151,6 +151,7 @@ class FlowPassage:
     hook_body: bytes | None = None
     edited: bool = False  # a hook changed the body after hopmeter's response hook
     error: str | None = None  # mitmproxy's own failure on this flow
+    killed: bool = False  # an addon killed the flow (`flow.kill()`): its connection was closed
     informational: list[int] = field(default_factory=list)  # 1xx statuses taken for the reply
 
     def as_dict(self) -> dict[str, Any] | None:
@@ -171,6 +172,8 @@ class FlowPassage:
             out["edited"] = "after_streaming" if self.stream != BUFFERED else "response"
         if self.error is not None:
             out["error"] = self.error
+        if self.killed:
+            out["killed"] = True
         if self.informational:
             out["informational"] = list(self.informational)
         if not out:

@@ -78,10 +78,9 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
 def check_ports(cfg: ProxyConfig) -> None:
     """Every port hopmeter will bind must be free, and bound once; say which is not."""
     listening = listen_addresses(cfg.modes)
-    for host, port in listening:
-        check_port_free(host, port, "listen address")
-    if cfg.metrics.lower() != "off":
-        host, port = parse_hostport(cfg.metrics, "--metrics")
+    metrics = None if cfg.metrics.lower() == "off" else parse_hostport(cfg.metrics, "--metrics")
+    if metrics is not None:  # before anything is bound: one port asked for twice
+        host, port = metrics
         for lhost, lport in listening:
             if port == lport and (host == lhost or ANY_HOST & {host, lhost}):
                 raise UsageError(
@@ -89,7 +88,10 @@ def check_ports(cfg: ProxyConfig) -> None:
                     f"({lhost}:{lport}); give the metrics endpoint another port with "
                     f"--metrics HOST:PORT"
                 )
-        check_port_free(host, port, "metrics address")
+    for host, port in listening:
+        check_port_free(host, port, "listen address")
+    if metrics is not None:
+        check_port_free(*metrics, "metrics address")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -224,7 +224,10 @@ class LeanMaster(master.Master):
         ctx.log = self.log
         ctx.options = self.options
         self.owned: dict[str, frozenset[str]] = {}  # addon name -> the options its load added
-        extra = [keepserving.KeepServing(), readfile.ReadFileStdin(), errorcheck.ErrorCheck(repeat_errors_on_stderr=True)]
+        # ErrorCheck repeats a startup error on stderr: the log's own line may still be queued
+        # (hopmeter.proxy.addon.outlets) when it exits the process
+        check = errorcheck.ErrorCheck(repeat_errors_on_stderr=True)
+        extra = [keepserving.KeepServing(), readfile.ReadFileStdin(), check]
         for addon in [*mitm_addons.default_addons(), *extra]:  # DumpMaster's, in its order
             before = set(opts.keys())
             self.addons.add(addon)
