@@ -294,3 +294,19 @@ def test_a_stream_mode_that_is_not_one_is_refused(tctx: Any) -> None:
     ctx, hm, _ = tctx
     with pytest.raises(exceptions.OptionsError, match="hopmeter_stream must be one of"):
         ctx.configure(hm, hopmeter_stream="bogus")
+
+
+def test_an_edit_by_a_hook_before_hopmeter_s_to_a_streamed_body_is_noted(tctx: Any) -> None:
+    """An addon loaded before hopmeter (the order the docs give) whose `response` hook sets a
+    streamed body's content edits what the client already got: the record says so, as for an
+    addon loaded after hopmeter."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert flow.response is not None and callable(flow.response.stream)
+    for chunk in [b"data: [DONE]\n\n", b""]:
+        flow.response.stream(chunk)
+    flow.response.content = b"EDITED"  # their response hook, before hopmeter's
+    hm.response(flow)
+    (rec,) = records.records
+    assert rec["mitmproxy"]["edited"] == "after_streaming"
+    assert "edited_after_streaming" in [f["kind"] for f in rec["findings"]]

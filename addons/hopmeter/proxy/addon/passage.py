@@ -150,6 +150,7 @@ class FlowPassage:
     # the body object the response hook saw last, to tell an edit by a later hook
     hook_body: bytes | None = None
     edited: bool = False  # a hook changed the body after hopmeter's response hook
+    edited_before: bool = False  # ... or, a streamed one, before it (hand_off)
     error: str | None = None  # mitmproxy's own failure on this flow
     killed: bool = False  # an addon killed the flow (`flow.kill()`): its connection was closed
     informational: list[int] = field(default_factory=list)  # 1xx statuses taken for the reply
@@ -326,6 +327,10 @@ class Passage:
                     "body was not measured; load hopmeter after it: -s yours.py -s "
                     '"$(hopmeter --addon-path)"',
                 )
+        if p.stream != BUFFERED and response.raw_content is not None and not self.store_streamed:
+            # a body streamed without mitmproxy's copy has none here, unless a hook that ran
+            # before this one set it (an addon loaded before hopmeter): an edit that came too late
+            p.edited_before = True
         body = p.body
         if p.stream != BUFFERED and body is not None and body.held:
             kept = body.take()
@@ -465,7 +470,7 @@ def settle(flow: http.HTTPFlow, p: FlowPassage, meter: Any, tap: Any) -> None:
     if response is None or p.informational:
         return
     final = response.raw_content
-    p.edited = final is not p.hook_body and final != p.hook_body
+    p.edited = p.edited_before or (final is not p.hook_body and final != p.hook_body)
     if p.stream == BUFFERED and meter is not None and final:
         t_s = (response.timestamp_end or response.timestamp_start) - flow.request.timestamp_start
         try:
