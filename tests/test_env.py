@@ -123,6 +123,19 @@ def test_later_checks_name_the_variable_too(
         proxy_config(args, args.upstream or "http://127.0.0.1:9")
 
 
+def test_errors_from_deeper_checks_name_the_variable_not_the_flag() -> None:
+    """A check that only knows the flag or the option (an output, the tokenizer, chaos) says
+    the variable the value came from, in the one line the command prints."""
+    args = parse(["run"], {"HOPMETER_RECORDS": "/tmp", "HOPMETER_CHAOS": "explode"})
+    said = env.as_given("cannot write records to /tmp; pick a writable path with --records", args)
+    assert said.endswith("pick a writable path with HOPMETER_RECORDS")
+    assert env.as_given("hopmeter_chaos: unknown action", args) == "HOPMETER_CHAOS: unknown action"
+    # a flag given on the command line is left as it is said
+    given = parse(["run", "--records", "/tmp"], {})
+    assert env.as_given("a path with --records", given) == "a path with --records"
+    assert env.as_given("--records-dir and --records", args).startswith("--records-dir and")
+
+
 def test_help_shows_each_variable(capsys: pytest.CaptureFixture[str]) -> None:
     """`hopmeter run --help` names the variable beside every flag."""
     with pytest.raises(SystemExit):

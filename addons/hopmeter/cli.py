@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except HopmeterError as exc:
-        print(f"hopmeter: {exc}", file=sys.stderr)
+        print(f"hopmeter: {env.as_given(str(exc), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

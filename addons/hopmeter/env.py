@@ -23,6 +23,7 @@ and leave a switch set by the environment impossible to tell apart from one set 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ def parse_args(
         for b in bindings:
             b.action.default = b.default
     sources: dict[str, str] = {}
+    flags: dict[str, tuple[str, ...]] = {}  # variable -> its flag's option strings
     for b in bindings:
         dest = b.action.dest
         if not hasattr(ns, dest):
@@ -123,8 +125,24 @@ def parse_args(
             continue
         setattr(ns, dest, _convert(b, raw))
         sources[dest] = b.name
+        flags[b.name] = tuple(b.action.option_strings)
     ns.env_sources = sources
+    ns.env_flags = flags
     return ns
+
+
+def as_given(message: str, args: argparse.Namespace) -> str:
+    """An error `message` with the flags (and their `hopmeter_*` options) whose values came from
+    the environment named by their variables: the user set HOPMETER_RECORDS, not --records."""
+    flags: Mapping[str, tuple[str, ...]] = getattr(args, "env_flags", {})
+    for name, strings in flags.items():
+        if name in message:
+            continue  # the check named the variable itself (`source`)
+        option = "hopmeter_" + name.removeprefix(PREFIX).lower()
+        for said in (*strings, option):
+            if re.search(rf"(?<![\w-]){re.escape(said)}(?![\w-])", message):
+                message = re.sub(rf"(?<![\w-]){re.escape(said)}(?![\w-])", name, message)
+    return message
 
 
 def source(args: argparse.Namespace, dest: str, flag: str) -> str:
