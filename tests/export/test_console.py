@@ -117,12 +117,21 @@ def test_flows_the_proxy_answered_for_a_failed_upstream_get_no_line(
     assert flow_json(failed.record)["ended"] == "connect_refused"
 
 
-def test_quiet_console_keeps_nothing() -> None:
-    """With the console off, no window grows (nothing would ever empty it)."""
+def test_quiet_console_keeps_the_summary_and_no_summary_keeps_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the per-flow lines off (--quiet) the summaries stay (--quiet's help says so); with
+    no summary (interval 0) no window grows, as nothing would ever empty it."""
     c = Console("off", 60)
+    with caplog.at_level("INFO", logger="hopmeter"):
+        for _ in range(100):
+            c.observe(flow("edge", 0.1, 0.02))
+    assert caplog.records == []
+    assert c.summary().startswith("hopmeter: last 60s: 100 flows")
+    silent = Console("off", 0)
     for _ in range(100):
-        c.observe(flow("edge", 0.1, 0.02))
-    assert c.summary() == ""
+        silent.observe(flow("edge", 0.1, 0.02))
+    assert silent.summary() == ""
 
 
 HANDLERS = """

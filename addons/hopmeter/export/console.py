@@ -84,7 +84,7 @@ class Console:
             plain(summary_line(rec))  # no structlog for a flow's line (hopmeter.log)
         elif self.mode == "json" and self.write is not None:
             self.write(orjson.dumps(flow_json(rec)) + b"\n")
-        if self.mode == "off" or self.interval_s <= 0:
+        if self.interval_s <= 0:
             return  # no summary will ever empty the window: keep nothing
         fig = rec.get("figures") or {}
         if self._kept < MAX_WINDOW_FLOWS:
@@ -108,7 +108,7 @@ class Console:
 
     def start(self) -> None:
         """Begin the periodic summary (needs a running event loop)."""
-        if self.interval_s > 0 and self.mode != "off" and self._task is None:
+        if self.interval_s > 0 and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._every())
 
     def stop(self) -> None:

@@ -110,12 +110,20 @@ def add_parser(sub: Any) -> None:
         "--serve", action="store_true", help="receive spans over OTLP and join them live"
     )
     serve.add_argument(
-        "--listen", default="127.0.0.1:4318", metavar="HOST:PORT", help="OTLP/HTTP address"
+        "--listen",
+        default="127.0.0.1:4318",
+        metavar="HOST:PORT",
+        help="OTLP/HTTP address (default: 127.0.0.1:4318)",
     )
     serve.add_argument(
         "--grpc", default="", metavar="HOST:PORT", help="also take OTLP/gRPC here (e.g. :4317)"
     )
-    serve.add_argument("--metrics", default="127.0.0.1:9465", metavar="HOST:PORT|off")
+    serve.add_argument(
+        "--metrics",
+        default="127.0.0.1:9465",
+        metavar="HOST:PORT|off",
+        help="the join's own /metrics (default: 127.0.0.1:9465)",
+    )
     serve.add_argument(
         "--records", default="", metavar="PATH", help='one joined line per segment ("-" = stdout)'
     )

@@ -15,7 +15,12 @@ from hopmeter.errors import UsageError
 def add_parser(sub: Any) -> None:
     """The `upstream` subcommand, added to an argparse subparsers object."""
     p = sub.add_parser("upstream", help="the synthetic LLM upstream alone")
-    p.add_argument("--listen", default="127.0.0.1:9000", metavar="HOST:PORT")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9000",
+        metavar="HOST:PORT",
+        help="where to serve (default: 127.0.0.1:9000)",
+    )
     p.add_argument(
         "--scenario",
         default="",

@@ -239,7 +239,7 @@ SETTINGS = (
         flag="--quiet",
         kind=Kind.SWITCH,
         sets=("hopmeter_console", "off"),  # before --json: given both, it wins
-        help="no per-flow console line",
+        help="no per-flow console line (the summaries stay; --summary-interval 0 stops them)",
     ),
     Setting(
         flag="--json",
