@@ -154,6 +154,30 @@ def test_silence_before_the_headers_is_upstream_timeout() -> None:
     run(body, hopmeter_read_timeout="50ms")
 
 
+def test_an_unanswered_tls_handshake_is_tls_failed_not_a_connect_timeout() -> None:
+    """Connected over TCP, the TLS handshake never answered within the connect timeout (an
+    https:// URL for a plain-HTTP port, whose server waits for a request): tls_failed, whose
+    fix names that, with 502; with no TCP connection yet it stays connect_timeout."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        flows = [request_flow(), request_flow()]
+        flows[0].server_conn.tls = flows[1].server_conn.tls = True
+        flows[0].server_conn.timestamp_tcp_setup = 1.0  # accepted; no timestamp_tls_setup
+        for flow in flows:
+            meter.requestheaders(flow)
+            guard.requestheaders(flow)
+        guard.clock.advance(0.05)
+        for flow in flows:
+            await ended_by_error(meter, guard, flow)
+        handshake, connect = records.records
+        assert handshake["ended"] == "tls_failed"
+        assert handshake["upstream_error"]["detail"].startswith("TLS handshake unanswered")
+        assert handshake["upstream_error"]["status_sent"] == 502
+        assert connect["ended"] == "connect_timeout"
+
+    run(body, hopmeter_connect_timeout="50ms")
+
+
 def test_chunks_keep_a_stream_alive_and_silence_cuts_it() -> None:
     """Each chunk moves the deadline (the timer re-arms lazily when it comes due); silence past
     the read timeout after the headers is upstream_idle, with no status sent."""

@@ -302,8 +302,14 @@ class UpstreamGuard:
     def _timed_out(self, watch: Watch) -> None:
         flow = watch.flow
         limit = self._limit(watch)
+        server = flow.server_conn
+        what = "silent"
         if watch.phase == CONNECT:
             cause = Ended.CONNECT_TIMEOUT
+            if server.tls and server.timestamp_tcp_setup is not None and not server.tls_established:
+                # the connection was accepted, the TLS handshake never answered: most often an
+                # https:// upstream URL for a plain-HTTP port, whose server waits for a request
+                cause, what = Ended.TLS_FAILED, "TLS handshake unanswered"
         elif watch.phase == HEADERS:
             cause = Ended.UPSTREAM_TIMEOUT
         else:
@@ -313,7 +319,7 @@ class UpstreamGuard:
         answered = before_headers and http1_client(flow)
         failure = UpstreamFailure(
             cause=cause,
-            detail=f"silent {limit:g}s {address_text(address)}",
+            detail=f"{what} {limit:g}s {address_text(address)}",
             status_sent=STATUS_SENT[cause] if answered else None,
             timeout_s=limit,
         )
