@@ -10,6 +10,7 @@ from hopmeter.errors import UsageError
 from hopmeter.proxy.addon.meter_options import (
     chaos_actions,
     fingerprint_key,
+    hop_name,
     listener_modes,
     pairing_hops,
     parse_listeners,
@@ -68,3 +69,11 @@ def test_chaos_actions_name_the_option_when_unknown() -> None:
     assert chaos_actions("rechunk,cr") == ("rechunk", "cr")
     with pytest.raises(UsageError, match=r"^hopmeter_chaos: unknown chaos action 'shuffle'"):
         chaos_actions("shuffle")
+
+
+def test_a_hop_name_is_never_empty() -> None:
+    """Every record and series names its hop: an empty or blank name is refused with the fix."""
+    assert hop_name("edge") == "edge"
+    for blank in ("", "  "):
+        with pytest.raises(UsageError, match="hopmeter_hop must not be empty"):
+            hop_name(blank)

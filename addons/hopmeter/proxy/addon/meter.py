@@ -26,7 +26,6 @@ from mitmproxy.addonmanager import Loader
 from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
-from hopmeter.core.wire import sniff_request
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
@@ -38,6 +37,7 @@ from hopmeter.proxy.addon.ending import Ending, FlowEnd
 from hopmeter.proxy.addon.meter_options import (
     chaos_actions,
     fingerprint_key,
+    hop_name,
     listener_modes,
     pairing_hops,
     parse_listeners,
@@ -45,12 +45,12 @@ from hopmeter.proxy.addon.meter_options import (
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.passage import CrashWatch, FlowPassage, Passage
 from hopmeter.proxy.addon.tap import (
-    REQUEST_SNIFF_BYTES,
     FlowState,
     MeasureQueue,
     RequestTap,
     header_map,
     new_meter,
+    read_request,
     start_trace,
 )
 from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
@@ -106,11 +106,8 @@ class HopMeter:
         opts = ctx.options
         try:  # each option read once (hopmeter.proxy.addon.meter_options): a bad one named
             passage.configure(self.passage, opts, updated)
-            if "hopmeter_hop" in updated and not opts.hopmeter_hop.strip():
-                raise UsageError(
-                    "hopmeter_hop must not be empty: name this vantage point (--hop edge), "
-                    "or leave it out for the default"
-                )
+            if "hopmeter_hop" in updated:
+                hop_name(opts.hopmeter_hop)
             if "hopmeter_stall_threshold" in updated:
                 self.stall_threshold_s = options.read(opts, "hopmeter_stall_threshold")
             if "hopmeter_listeners" in updated:
@@ -215,18 +212,9 @@ class HopMeter:
             flow.request.stream = RequestTap(state, self.internal_error)
 
     def request(self, flow: http.HTTPFlow) -> None:
-        """A request body mitmproxy buffered (not through hopmeter's request tap): its size, and
-        its model and stream flag, read as the tap reads them, from the body as it goes upstream
-        (after the hooks of the addons loaded before hopmeter)."""
-        state = self._state(flow)
-        if state is None or callable(flow.request.stream):
-            return
-        try:
-            body = flow.request.raw_content or b""
-            state.request_bytes = len(body)
-            state.request_model, state.stream_requested = sniff_request(body[:REQUEST_SNIFF_BYTES])
-        except Exception as exc:
-            self.internal_error("request", exc)
+        state = self._state(flow)  # a body mitmproxy buffered: read as the request tap reads one
+        if state is not None and not callable(flow.request.stream):
+            read_request(state, flow.request.raw_content or b"", self.internal_error)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # First: never hold a body hopmeter did not decide to leave buffered. Anything that fails

@@ -19,6 +19,16 @@ from hopmeter.proxy.addon.chaos import parse_actions
 log = get_logger()
 
 
+def hop_name(value: str) -> str:
+    """hopmeter_hop: the vantage point's name, never empty (every record and series names it)."""
+    if not value.strip():
+        raise UsageError(
+            "hopmeter_hop must not be empty: name this vantage point (--hop edge), or leave it "
+            "out for the default"
+        )
+    return value
+
+
 def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:
     """Map each listener's mode spec to its name, from NAME=MODE pairs (`hopmeter_listeners`)."""
     out: dict[str, str] = {}
