@@ -1,4 +1,4 @@
-"""What mitmproxy's own users keep with hopmeter loaded (README, "In plain mitmproxy"): saved
+"""What mitmproxy's own users keep with hopmeter loaded (docs/mitmproxy.md): saved
 bodies, their own stream callables and edits, and honest records of mitmproxy's own failures.
 
 Real mitmdump (and mitmweb), loaded with `-s "$(hopmeter --addon-path)"` as a user loads it, in

@@ -1,5 +1,5 @@
 """What mitmproxy's users keep with hopmeter loaded: bodies saved, their own stream callables,
-their edits, and honest records of mitmproxy's own failures (README, "In plain mitmproxy").
+their edits, and honest records of mitmproxy's own failures (docs/mitmproxy.md).
 
 hopmeter streams a response to measure it without holding it. mitmproxy keeps no copy of a
 streamed body, runs one stream callable per message, and applies an edit only to a body it

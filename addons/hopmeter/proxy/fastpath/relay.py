@@ -269,7 +269,8 @@ def counts() -> list[tuple[str, str, float | tuple[str, dict[str, int]]]]:
             "Streamed responses left to mitmproxy's layers, by reason: tls, not_http1 (an "
             "HTTP/2 upstream not in TLS, a client neither HTTP/1 nor HTTP/2), "
             "proxy_debug, layers (a layer that does more than pass events on), unlocated, "
-            "version (the relay is off: mitmproxy, h11 or Python is not as it was read).",
+            "version (the relay is off: mitmproxy, h11 or Python is not as it was read), "
+            "callable (the stream callable is not hopmeter's own tap alone).",
             ("reason", dict(STATS.declined)),
         ),
         (
