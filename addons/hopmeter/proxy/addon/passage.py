@@ -327,9 +327,10 @@ class Passage:
                     "body was not measured; load hopmeter after it: -s yours.py -s "
                     '"$(hopmeter --addon-path)"',
                 )
-        if p.stream != BUFFERED and response.raw_content is not None and not self.store_streamed:
-            # a body streamed without mitmproxy's copy has none here, unless a hook that ran
-            # before this one set it (an addon loaded before hopmeter): an edit that came too late
+        if p.stream != BUFFERED and response.raw_content and not self.store_streamed:
+            # a body streamed without mitmproxy's copy has none here (a 101's is empty), unless
+            # a hook that ran before this one set it (an addon loaded before hopmeter): an edit
+            # that came too late
             p.edited_before = True
         body = p.body
         if p.stream != BUFFERED and body is not None and body.held:
