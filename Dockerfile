@@ -3,7 +3,8 @@
 #   docker build -t hopmeter .
 #   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 hopmeter run http://host.docker.internal:8000
 # Configured by environment: every `hopmeter run` flag has its HOPMETER_* variable (README), e.g.
-#   docker run --rm -e HOPMETER_UPSTREAM=http://host.docker.internal:8000 -e HOPMETER_HOP=edge hopmeter
+#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 \
+#     -e HOPMETER_UPSTREAM=http://host.docker.internal:8000 -e HOPMETER_HOP=edge hopmeter
 # `docker stop` sends SIGTERM: hopmeter drains (HOPMETER_DRAIN_TIMEOUT, 20 s); give it
 # `docker stop -t 30` (compose: stop_grace_period: 30s), the default 10 s cuts the drain short.
 
@@ -42,7 +43,7 @@ WORKDIR /home/hopmeter
 # The tokenizers' rank tables (~6 MiB), built once here into ~/.cache/hopmeter instead of at
 # each container's first start: every container of this image maps the same file, and the host
 # keeps one copy of its pages for all of them.
-RUN python -c "from hopmeter.proxy.tokenizers import make_counter; make_counter('gpt-4o'); make_counter('gpt-4')"
+RUN python -c "from hopmeter.proxy.addon.tokenizers import make_counter; make_counter('gpt-4o'); make_counter('gpt-4')"
 # 8080: the proxy (HOPMETER_LISTEN); 9464: /metrics, /healthz and /readyz (HOPMETER_METRICS)
 EXPOSE 8080 9464
 # The metrics endpoint answers /healthz (liveness: the upstream being down does not make the

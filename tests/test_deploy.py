@@ -8,6 +8,7 @@ needs a network or a container engine; a missing tool fails the test, naming .ci
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -530,6 +531,32 @@ def test_dockerfile_builds_a_wheel_and_runs_it_unprivileged() -> None:
     )
     args = parse_hopmeter(["run"], environ)
     assert (args.listen, args.metrics) == ("0.0.0.0:8080", "0.0.0.0:9464")
+
+
+@pytest.mark.integration
+def test_the_image_s_python_steps_run_against_the_package(tmp_path: Path) -> None:
+    """Every `RUN python -c` of the image runs here against the installed package, its cache
+    in a folder of its own: a module moved in the package fails this, not only `docker build`
+    (it builds the tokenizers' rank tables into the cache the sidecar points at)."""
+    steps = [
+        args.removeprefix("python -c").strip()
+        for kind, args in dockerfile_instructions()
+        if kind == "RUN" and args.startswith("python -c ")
+    ]
+    assert steps, "the image runs no python step"
+    env = {**os.environ, "HOPMETER_CACHE_DIR": str(tmp_path)}
+    for step in steps:
+        code = shlex.split(step)[0]
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"RUN python -c {step}:\n{done.stderr}"
+    assert sorted(p.suffix for p in tmp_path.rglob("*.bpe")) == [".bpe", ".bpe"]
 
 
 def test_dockerignore_lets_in_exactly_what_the_build_copies() -> None:
