@@ -24,6 +24,31 @@ from tests.harness.procs import (
 pytestmark = pytest.mark.integration
 
 
+def _long_stream(url: str) -> tuple[list[bytes], threading.Thread]:
+    """A 20 s stream read in a thread: the pieces it got so far, and the thread, once it is
+    under way (five pieces in)."""
+    got: list[bytes] = []
+
+    def read() -> None:
+        try:
+            with httpx.stream(
+                "POST",
+                url,
+                json={"stream": True},
+                timeout=30,
+                headers={"x-hopmeter-scenario": "tokens=1000;rate=50"},
+            ) as r:
+                for piece in r.iter_raw():
+                    got.append(piece)
+        except httpx.HTTPError:
+            pass
+
+    client = threading.Thread(target=read)
+    client.start()
+    wait_for(lambda: len(got) >= 5, what="the long stream to be under way")
+    return got, client
+
+
 def test_sigterm_writes_finished_and_in_flight_flows(tmp_path: Path) -> None:
     """After SIGTERM and a drain that runs out, the records hold the finished flow and the one
     still in flight as ended shutdown."""
@@ -32,25 +57,7 @@ def test_sigterm_writes_finished_and_in_flight_flows(tmp_path: Path) -> None:
         url = f"{path.url}/v1/chat/completions"
         httpx.post(url, json={"stream": True}, headers={"x-hopmeter-scenario": "tokens=5"})
         read_records(records, 1)
-        got: list[bytes] = []
-
-        def long_stream() -> None:
-            try:
-                with httpx.stream(
-                    "POST",
-                    url,
-                    json={"stream": True},
-                    timeout=30,
-                    headers={"x-hopmeter-scenario": "tokens=1000;rate=50"},
-                ) as r:
-                    for piece in r.iter_raw():
-                        got.append(piece)
-            except httpx.HTTPError:
-                pass
-
-        client = threading.Thread(target=long_stream)
-        client.start()
-        wait_for(lambda: len(got) >= 5, what="the long stream to be under way")
+        _, client = _long_stream(url)
         assert proxy.stop(signal.SIGTERM) == 0
         client.join(10)
     recs = read_records(records, 2)
@@ -69,25 +76,7 @@ def test_a_stream_the_drain_ends_stops_where_its_record_ends(tmp_path: Path) -> 
         tmp_path, "--drain-timeout", "0.3", "--metrics", f"127.0.0.1:{metrics}", ports=(metrics,)
     ) as path:
         proxy, records = path.proxy, path.records
-        got: list[bytes] = []
-
-        def long_stream() -> None:
-            try:
-                with httpx.stream(
-                    "POST",
-                    f"{path.url}/v1/chat/completions",
-                    json={"stream": True},
-                    timeout=30,
-                    headers={"x-hopmeter-scenario": "tokens=1000;rate=50"},
-                ) as r:
-                    for piece in r.iter_raw():
-                        got.append(piece)
-            except httpx.HTTPError:
-                pass
-
-        client = threading.Thread(target=long_stream)
-        client.start()
-        wait_for(lambda: len(got) >= 5, what="the long stream to be under way")
+        got, client = _long_stream(f"{path.url}/v1/chat/completions")
         assert proxy.stop(signal.SIGTERM) == 0
         client.join(10)
     (rec,) = read_records(records, 1)
