@@ -174,6 +174,9 @@ def test_a_body_too_long_to_read_is_answered_unread(proxy: Proxy) -> None:
     assert big.startswith(b"HTTP/1.1 413 ") and b"not read" in big
     unsized = raw(proxy, HEAD + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{")
     assert unsized.startswith(b"HTTP/1.1 411 ") and b"says its length" in unsized
+    # every answer says its outcome in x-hopmeter-beacon (docs/browser.md), these two too
+    assert b"\r\nx-hopmeter-beacon: too_large\r\n" in big.lower()
+    assert b"\r\nx-hopmeter-beacon: unsized\r\n" in unsized.lower()
 
     def counted() -> dict[str, float] | None:
         now = outcomes(proxy)

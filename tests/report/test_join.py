@@ -282,7 +282,8 @@ def _reply(rec: dict[str, Any], trace: str, text: str = "fourteen chars") -> dic
 
 def test_a_dropped_trace_joins_by_content_with_the_same_holds() -> None:
     """Edge and origin records with different trace ids but one reply join as one request,
-    paired by content, with the holds the shared trace gives."""
+    paired by content, with the holds the shared trace gives, and the segment says a hop
+    between them dropped the trace context (as the live pairing says it in the record)."""
     by_trace = join([ORIGIN, EDGE])[0]["hops"][0]
     (entry,) = join([_reply(ORIGIN, "o1"), _reply(EDGE, "e1")], order=("edge", "origin"))
     assert entry["trace_id"] == "e1" and entry["paired_by"] == "content"
@@ -292,6 +293,8 @@ def test_a_dropped_trace_joins_by_content_with_the_same_holds() -> None:
     assert (seg["order"], by_trace["order"]) == ("declared", "link")
     for key in ("first_token_hold_s", "hold_p50_s", "hold_max_s", "request_delay_s"):
         assert seg[key] == by_trace[key], key
+    assert "trace_context_dropped" in [f["kind"] for f in seg["findings"]]
+    assert "trace_context_dropped" not in [f["kind"] for f in by_trace["findings"]]
 
 
 def test_unlinked_hops_take_the_order_linked_traces_show_or_none() -> None:
@@ -303,7 +306,8 @@ def test_unlinked_hops_take_the_order_linked_traces_show_or_none() -> None:
     (alone,) = join(pair, 3.0)
     (seg,) = alone["hops"]
     assert (seg["segment"], seg["order"], seg["hold_p50_s"]) == ("edge~origin", "unknown", None)
-    assert [f["kind"] for f in seg["findings"]] == ["segment_unordered"]
+    kinds = [f["kind"] for f in seg["findings"]]
+    assert kinds == ["segment_unordered", "trace_context_dropped"]  # paired by content, too
     linked = [flow("edge", T0 + 10, EDGE["events"], trace="t9"), {**ORIGIN, "trace_id": "t9"}]
     linked[1]["request"] = {**ORIGIN["request"], "t_start": T0 + 10.001}
     linked[1]["parent_span_id"] = linked[0]["span_id"]
@@ -339,6 +343,7 @@ def test_identical_replies_at_once_join_nothing_and_say_so(
     assert join_command.run(_args(path)) == 1
     err = capsys.readouterr().err
     assert "4 flows carried a reply that several others at another hop carried" in err
+    assert "within --max-skew (1s)" in err
 
 
 def test_max_skew_bounds_how_far_windows_may_disagree(tmp_path: Path) -> None:

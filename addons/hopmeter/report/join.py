@@ -21,7 +21,7 @@ import orjson
 
 from hopmeter.argtypes import parse_hostport, positive_int, positive_seconds
 from hopmeter.core.hops import node
-from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments
+from hopmeter.core.matching import JOIN_SLACK_S, match_records, segments, trace_dropped
 from hopmeter.core.order import HopOrder
 from hopmeter.core.vocab import PairedBy, PairingMatch
 from hopmeter.errors import UsageError
@@ -56,6 +56,9 @@ def join(
     for group in groups:
         for members, found in segments(group, hop_order):
             segs = [s.as_dict() for s in found]
+            for seg, dropped in zip(segs, map(trace_dropped, ([s] for s in found)), strict=True):
+                if dropped:  # paired by content: a hop between them dropped the trace context
+                    seg["findings"] = [*seg["findings"], *dropped]
             by_content = any(s["paired_by"] == PairedBy.CONTENT for s in segs)
             out.append(
                 {
@@ -194,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
     if unsure:
         print(
             f"hopmeter join: {unsure} flows carried a reply that several others at another hop "
-            "carried at the same time; they were left unpaired (ambiguous)",
+            f"carried within --max-skew ({args.max_skew:g}s) of them; they were left unpaired "
+            "(ambiguous). Replies that did not overlap pair with a --max-skew as small as the "
+            "hosts' clocks allow",
             file=sys.stderr,
         )
     if not joined:

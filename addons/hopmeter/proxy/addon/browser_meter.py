@@ -158,7 +158,7 @@ class BrowserMeter:
         """Answer and close the connection without reading the body (it could be of any
         length); an HTTP/2 client's connection is only closed."""
         self.count(outcome)
-        if not answer_and_close(flow, status, outcome, message):
+        if not answer_and_close(flow, status, outcome, message, {"x-hopmeter-beacon": outcome}):
             flow.kill()  # no connection handler to write to (a test context)
 
     def request(self, flow: http.HTTPFlow) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +72,16 @@ def error_body(status: int, cause: str, message: str) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": cause, "code": status}}) + b"\n"
 
 
-def answer_and_close(flow: http.HTTPFlow, status: int | None, cause: str, message: str) -> bool:
-    """Answer `status` on the flow's HTTP/1 client connection (if no response has started), then
-    close that connection. False when there was no connection to close.
+def answer_and_close(
+    flow: http.HTTPFlow,
+    status: int | None,
+    cause: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+) -> bool:
+    """Answer `status` (with `headers` besides the usual two) on the flow's HTTP/1 client
+    connection (if no response has started), then close that connection. False when there was
+    no connection to close.
 
     mitmproxy has no public way to answer a flow that waits for its upstream (`flow.kill()` acts
     only at the next hook: mitmproxy issue 4711), so this takes the connection handler the
@@ -97,8 +104,8 @@ def answer_and_close(flow: http.HTTPFlow, status: int | None, cause: str, messag
     if status is not None and flow.response is None and can_answer:
         assert writer is not None
         body = error_body(status, cause, message)
-        headers = {"content-type": "application/json", "connection": "close"}
-        writer.write(http1.assemble_response(http.Response.make(status, body, headers)))
+        fields = {"content-type": "application/json", "connection": "close", **(headers or {})}
+        writer.write(http1.assemble_response(http.Response.make(status, body, fields)))
     handler.close_connection(client)
     return True
 
