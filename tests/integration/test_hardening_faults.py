@@ -509,6 +509,42 @@ def test_tls_http2_upstream(tmp_path: Path) -> None:
     assert not [f for f in rec["findings"] if f["kind"] in ("truncated", "whole_body_hold")]
 
 
+def test_an_http2_client_that_hangs_up_mid_stream_left_itself(tmp_path: Path) -> None:
+    """An HTTP/2 client's request body of no stated length reaches an HTTP/1 upstream with its
+    length (mitmproxy would send it unframed, and the upstream read no body: it answered a
+    default, non-streamed reply); closing its connection mid-stream reads as "peer closed
+    connection" in mitmproxy, as an upstream's close does: the record says the client left,
+    with no finding blaming the upstream."""
+    from tests.harness.h2client import stream_post
+
+    up, port = free_port(), free_port()
+    records = tmp_path / "records.jsonl"
+    upstream = ("upstream", "--listen", f"127.0.0.1:{up}", "--tls-dir", str(tmp_path / "tls"))
+    with (
+        hopmeter(tmp_path, *upstream, name="upstream", ports=(up,)),
+        hopmeter(
+            tmp_path,
+            "run",
+            f"https://127.0.0.1:{up}",
+            *("--listen", f"127.0.0.1:{port}", "--records", str(records), "--metrics", "off"),
+            *("--set", "ssl_insecure=true", "--set", f"confdir={tmp_path / 'mitm'}"),
+            ports=(port,),
+        ),
+    ):
+        frames = 0
+        body = b'{"model": "gpt-4o", "stream": true}'
+        for kind, _ in stream_post(
+            "127.0.0.1", port, "/v1/chat/completions?tokens=200&rate=40", body
+        ):
+            frames += kind == "data"
+            if frames == 5:
+                break  # the generator's close closes the connection
+        (rec,) = read_records(records, 1)
+    assert rec["model"] == "gpt-4o" and rec["mitmproxy"]["request_buffered_by"] == "unsized"
+    assert rec["ended"] == "client_gone", (rec["figures"], rec["response"], rec.get("delivery"))
+    assert not [f for f in rec["findings"] if f["kind"] == "truncated"], rec["findings"]
+
+
 # -- traffic that is no LLM stream ---------------------------------------------------------------
 
 

@@ -9,10 +9,12 @@ from tests.harness.events import parse, parse_all
 
 @needs_corpus
 def test_anthropic_usage_split_across_events():
-    """message_start carries input and the first output count; message_delta the final output."""
+    """message_start carries the input count (its output count is the count so far, 1: no total
+    for the reply, which a stream cut before message_delta must not take as one);
+    message_delta the final output."""
     deltas = parse_all("anthropic.messages", corpus_frames("anthropic/messages-thinking.sse"))
     assert deltas[0].input_tokens_total == 43
-    assert deltas[0].output_tokens_total == 1
+    assert deltas[0].output_tokens_total is None
     assert deltas[-2].output_tokens_total == 282
     assert deltas[-1].terminal
     reasoning = "".join(d.reasoning for d in deltas)

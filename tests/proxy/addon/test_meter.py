@@ -407,8 +407,10 @@ class TestOptions:
     ],
 )
 def test_classify_error(message: str, ended: str) -> None:
-    """mitmproxy's error messages map to the record's endings."""
+    """mitmproxy's error messages map to the record's endings; with the client's connection
+    already closed (an HTTP/2 client that hung up: "peer closed connection") the client left."""
     assert classify_error(message) == ended
+    assert classify_error(message, client_open=False) == "client_gone"
 
 
 class TestDelivery:

@@ -1,9 +1,10 @@
 """What one event says in Anthropic's Messages stream: text, thinking and tool input, usage, errors.
 
 Events and their payloads as https://docs.anthropic.com/en/docs/build-with-claude/streaming lists
-them. Usage comes in message_start and, cumulative, in message_delta; `output_tokens` includes
-thinking. `content_block_delta`, the token event, also has a plain reader (`plain_anthropic_delta`)
-that FlowMeter calls on the payload bytes.
+them. Usage comes in message_start (the input's; its `output_tokens`, 1 or so, is the count so
+far) and, cumulative, in message_delta; `output_tokens` includes thinking. `content_block_delta`,
+the token event, also has a plain reader (`plain_anthropic_delta`) that FlowMeter calls on the
+payload bytes.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class AnthropicParser(ApiParser):
                 _dict(msg.get("usage")),
                 model=_model(msg.get("model")),
                 document=msg if kind == "message" else None,
+                # message_start's output_tokens is the count so far (1, as it starts), not the
+                # reply's: only message_delta's, cumulative, or a whole message's is the total
+                output=kind == "message",
             )
         if kind == "message_delta":
             return self._usage(_dict(doc.get("usage")))
@@ -88,6 +92,7 @@ class AnthropicParser(ApiParser):
         *,
         model: str | None = None,
         document: dict[str, object] | None = None,
+        output: bool = True,
     ) -> Delta:
         content = reasoning = tools = ""
         if document is not None:  # a whole (non-streamed) message
@@ -101,7 +106,7 @@ class AnthropicParser(ApiParser):
             content=content,
             reasoning=reasoning,
             tool_args=tools,
-            output_tokens_total=_int(usage.get("output_tokens")),
+            output_tokens_total=_int(usage.get("output_tokens")) if output else None,
             input_tokens_total=_int(usage.get("input_tokens")),
             model=model,
             terminal=document is not None,

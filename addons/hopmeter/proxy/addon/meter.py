@@ -50,7 +50,6 @@ from hopmeter.proxy.addon.tap import (
     RequestTap,
     header_map,
     new_meter,
-    read_request,
     start_trace,
 )
 from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
@@ -214,7 +213,7 @@ class HopMeter:
     def request(self, flow: http.HTTPFlow) -> None:
         state = self._state(flow)  # a body mitmproxy buffered: read as the request tap reads one
         if state is not None and not callable(flow.request.stream):
-            read_request(state, flow.request.raw_content or b"", self.internal_error)
+            passage.take_request(state, flow.request, self.internal_error)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # First: never hold a body hopmeter did not decide to leave buffered. Anything that fails
@@ -267,7 +266,7 @@ class HopMeter:
             self._finish(flow, state.failure.cause)  # the guard named why the upstream failed it
             return
         msg = flow.error.msg if flow.error else ""
-        self._finish(flow, classify_error(msg))
+        self._finish(flow, classify_error(msg, flow.client_conn.connected))
 
     def client_disconnected(self, client: connection.Client) -> None:
         try:
@@ -338,10 +337,12 @@ def _request_buffered(state: FlowState) -> bool:
     return state.passage is not None and state.passage.request_buffered_by is not None
 
 
-def classify_error(message: str) -> Ended:
-    """How a flow that fired `error` ended, from mitmproxy's error message."""
+def classify_error(message: str, client_open: bool = True) -> Ended:
+    """How a flow that fired `error` ended, from mitmproxy's error message, and whether the
+    client's connection was still open (an HTTP/2 client's close reads "peer closed connection",
+    as an upstream's does)."""
     m = message.lower()
-    if "client" in m:
+    if "client" in m or not client_open:
         return Ended.CLIENT_GONE
     if "server" in m or "reset" in m or "peer" in m or "closed" in m or "eof" in m:
         return Ended.UPSTREAM_RESET

@@ -39,11 +39,17 @@ from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
 
 from hopmeter.core.passage import PassageSeen
 from hopmeter.core.vocab import BodyClip
-from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES
+from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES, sniff_request
 from hopmeter.errors import UsageError
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon.failures import answer_and_close
-from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, OnError, ResponseTap
+from hopmeter.proxy.addon.tap import (
+    REQUEST_SNIFF_BYTES,
+    FlowState,
+    MeasureQueue,
+    OnError,
+    ResponseTap,
+)
 from hopmeter.proxy.options import read
 
 log = get_logger()
@@ -60,6 +66,10 @@ REPLACED = "replaced"
 BY_MODIFY_BODY = "modify_body"  # a modify_body spec matches the flow: the edit must apply
 BY_FILTER = "hopmeter_buffer"  # the user's filter matches
 NOT_A_STREAM = "not_a_stream"  # plain mitmproxy: a body of known length that is no event stream
+# a request body of no stated length from an HTTP/2 (or 3) client: mitmproxy 12 sends it to an
+# HTTP/1 upstream with neither a length nor chunks (connecting lazily, as `hopmeter run` does),
+# so the upstream reads none of it; buffered, it goes with the length it has (`frame_request`)
+UNSIZED = "unsized"
 
 # What became of the body copy (`body_clipped`)
 FLOW_CAP = BodyClip.FLOW_CAP
@@ -243,6 +253,27 @@ class PassageTap(ResponseTap):
             got.extend(piece for piece in out if piece)
 
 
+def _framed(request: http.Request) -> bool:
+    """Whether a request's body is framed on its own: an HTTP/1 request always is (a length,
+    chunks, or no body), another one when it states its length."""
+    return request.http_version.startswith("HTTP/1") or "content-length" in request.headers
+
+
+def take_request(st: FlowState, request: http.Request, on_error: OnError) -> None:
+    """A request body mitmproxy buffered, at the `request` hook (after those of the addons loaded
+    before hopmeter): one of unknown length (`UNSIZED`) gets it stated, as an HTTP/1 upstream
+    needs it; then it is read as `RequestTap` reads a streamed one: its size, its model and
+    stream flag. Never raises: a failure is `on_error`'s."""
+    try:
+        body = request.raw_content or b""
+        if body and not _framed(request) and st.passage and st.passage.request_buffered_by:
+            request.headers["content-length"] = str(len(body))
+        st.request_bytes = len(body)
+        st.request_model, st.stream_requested = sniff_request(body[:REQUEST_SNIFF_BYTES])
+    except Exception as exc:  # a measuring bug must never touch the request
+        on_error("request", exc)
+
+
 def parse_buffer_filter(value: str) -> flowfilter.TFilter | None:
     """`hopmeter_buffer`: a mitmproxy flow filter, or None when empty."""
     if not value.strip():
@@ -285,7 +316,10 @@ class Passage:
         upstream, as it does without hopmeter. A body mitmproxy streams itself (its
         `stream_large_bodies`) stays streamed."""
         why = self._edits(flow)
-        if why is not None or self.mode == ALL or flow.request.stream is not False:
+        request = flow.request
+        if why is None and request.stream is False and not _framed(request):
+            return UNSIZED  # framed with its length at the `request` hook (`frame_request`)
+        if why is not None or self.mode == ALL or request.stream is not False:
             return why
         return NOT_A_STREAM
 

@@ -143,17 +143,6 @@ def new_meter(flow: http.HTTPFlow, headers: dict[str, str]) -> FlowMeter:
     )
 
 
-def read_request(st: FlowState, body: bytes, on_error: OnError) -> None:
-    """A request body mitmproxy buffered, read as `RequestTap` reads a streamed one: its size,
-    its model and stream flag, as it goes upstream (after the `request` hooks of the addons
-    loaded before hopmeter). Never raises: a failure is `on_error`'s."""
-    try:
-        st.request_bytes = len(body)
-        st.request_model, st.stream_requested = sniff_request(body[:REQUEST_SNIFF_BYTES])
-    except Exception as exc:  # a measuring bug must never touch the request
-        on_error("request", exc)
-
-
 class RequestTap:
     """Counts request body bytes and keeps the head of the body; returns every chunk unchanged."""
 
