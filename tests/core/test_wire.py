@@ -138,6 +138,8 @@ def test_lower_headers_first_value_wins():
         ("application/x-ndjson", "ndjson", {}, NdjsonDecoder),
         ("application/json", "ollama", {}, NdjsonDecoder),
         ("", "ollama", {}, NdjsonDecoder),
+        # Ollama's whole reply ("stream": false) has a length: one document, no stream
+        ("application/json; charset=utf-8", "ollama", {"Content-Length": "437"}, type(None)),
         ("application/octet-stream", "token_ids", {"X-Token-Id-Width": "16"}, PackedIdDecoder),
         ("application/json", "openai.chat", {}, type(None)),
         ("application/json", "token_ids", {}, type(None)),

@@ -16,6 +16,7 @@ from hopmeter.upstream.formats import (
     anthropic_error,
     anthropic_messages,
     ollama_chat,
+    ollama_document,
     ollama_error,
     openai_chat,
     openai_document,
@@ -141,6 +142,16 @@ def test_ollama_lines_are_json_and_end_with_the_eval_count(generate: bool) -> No
     deltas = _deltas(Api.OLLAMA, planned, ndjson=True)
     assert "".join(d.content for d in deltas) == "".join(answer)
     assert deltas[-1].terminal
+
+
+@pytest.mark.parametrize("generate", [False, True], ids=["chat", "generate"])
+def test_an_ollama_whole_reply_is_one_document_with_the_counts(generate: bool) -> None:
+    """`"stream": false` to /api/chat or /api/generate: Ollama's own whole reply, which
+    hopmeter's parser reads as the answer, the usage and the end."""
+    doc = orjson.loads(ollama_document(SCENARIO, MODEL, generate))
+    _, answer = reply_tokens(SCENARIO)
+    text = doc["response"] if generate else doc["message"]["content"]
+    assert text == "".join(answer) and doc["done"] is True and doc["eval_count"] == 10
 
 
 def test_error_events_are_each_apis_error_shape() -> None:

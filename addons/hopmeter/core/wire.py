@@ -192,7 +192,13 @@ def make_framer(
     media = content_type.split(";", 1)[0].strip().lower()
     if media == EVENT_STREAM:
         return SseDecoder()
-    if media in NDJSON_TYPES or (api == Api.OLLAMA and media in ("application/json", "")):
+    if media in NDJSON_TYPES or (
+        # Ollama's stream may say application/json; its whole reply (`"stream": false`) says
+        # so too, with a length a stream never has
+        api == Api.OLLAMA
+        and media in ("application/json", "")
+        and "content-length" not in lower_headers(headers or {})
+    ):
         return NdjsonDecoder()
     if api == Api.TOKEN_IDS and media != "application/json":
         return PackedIdDecoder(width_bits(lower_headers(headers or {}), content_type))

@@ -273,6 +273,31 @@ def ollama_chat(s: Scenario, model: str, generate: bool) -> list[Planned]:
     return out
 
 
+def ollama_document(s: Scenario, model: str, generate: bool) -> bytes:
+    """A non-streamed Ollama reply (`"stream": false`): one JSON object, done:true, the whole
+    text and the counts."""
+    reasoning, answer = reply_tokens(s)
+    doc: dict[str, object] = {
+        "model": model,
+        "created_at": "2026-01-01T00:00:00Z",
+        "done": True,
+        "done_reason": "stop",
+        "prompt_eval_count": 12,
+    }
+    if s.usage:
+        doc["eval_count"] = s.total_tokens
+    if generate:
+        doc["response"] = "".join(answer)
+        if reasoning:
+            doc["thinking"] = "".join(reasoning)
+    else:
+        message: dict[str, object] = {"role": "assistant", "content": "".join(answer)}
+        if reasoning:
+            message["thinking"] = "".join(reasoning)
+        doc["message"] = message
+    return orjson.dumps(doc)
+
+
 def ollama_error() -> Planned:
     """Ollama's error line."""
     return Planned(

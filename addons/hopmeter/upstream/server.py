@@ -192,11 +192,12 @@ class UpstreamServer:
             ctype = transcript.content_type
         elif not streamed:
             await asyncio.sleep(s.ttft_s + sum(s.intervals()))
-            body = (
-                formats.anthropic_document(s, model)
-                if api == "anthropic"
-                else formats.openai_document(s, model)
-            )
+            if api == "anthropic":
+                body = formats.anthropic_document(s, model)
+            elif api == "ollama":
+                body = formats.ollama_document(s, model, generate=req.path.endswith("/generate"))
+            else:
+                body = formats.openai_document(s, model)
             log.tokens = s.total_tokens
             log.events.append((time.time(), s.total_tokens, len(body)))
             await _plain(w, 200, body, "application/json", _own_headers(req, rid))
