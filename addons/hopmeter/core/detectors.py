@@ -584,7 +584,7 @@ def detect_not_streamed(v: StreamView) -> Finding | None:
         FindingKind.NOT_STREAMED,
         severity,
         tokens=v.document_tokens,
-        first_visible_at_s=v.ttft_s,
+        first_visible_at_s=_round(v.ttft_s),
         stream_requested=v.stream_requested,
     )
 

@@ -40,6 +40,9 @@ class RequestInfo:
     bytes: int
     model: str | None = None
     stream_requested: bool | None = None
+    # the API the request's path and headers name: the record's `api` when no response was
+    # measured (the upstream failed, the client left first), so failures keep their API
+    api: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,7 +124,7 @@ class CounterSource(Protocol):
 def measure(seen: Seen, counters: CounterSource) -> Measurement:
     """Count the tokens of what was seen, and compute the figures, the delivery and findings."""
     meter, response = seen.meter, seen.response
-    api, model = str(Api.OTHER), seen.request.model
+    api, model = str(seen.request.api or Api.OTHER), seen.request.model
     account: TokenAccount | None = None
     figures: Figures | None = None
     out: Delivery | None = None

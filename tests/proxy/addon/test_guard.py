@@ -93,6 +93,7 @@ def test_a_refused_connect_is_recorded_with_its_cause() -> None:
         await ended_by_error(meter, guard, flow)
         (rec,) = records.records
         assert rec["ended"] == "connect_refused"
+        assert rec["api"] == "openai.chat"  # from the request's path: no response was measured
         assert rec["upstream_error"] == {
             "cause": "connect_refused",
             "detail": "ECONNREFUSED 127.0.0.1:8000",

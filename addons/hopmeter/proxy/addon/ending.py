@@ -47,8 +47,8 @@ from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.record import FlowResult, finish
-from hopmeter.core.vocab import Ended
-from hopmeter.core.wire import model_from_path
+from hopmeter.core.vocab import Api, Ended
+from hopmeter.core.wire import detect_api, model_from_path
 from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.aside import Aside
 from hopmeter.proxy.addon.observers import Observers
@@ -410,7 +410,16 @@ def _request(flow: http.HTTPFlow, state: FlowState) -> RequestInfo:
         bytes=state.request_bytes,
         model=state.request_model or model_from_path(req.path),
         stream_requested=state.stream_requested,
+        api=None if flow.response is not None else _request_api(flow),
     )
+
+
+def _request_api(flow: http.HTTPFlow) -> str | None:
+    """The API the request alone names (its path, its headers), for a flow with no response;
+    None where it names none."""
+    req = flow.request
+    api = detect_api(req.method, req.path.split("?", 1)[0], header_map(req.headers), {}, "")
+    return None if api == Api.OTHER else str(api)
 
 
 def _response(flow: http.HTTPFlow, state: FlowState) -> ResponseInfo | None:
