@@ -134,6 +134,10 @@ def test_errors_from_deeper_checks_name_the_variable_not_the_flag() -> None:
     given = parse(["run", "--records", "/tmp"], {})
     assert env.as_given("a path with --records", given) == "a path with --records"
     assert env.as_given("--records-dir and --records", args).startswith("--records-dir and")
+    # a variable whose name starts another's is still said where its flag is
+    both = parse(["run"], {"HOPMETER_LISTEN": "127.0.0.1:1", "HOPMETER_LISTENER": "e=regular"})
+    said = env.as_given("--listen 127.0.0.1:1 and HOPMETER_LISTENER clash", both)
+    assert said == "HOPMETER_LISTEN 127.0.0.1:1 and HOPMETER_LISTENER clash"
 
 
 def test_help_shows_each_variable(capsys: pytest.CaptureFixture[str]) -> None:

@@ -136,7 +136,7 @@ def as_given(message: str, args: argparse.Namespace) -> str:
     the environment named by their variables: the user set HOPMETER_RECORDS, not --records."""
     flags: Mapping[str, tuple[str, ...]] = getattr(args, "env_flags", {})
     for name, strings in flags.items():
-        if name in message:
+        if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", message):
             continue  # the check named the variable itself (`source`)
         option = "hopmeter_" + name.removeprefix(PREFIX).lower()
         for said in (*strings, option):

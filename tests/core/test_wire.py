@@ -151,6 +151,13 @@ def test_make_framer_by_media_type(content_type, api, headers, framer):
     assert type(make_framer(content_type, api, headers)) is framer
 
 
+def test_an_ollama_reply_asked_whole_is_a_document_whatever_its_framing():
+    """`"stream": false` asks Ollama for one document, sent chunked when it is long: no stream."""
+    assert make_framer("application/json", "ollama", {}, stream_requested=False) is None
+    assert type(make_framer("application/json", "ollama", {}, True)) is NdjsonDecoder
+    assert type(make_framer("application/x-ndjson", "ollama", {}, False)) is NdjsonDecoder
+
+
 def test_packed_framer_reads_its_width_from_any_case_of_header():
     """A packed body's width header counts whatever the case of its name."""
     framer = make_framer("application/octet-stream", "token_ids", {"X-Token-Id-Width": "16"})

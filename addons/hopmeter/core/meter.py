@@ -149,6 +149,7 @@ class FlowMeter:
         content_encoding: str | None,
         headers: Mapping[str, str] | None = None,
         keep_text: bool = True,
+        stream_requested: bool | None = None,
     ) -> None:
         self.api = api
         self.content_type = content_type
@@ -181,7 +182,7 @@ class FlowMeter:
         self._head: bytearray | None = None
         self._decoder = make_decoder(content_encoding) if content_encoding else None
         self._utf8 = Utf8Decoder()
-        self._framer = make_framer(content_type, api, headers)
+        self._framer = make_framer(content_type, api, headers, stream_requested)
         if isinstance(self._framer, SseDecoder):
             self._head = bytearray()
         # the body is read as text (UTF-8, events or one document) or only timed and counted

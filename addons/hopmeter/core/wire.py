@@ -186,17 +186,22 @@ class Framer(Protocol):
 
 
 def make_framer(
-    content_type: str, api: str, headers: Mapping[str, str] | None = None
+    content_type: str,
+    api: str,
+    headers: Mapping[str, str] | None = None,
+    stream_requested: bool | None = None,
 ) -> Framer | None:
-    """The framer for a response's media type, or None when the body is not an event stream."""
+    """The framer for a response's media type, or None when the body is not an event stream
+    (`stream_requested`: the request's own `stream` field, when it had one)."""
     media = content_type.split(";", 1)[0].strip().lower()
     if media == EVENT_STREAM:
         return SseDecoder()
     if media in NDJSON_TYPES or (
-        # Ollama's stream may say application/json; its whole reply (`"stream": false`) says
-        # so too, with a length a stream never has
+        # Ollama's stream may say application/json; its whole reply says so too: asked for
+        # (`"stream": false`), or with a length a stream never has
         api == Api.OLLAMA
         and media in ("application/json", "")
+        and stream_requested is not False
         and "content-length" not in lower_headers(headers or {})
     ):
         return NdjsonDecoder()

@@ -105,5 +105,6 @@ def _unreadable(records: list[dict[str, Any]], paths: list[str], exc: Exception)
             break
     return (
         f"hopmeter.flow/1 record {where} is not as hopmeter writes it "
-        f"({type(exc).__name__}: {exc}): was it cut or edited?"
+        f"({type(exc).__name__}: {exc}): was it cut or edited? (if not, it is a bug in hopmeter "
+        f"report: please report it with the record)"
     )

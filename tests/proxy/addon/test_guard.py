@@ -171,6 +171,7 @@ def test_an_unanswered_tls_handshake_is_tls_failed_not_a_connect_timeout() -> No
         for flow in flows:
             await ended_by_error(meter, guard, flow)
         handshake, connect = records.records
+        assert guard.readiness is not None and guard.readiness.states[UPSTREAM].ok is False
         assert handshake["ended"] == "tls_failed"
         assert handshake["upstream_error"]["detail"].startswith("TLS handshake unanswered")
         assert handshake["upstream_error"]["status_sent"] == 502

@@ -310,3 +310,37 @@ def test_an_edit_by_a_hook_before_hopmeter_s_to_a_streamed_body_is_noted(tctx: A
     (rec,) = records.records
     assert rec["mitmproxy"]["edited"] == "after_streaming"
     assert "edited_after_streaming" in [f["kind"] for f in rec["findings"]]
+
+
+def test_only_an_http2_json_body_of_no_stated_length_is_held_for_its_length(tctx: Any) -> None:
+    """hopmeter run streams request bodies; an HTTP/2 one without a length that is a JSON
+    document (an LLM API's request) is held and sent with its length (mitmproxy 12 would send
+    it unframed to an HTTP/1 upstream); a bodiless method, a gRPC body and HTTP/1 stay as
+    they come."""
+    ctx, hm, _ = tctx
+    ctx.configure(hm, hopmeter_stream="all")
+
+    def h2(method: str, content_type: str) -> http.HTTPFlow:
+        flow = _flow()
+        flow.request.http_version = "HTTP/2.0"
+        flow.request.method = method
+        flow.request.headers["content-type"] = content_type
+        del flow.request.headers["content-length"]
+        return _headers(hm, flow)
+
+    assert h2("POST", "application/json").request.stream is False
+    assert callable(h2("POST", "application/grpc").request.stream)
+    assert callable(h2("GET", "application/json").request.stream)
+    assert callable(_headers(hm, _flow()).request.stream)  # HTTP/1: framed on its own
+
+
+def test_a_reply_an_addon_set_at_the_request_hook_is_no_edit(tctx: Any) -> None:
+    """A reply an addon sets before the upstream (server replay, map_local) reaches the client
+    as mitmproxy sends it, through no stream callable: its body is no edit after streaming."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert flow.response is not None
+    flow.response.content = b"data: [DONE]\n\n"  # the tap never ran: mitmproxy sent it whole
+    hm.response(flow)
+    (rec,) = records.records
+    assert "edited_after_streaming" not in [f["kind"] for f in rec["findings"]]

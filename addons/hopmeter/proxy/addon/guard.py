@@ -324,7 +324,7 @@ class UpstreamGuard:
             timeout_s=limit,
         )
         self.meter.upstream_failed(flow, failure)
-        if cause == Ended.CONNECT_TIMEOUT and self.readiness is not None:
+        if watch.phase == CONNECT and self.readiness is not None:
             self.readiness.failed(address, cause, failure.detail)
         self.closed.add(flow.client_conn.id)
         status = failure.status_sent

@@ -212,7 +212,7 @@ class HopMeter:
 
     def request(self, flow: http.HTTPFlow) -> None:
         state = self._state(flow)  # a body mitmproxy buffered: read as the request tap reads one
-        if state is not None and not callable(flow.request.stream):
+        if state is not None and flow.request.stream is False:
             passage.take_request(state, flow.request, self.internal_error)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -225,7 +225,7 @@ class HopMeter:
                 return
             state.tap = tap
             state.response_headers = headers = header_map(flow.response.headers)
-            tap.meter = new_meter(flow, headers)
+            tap.meter = new_meter(flow, headers, state.stream_requested)
             state.streaming = True
             if self.chaos_actions:
                 tap.chaos = Chaos(

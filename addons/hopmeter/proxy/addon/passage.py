@@ -259,6 +259,16 @@ def _framed(request: http.Request) -> bool:
     return request.http_version.startswith("HTTP/1") or "content-length" in request.headers
 
 
+def _unsized_json(request: http.Request) -> bool:
+    """An HTTP/2 (or 3) request that sends a JSON document (an LLM API's request) without its
+    length: held whole and sent with it (`UNSIZED`). Bodiless methods, and bodies that stream
+    by nature (gRPC, uploads of any other type), are left as they come."""
+    if _framed(request) or request.method in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        return False
+    media = str(request.headers.get("content-type", "")).split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
 def take_request(st: FlowState, request: http.Request, on_error: OnError) -> None:
     """A request body mitmproxy buffered, at the `request` hook (after those of the addons loaded
     before hopmeter): one of unknown length (`UNSIZED`) gets it stated, as an HTTP/1 upstream
@@ -266,7 +276,12 @@ def take_request(st: FlowState, request: http.Request, on_error: OnError) -> Non
     stream flag. Never raises: a failure is `on_error`'s."""
     try:
         body = request.raw_content or b""
-        if body and not _framed(request) and st.passage and st.passage.request_buffered_by:
+        if (
+            body
+            and st.passage
+            and st.passage.request_buffered_by == UNSIZED
+            and not _framed(request)
+        ):
             request.headers["content-length"] = str(len(body))
         st.request_bytes = len(body)
         st.request_model, st.stream_requested = sniff_request(body[:REQUEST_SNIFF_BYTES])
@@ -317,8 +332,8 @@ class Passage:
         `stream_large_bodies`) stays streamed."""
         why = self._edits(flow)
         request = flow.request
-        if why is None and request.stream is False and not _framed(request):
-            return UNSIZED  # framed with its length at the `request` hook (`frame_request`)
+        if why is None and request.stream is False and _unsized_json(request):
+            return UNSIZED  # sent with its length from the `request` hook (`take_request`)
         if why is not None or self.mode == ALL or request.stream is not False:
             return why
         return NOT_A_STREAM
@@ -361,7 +376,8 @@ class Passage:
                     "body was not measured; load hopmeter after it: -s yours.py -s "
                     '"$(hopmeter --addon-path)"',
                 )
-        if p.stream != BUFFERED and response.raw_content and not self.store_streamed:
+        moved = tap is not None and tap.bytes_out > 0  # not a reply an addon set at `request`
+        if p.stream != BUFFERED and moved and response.raw_content and not self.store_streamed:
             # a body streamed without mitmproxy's copy has none here (a 101's is empty), unless
             # a hook that ran before this one set it (an addon loaded before hopmeter): an edit
             # that came too late

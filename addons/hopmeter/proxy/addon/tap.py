@@ -128,8 +128,11 @@ def header_map(headers: http.Headers) -> dict[str, str]:
     return out
 
 
-def new_meter(flow: http.HTTPFlow, headers: dict[str, str]) -> FlowMeter:
-    """The meter of a response whose (lower-cased) headers came, for the API they name."""
+def new_meter(
+    flow: http.HTTPFlow, headers: dict[str, str], stream_requested: bool | None = None
+) -> FlowMeter:
+    """The meter of a response whose (lower-cased) headers came, for the API they name
+    (`stream_requested`: the request's own `stream` field, read from its body)."""
     req = flow.request
     content_type = headers.get("content-type", "")
     api = detect_api(
@@ -140,6 +143,7 @@ def new_meter(flow: http.HTTPFlow, headers: dict[str, str]) -> FlowMeter:
         content_type=content_type,
         content_encoding=headers.get("content-encoding"),
         headers=headers,
+        stream_requested=stream_requested,
     )
 
 
