@@ -30,7 +30,6 @@ bench/results/<time>-cost.json and prints the table; bench/README.md is not rewr
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -47,7 +46,7 @@ import procs
 import run
 from procs import Topology
 
-from harness import QUIET_CORES, Load, log, measured_load, warm
+from harness import QUIET_CORES, Load, log, measured_load, new_run, warm
 
 SETTLE_MAX_S = 20.0  # longest wait for an idle proxy's RSS to stop moving
 SETTLE_STEP_S = 0.5
@@ -306,9 +305,7 @@ def main() -> None:
     p.add_argument("--streams", default="50,200", help="the load points' stream counts")
     p.add_argument("--no-ramp", action="store_true", help="skip the saturation ramp")
     args = p.parse_args()
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
-    logdir.mkdir(parents=True)
+    stamp, logdir = new_run()
     s = replace(
         run.QUICK if args.quick else run.Settings(),
         loads=tuple(int(n) for n in args.streams.split(",")),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import procs
@@ -74,6 +76,15 @@ def warm(topo: Topology, proto: str = "h1") -> None:
     TLS, the proxy's first certificate)."""
     client(replace(WARM, proto=proto).args(topo.port))
     time.sleep(0.3)
+
+
+def new_run() -> tuple[str, Path]:
+    """A run's UTC stamp (its results file is named by it) and a fresh folder for the logs of
+    the processes it starts."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
+    logdir.mkdir(parents=True)
+    return stamp, logdir
 
 
 QUIET_CORES = 0.15  # background CPU (cores) above which the machine is not quiet enough

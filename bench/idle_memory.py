@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import statistics
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import procs
 from procs import Topology
 
-from harness import log, warm
+from harness import log, new_run, warm
 
 SETTLE_MAX_S = 20.0  # longest wait for an idle proxy's RSS to stop moving
 SETTLE_STEP_S = 0.5
@@ -94,9 +93,7 @@ def main() -> None:
     p.add_argument("--topologies", default="mitmdump,hopmeter")
     p.add_argument("--note", default="", help="what was measured, for the results file")
     args = p.parse_args()
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
-    logdir.mkdir(parents=True)
+    stamp, logdir = new_run()
     topos = [procs.COST_TOPOLOGIES[name] for name in args.topologies.split(",")]
     topos = [cls for cls in topos if cls(0, Path()).available() is None]
     rounds: dict[str, list[dict[str, int]]] = {cls.name: [] for cls in topos}

@@ -24,7 +24,6 @@ bench/results/<UTC time>-split.json and prints a table of CPU per event and adde
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -37,7 +36,7 @@ import cost
 import procs
 import run
 
-from harness import Load, log
+from harness import Load, log, new_run
 
 SITE = Path(__file__).resolve().parent / "split_site"
 
@@ -128,9 +127,7 @@ def main() -> None:
     p.add_argument("--modes", default="paced,lockstep")
     p.add_argument("--streams", default="50,200", help="the load points' stream counts")
     args = p.parse_args()
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    logdir = Path("/tmp") / f"hopmeter-bench-{stamp}"
-    logdir.mkdir(parents=True)
+    stamp, logdir = new_run()
     s = replace(
         run.Settings(),
         loads=tuple(int(n) for n in args.streams.split(",")),
