@@ -68,7 +68,7 @@ BY_FILTER = "hopmeter_buffer"  # the user's filter matches
 NOT_A_STREAM = "not_a_stream"  # plain mitmproxy: a body of known length that is no event stream
 # a request body of no stated length from an HTTP/2 (or 3) client: mitmproxy 12 sends it to an
 # HTTP/1 upstream with neither a length nor chunks (connecting lazily, as `hopmeter run` does),
-# so the upstream reads none of it; buffered, it goes with the length it has (`frame_request`)
+# so the upstream reads none of it; buffered, it goes with the length it has (`take_request`)
 UNSIZED = "unsized"
 
 # What became of the body copy (`body_clipped`)
