@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -160,14 +159,7 @@ def main() -> None:
                         log(f"  cpu/event {r.get('cpu_us_per_event')} p99 {run.fmt_delay(r)}")
                 rows = {name: run.median_round(rs) for name, rs in rounds.items()}
                 point: dict[str, Any] = {"mode": mode, "streams": streams, "rows": rows}
-                point["parts"] = parts(rows)
-                point["cpu_spread"] = {
-                    name: [r.get("cpu_us_per_event") for r in rs] for name, rs in rounds.items()
-                }
-                point["cpu_median"] = {
-                    name: statistics.median(v for v in spread if v is not None)
-                    for name, spread in point["cpu_spread"].items()
-                }
+                point["parts"] = parts(rows)  # each row keeps its rounds (run.median_round)
                 out["points"].append(point)
                 save()
     out["load_average_after"] = os.getloadavg()
