@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import socket
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -203,3 +205,31 @@ def test_close_frees_the_port() -> None:
     server.close()
     again = serve(CollectorRegistry(), port=port)
     again.close()
+    assert not server._thread.is_alive()
+
+
+def _wakeups(native_id: int) -> int:
+    """How many times a thread of this process has been woken (gone to sleep and back)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(
+        next(line for line in status.splitlines() if line.startswith("voluntary_ctxt")).split()[1]
+    )
+
+
+@pytest.mark.loopback
+def test_an_idle_endpoint_sleeps_until_asked() -> None:
+    """The endpoint's thread wakes for a request and for close(), never on a poll: an idle
+    sidecar's metrics endpoint costs no wake-ups, and closing it waits for no poll interval."""
+    server = serve(CollectorRegistry(), port=0)
+    try:
+        _get(f"http://127.0.0.1:{server.port}/healthz")
+        native_id = server._thread.native_id
+        assert native_id is not None
+        time.sleep(0.05)  # the thread back in its wait after the request
+        before = _wakeups(native_id)
+        time.sleep(1.2)  # socketserver's serve_forever would have polled twice
+        assert _wakeups(native_id) == before
+        _get(f"http://127.0.0.1:{server.port}/healthz")  # and it still answers
+    finally:
+        server.close()
+    assert not server._thread.is_alive()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import selectors
 import socket
 import socketserver
 import threading
@@ -109,6 +110,26 @@ def _app(registry: CollectorRegistry, ready: ReadyCheck | None) -> WSGIApp:
     return app
 
 
+def _serve(server: WSGIServer, wake: socket.socket) -> None:
+    """The endpoint's thread: accept and hand each request to its own thread, until `wake` is
+    readable.
+
+    socketserver's `serve_forever` polls every 0.5 s for its shutdown flag: two wake-ups a second
+    in an idle process, and a `shutdown()` that waits up to a poll on the thread calling it (the
+    event loop, at exit). This blocks on the listening socket and a wake socket together: no
+    wake-up while idle, and `MetricsServer.close` is heard at once.
+    """
+    server.timeout = 0.0  # handle_request: a connection gone since select returns at once
+    with wake, selectors.DefaultSelector() as sel:
+        sel.register(server, selectors.EVENT_READ)
+        sel.register(wake, selectors.EVENT_READ)
+        while True:
+            ready = sel.select()
+            if any(key.fileobj is wake for key, _ in ready):
+                return
+            server.handle_request()
+
+
 @dataclass(slots=True)
 class MetricsServer:
     """A running metrics endpoint; `close()` stops it and frees the port."""
@@ -117,6 +138,7 @@ class MetricsServer:
     port: int
     _server: WSGIServer
     _thread: threading.Thread
+    _wake: socket.socket  # the other end of the thread's wake socket
 
     @property
     def url(self) -> str:
@@ -125,10 +147,10 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        """Stop serving and release the socket."""
-        self._server.shutdown()
-        self._server.server_close()
+        """Stop serving and release the socket (a scrape in flight finishes in its own thread)."""
+        self._wake.close()  # the thread's end reads EOF and returns
         self._thread.join(timeout=5)
+        self._server.server_close()
 
 
 def serve(
@@ -166,6 +188,11 @@ def serve(
             "or turn the endpoint off with --metrics off"
         ) from exc
     server.set_app(_app(registry, ready))
-    thread = threading.Thread(target=server.serve_forever, name="hopmeter-metrics", daemon=True)
+    wake, heard = socket.socketpair()
+    thread = threading.Thread(
+        target=_serve, args=(server, heard), name="hopmeter-metrics", daemon=True
+    )
     thread.start()
-    return MetricsServer(host=host, port=server.server_address[1], _server=server, _thread=thread)
+    return MetricsServer(
+        host=host, port=server.server_address[1], _server=server, _thread=thread, _wake=wake
+    )
