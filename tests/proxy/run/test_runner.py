@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import socket
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,3 +248,29 @@ def test_the_log_goes_to_stderr_when_stdout_carries_the_flows_json_lines() -> No
     assert target(hopmeter_records="flows.jsonl") == "-"
     assert target(["hopmeter_console=json"]) == "stderr"
     assert target(["hopmeter_console=text"], hopmeter_console="json") == "-"
+
+
+def test_a_records_path_naming_stdout_counts_as_stdout(tmp_path: Path) -> None:
+    """`--records /dev/stdout` (or any path to the file stdout writes to) moves the log to
+    stderr as `-` does; another file does not."""
+    redirected = tmp_path / "out.jsonl"
+    other = tmp_path / "flows.jsonl"
+    other.touch()
+
+    def target(records: str) -> str:
+        cfg = ProxyConfig(modes=[], options={**run_options(), "hopmeter_records": records})
+        return log_target(cfg)
+
+    saved = os.dup(1)
+    try:
+        with redirected.open("w") as out:
+            os.dup2(out.fileno(), 1)  # the process's stdout is the file, as with `> out.jsonl`
+        with open(1, "w", closefd=False) as fd1, contextlib.redirect_stdout(fd1):
+            assert target("/dev/stdout") == "stderr"
+            assert target("/proc/self/fd/1") == "stderr"
+            assert target(str(redirected)) == "stderr"
+            assert target(str(other)) == "-"
+            assert target(str(tmp_path / "not-yet.jsonl")) == "-"
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -73,8 +73,8 @@ SETTINGS = (
         addon=RECORDS,
         metavar="PATH",
         help=(
-            'append one JSON line per finished flow to this file ("-" = stdout; '
-            "hopmeter run's log then goes to stderr)"
+            'append one JSON line per finished flow to this file ("-" = stdout; with it or '
+            "/dev/stdout hopmeter run's log goes to stderr)"
         ),
     ),
     Setting(

@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -188,7 +189,20 @@ def log_target(cfg: ProxyConfig) -> str:
         name, _, value = item.partition("=")
         chosen[name] = value
     json_lines = chosen.get("hopmeter_console") == "json"
-    return STDERR if json_lines or chosen.get("hopmeter_records") == STDOUT else STDOUT
+    return STDERR if json_lines or _is_stdout(chosen.get("hopmeter_records")) else STDOUT
+
+
+def _is_stdout(path: object) -> bool:
+    """Whether records written to `path` land where standard output goes: `-`, or a path
+    naming the same file (`/dev/stdout`, `/proc/self/fd/1`, the file stdout is redirected to)."""
+    if path == STDOUT:
+        return True
+    if not isinstance(path, str) or not path:
+        return False
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):  # no such file yet, or no stdout to compare with
+        return False
 
 
 def set_options(opts: LeanOptions, cfg: ProxyConfig) -> None:
