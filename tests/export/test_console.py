@@ -138,13 +138,18 @@ HANDLERS = """
 import asyncio, logging
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
-from hopmeter.proxy.run.runner import drop_legacy_log_events
+from hopmeter.export.outlets import Outlets
+from hopmeter.proxy.addon.outlets import QueuedTermLog
+from hopmeter.proxy.run.master import LeanMaster, LeanOptions
+
+def names():
+    return " ".join(sorted(type(h).__name__ for h in logging.getLogger().handlers))
 
 async def main():
+    LeanMaster(LeanOptions(), QueuedTermLog(Outlets()))
+    print(names())
     DumpMaster(options.Options(), with_termlog=True, with_dumper=False)
-    print(" ".join(type(h).__name__ for h in logging.getLogger().handlers))
-    drop_legacy_log_events()
-    print(" ".join(type(h).__name__ for h in logging.getLogger().handlers))
+    print(names())
 
 asyncio.run(main())
 """
@@ -152,11 +157,12 @@ asyncio.run(main())
 
 @pytest.mark.integration
 def test_hopmeter_master_logs_without_add_log_events() -> None:
-    """The master `hopmeter run` builds keeps mitmproxy's terminal log handler (the per-flow line
-    reaches the console) but not the handler that turns each record into an `add_log` event."""
+    """The master `hopmeter run` builds installs its terminal log handler (the per-flow line
+    reaches the console) but not mitmproxy's handler that turns each record into an `add_log`
+    event (which mitmdump's master installs: the check can tell)."""
     done = subprocess.run(
         [sys.executable, "-c", HANDLERS], capture_output=True, text=True, check=True, timeout=60
     )
-    before, after = (line.split() for line in done.stdout.splitlines())
-    assert "LegacyLogEvents" in before and "TermLogHandler" in before
-    assert "LegacyLogEvents" not in after and "TermLogHandler" in after
+    ours, with_mitmdumps = (line.split() for line in done.stdout.splitlines())
+    assert "QueuedTermLogHandler" in ours and "LegacyLogEvents" not in ours
+    assert "LegacyLogEvents" in with_mitmdumps

@@ -91,6 +91,6 @@ class PackedIdDecoder:
 
 
 def pack_ids(ids: list[int], width: int = DEFAULT_WIDTH_BITS) -> bytes:
-    """The packed bytes of `ids` (for tests and the demo upstream)."""
+    """The packed bytes of `ids` (what a token-id stream sends; for tests)."""
     size = WIDTHS_BYTES[width]
     return b"".join(i.to_bytes(size, "little") for i in ids)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mitmproxy import log as mitmlog
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.test import taddons
 
@@ -30,7 +29,6 @@ from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.proxy.run.drain import Drain
 from hopmeter.proxy.run.runner import (
     FreezeAtStart,
-    drop_legacy_log_events,
     log_target,
     quiet_mitmproxy_logs,
     set_options,
@@ -99,21 +97,6 @@ def test_what_the_first_flow_compiled_is_frozen_once_no_flow_is_in_flight() -> N
 
     asyncio.run(scenario())
     assert frozen_on == [threading.main_thread().name]
-
-
-def test_mitmproxys_legacy_log_events_are_dropped_and_other_handlers_kept() -> None:
-    """The handler that turns every log record into an `add_log` event goes; the rest stay."""
-    root = logging.getLogger()
-    ours = logging.NullHandler()
-    root.addHandler(ours)
-    try:
-        with taddons.context():
-            assert any(isinstance(h, mitmlog.LegacyLogEvents) for h in root.handlers)
-            drop_legacy_log_events()
-            assert not any(isinstance(h, mitmlog.LegacyLogEvents) for h in root.handlers)
-            assert ours in root.handlers
-    finally:
-        root.removeHandler(ours)
 
 
 NAMES = ("", "asyncio", "hpack", "mitmproxy.proxy.server", "mitmproxy.proxy.layers", "hopmeter")

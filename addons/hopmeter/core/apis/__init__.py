@@ -31,13 +31,13 @@ from hopmeter.core.vocab import UNKNOWN_APIS, Api
 __all__ = ["DONE", "EMPTY", "ApiParser", "Delta", "content_delta", "make_parser"]
 
 _PARSERS: Final[dict[str, type[ApiParser]]] = {
-    "openai.chat": OpenAIChatParser,
-    "openai.responses": ResponsesParser,
-    "anthropic.messages": AnthropicParser,
-    "gemini": GeminiParser,
-    "tgi": TgiParser,
-    "ollama": OllamaParser,
-    "token_ids": TokenIdsParser,
+    Api.OPENAI_CHAT: OpenAIChatParser,
+    Api.OPENAI_RESPONSES: ResponsesParser,
+    Api.ANTHROPIC_MESSAGES: AnthropicParser,
+    Api.GEMINI: GeminiParser,
+    Api.TGI: TgiParser,
+    Api.OLLAMA: OllamaParser,
+    Api.TOKEN_IDS: TokenIdsParser,
 }
 
 

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mitmproxy import exceptions
-from mitmproxy import log as mitmlog
 
 from hopmeter.errors import UsageError
 from hopmeter.export.outlets import STDERR, STDOUT
@@ -224,23 +223,6 @@ def set_options(opts: LeanOptions, cfg: ProxyConfig) -> None:
     )
     if cfg.extra:
         opts.set(*cfg.extra)
-
-
-def drop_legacy_log_events() -> None:
-    """Stop mitmproxy turning every log record into an `add_log` event.
-
-    A Master installs a handler that, for each record, wakes the event loop through its self-pipe
-    and calls every addon's `add_log` hook, a hook deprecated since mitmproxy 9 that no addon here
-    implements. hopmeter logs a line per flow: that cost ~70 µs of CPU per flow of ~1,950 (five-
-    event flows, as in the bench soak). The records still reach the console through mitmproxy's
-    terminal log handler.
-    """
-    legacy = getattr(mitmlog, "LegacyLogEvents", None)  # gone in a later mitmproxy: nothing to do
-    if legacy is None:
-        return
-    for handler in list(logging.getLogger().handlers):
-        if isinstance(handler, legacy):
-            logging.getLogger().removeHandler(handler)
 
 
 def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
