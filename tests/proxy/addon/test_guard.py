@@ -277,3 +277,16 @@ def test_the_eager_strategy_is_warned_about(caplog: pytest.LogCaptureFixture) ->
         assert "connection_strategy is eager" in caplog.text
 
     run(body)
+
+
+def test_no_proxy_server_no_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    """`mitmdump -n` (server off: reading a flow file, say) runs no proxy: the strategy and
+    timeout warnings, which are about connections, are not given."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, tctx: Any) -> None:
+        tctx.options.update(server=False, connection_strategy="eager", tcp_timeout=1)
+        with caplog.at_level(logging.WARNING):
+            guard.running()
+        assert "hopmeter:" not in caplog.text
+
+    run(body)

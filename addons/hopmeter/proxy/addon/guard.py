@@ -120,6 +120,8 @@ class UpstreamGuard:
 
     def running(self) -> None:
         opts = ctx.options
+        if not opts.server:  # `mitmdump -n` (reading a file, say): no proxy, nothing to warn of
+            return
         if opts.connection_strategy == "eager":
             log.warning(
                 "hopmeter: connection_strategy is eager: a client whose upstream cannot be "
