@@ -128,7 +128,7 @@ def test_findings_come_in_order_upstream_then_detectors_then_the_proxy_s() -> No
     passage = PassageSeen(
         section={"stream": "chained", "edited": "after_streaming"},
         error=None,
-        informational=False,
+        cause="mitmproxy_error",
         edited_after_streaming=True,
         streamed_bytes=100,
     )

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from hopmeter.core.detectors import FIXES
-from hopmeter.core.passage import INFORMATIONAL, PassageSeen, edited_after_streaming, proxy_failed
+from hopmeter.core.passage import (
+    H2_PRIOR_KNOWLEDGE,
+    INFORMATIONAL,
+    PassageSeen,
+    edited_after_streaming,
+    proxy_failed,
+)
 from hopmeter.core.vocab import FindingKind, Severity
 
 
 def test_a_proxy_failure_is_an_error_naming_its_cause() -> None:
     """mitmproxy failing on a flow is an error finding whose evidence and fix name the cause:
-    a 1xx taken for the final response, or a crash of its layers."""
-    early = proxy_failed("HTTP/1 103 Early Hints taken for the final response", informational=True)
-    crash = proxy_failed("NotImplementedError: trailers", informational=False)
-    assert early.kind == crash.kind == FindingKind.PROXY_FAILED
-    assert early.severity == crash.severity == Severity.ERROR
+    a 1xx taken for the final response, a clear-text HTTP/2 client, or a crash of its layers."""
+    early = proxy_failed("HTTP/1 103 Early Hints taken for the final response", INFORMATIONAL)
+    crash = proxy_failed("NotImplementedError: trailers")
+    h2c = proxy_failed("HTTP/2 connection preface", H2_PRIOR_KNOWLEDGE)
+    assert early.kind == crash.kind == h2c.kind == FindingKind.PROXY_FAILED
+    assert early.severity == crash.severity == h2c.severity == Severity.ERROR
+    assert h2c.evidence["cause"] == "h2_prior_knowledge" and "HTTP/1.1" in h2c.fix
     assert early.evidence["cause"] == INFORMATIONAL and "HTTP/2" in early.fix
     assert crash.evidence == {"cause": "mitmproxy_error", "detail": "NotImplementedError: trailers"}
     assert "trailers" in crash.fix
@@ -34,7 +42,7 @@ def test_how_mitmproxy_moved_a_flow_gives_its_findings() -> None:
     seen = PassageSeen(
         section={"stream": "hopmeter"},
         error="HTTP/1 103 Early Hints taken for the final response",
-        informational=True,
+        cause=INFORMATIONAL,
         edited_after_streaming=True,
         streamed_bytes=7,
     )
@@ -45,7 +53,7 @@ def test_how_mitmproxy_moved_a_flow_gives_its_findings() -> None:
     quiet = PassageSeen(
         section={"stream": "chained"},
         error=None,
-        informational=False,
+        cause="mitmproxy_error",
         edited_after_streaming=False,
         streamed_bytes=None,
     )

@@ -673,7 +673,7 @@ def measured_results() -> list[Any]:
     failure = UpstreamFailure(cause="connect_refused", detail="refused", status_sent=502)
     edited = PassageSeen(
         section={"stream": "buffered", "buffered_by": "modify_body", "body_clipped": "flow_cap"},
-        error="E: x", informational=False, edited_after_streaming=False, streamed_bytes=None,
+        error="E: x", cause="mitmproxy_error", edited_after_streaming=False, streamed_bytes=None,
     )  # fmt: skip
     seens = [
         Seen(**base, response=response, meter=meter, delivery=followed),  # type: ignore[arg-type]

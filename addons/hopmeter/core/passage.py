@@ -26,13 +26,29 @@ CRASH_FIX = (
 )
 
 
-def proxy_failed(detail: str, *, informational: bool) -> Finding:
-    """mitmproxy could not forward the response whole: the client's connection was closed."""
+# A client that opened HTTP/2 in clear text with prior knowledge (its connection preface, `PRI *
+# HTTP/2.0`): mitmproxy speaks HTTP/2 only in TLS, so its disable_h2c addon kills the flow.
+H2_PRIOR_KNOWLEDGE = "h2_prior_knowledge"
+H2_PRIOR_KNOWLEDGE_FIX = (
+    "The client opened HTTP/2 without TLS (prior knowledge: curl --http2-prior-knowledge, gRPC "
+    "clients in plaintext), which mitmproxy does not speak; its connection was closed. Have it "
+    "speak HTTP/1.1 to this listener, or HTTP/2 over TLS (mitmproxy offers it through ALPN)."
+)
+MITMPROXY_ERROR = "mitmproxy_error"
+_CAUSE_FIXES = {
+    INFORMATIONAL: INFORMATIONAL_FIX,
+    H2_PRIOR_KNOWLEDGE: H2_PRIOR_KNOWLEDGE_FIX,
+    MITMPROXY_ERROR: CRASH_FIX,
+}
+
+
+def proxy_failed(detail: str, cause: str = MITMPROXY_ERROR) -> Finding:
+    """mitmproxy could not forward the flow whole: the client's connection was closed."""
     return Finding(
         kind=FindingKind.PROXY_FAILED,
         severity=Severity.ERROR,
-        evidence={"cause": INFORMATIONAL if informational else "mitmproxy_error", "detail": detail},
-        fix=INFORMATIONAL_FIX if informational else CRASH_FIX,
+        evidence={"cause": cause, "detail": detail},
+        fix=_CAUSE_FIXES[cause],
     )
 
 
@@ -53,7 +69,7 @@ class PassageSeen:
 
     section: Mapping[str, Any]  # the record's `mitmproxy` section
     error: str | None  # mitmproxy's own failure on the flow
-    informational: bool  # a 1xx response was taken for the final one
+    cause: str  # what the failure was (MITMPROXY_ERROR, INFORMATIONAL, H2_PRIOR_KNOWLEDGE)
     edited_after_streaming: bool  # a hook edited a body that had already gone to the client
     streamed_bytes: int | None  # what of that body went out, when a copy counted it
 
@@ -61,7 +77,7 @@ class PassageSeen:
         """The findings about how the proxy moved the flow."""
         out = []
         if self.error is not None:
-            out.append(proxy_failed(self.error, informational=self.informational))
+            out.append(proxy_failed(self.error, self.cause))
         if self.edited_after_streaming:
             out.append(edited_after_streaming(self.streamed_bytes))
         return out

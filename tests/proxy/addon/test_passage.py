@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from mitmproxy import exceptions, http
+from mitmproxy.addons.disable_h2c import DisableH2C
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.argtypes import parse_bytes
@@ -344,3 +345,34 @@ def test_a_reply_an_addon_set_at_the_request_hook_is_no_edit(tctx: Any) -> None:
     hm.response(flow)
     (rec,) = records.records
     assert "edited_after_streaming" not in [f["kind"] for f in rec["findings"]]
+
+
+def test_a_clear_text_http2_client_is_told_why_its_connection_closed(tctx: Any) -> None:
+    """An HTTP/2 connection preface on a plain listener (curl --http2-prior-knowledge), which
+    mitmproxy's disable_h2c kills: an error whose proxy_failed finding names the cause and
+    the fix, not a bare killed flow."""
+    _, hm, records = tctx
+    flow = tflow.tflow()
+    flow.request.method, flow.request.path = "PRI", "*"
+    flow.request.http_version = "HTTP/2.0"
+    hm.requestheaders(flow)
+    DisableH2C().request(flow)  # mitmproxy's own addon, as loaded by default
+    hm.error(flow)
+    (record,) = records.records
+    assert record["ended"] == "error" and record["mitmproxy"]["killed"] is True
+    (finding,) = record["findings"]
+    assert finding["kind"] == "proxy_failed"
+    assert finding["evidence"]["cause"] == "h2_prior_knowledge"
+    assert "HTTP/2 over TLS" in finding["fix"]
+
+
+def test_another_killed_flow_has_no_failure_cause(tctx: Any) -> None:
+    """A flow a user's addon kills is an error marked killed, with no proxy failure."""
+    _, hm, records = tctx
+    flow = tflow.tflow()
+    hm.requestheaders(flow)
+    flow.kill()
+    hm.error(flow)
+    (record,) = records.records
+    assert record["ended"] == "error" and record["mitmproxy"]["killed"] is True
+    assert record["findings"] == []

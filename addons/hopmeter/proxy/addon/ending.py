@@ -46,6 +46,7 @@ from hopmeter.clock import MONOTONIC, Clock, Timers, timers_or_loop
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.fingerprint import FINGERPRINT_CHARS
 from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
+from hopmeter.core.passage import H2_PRIOR_KNOWLEDGE
 from hopmeter.core.record import FlowResult, finish
 from hopmeter.core.vocab import Api, Ended
 from hopmeter.core.wire import detect_api, model_from_path
@@ -270,6 +271,8 @@ class Ending:
             ended = Ended.ERROR
             if p is not None:
                 p.killed = True
+                if passage.h2_preface(flow):  # mitmproxy's disable_h2c killed it
+                    p.error, p.cause = passage.H2_PREFACE, H2_PRIOR_KNOWLEDGE
         if meter is not None:
             try:
                 meter.close(end.end_s)

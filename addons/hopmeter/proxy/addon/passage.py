@@ -37,7 +37,7 @@ from typing import Any
 from mitmproxy import flowfilter, http
 from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
 
-from hopmeter.core.passage import PassageSeen
+from hopmeter.core.passage import INFORMATIONAL, MITMPROXY_ERROR, PassageSeen
 from hopmeter.core.vocab import BodyClip
 from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES, sniff_request
 from hopmeter.errors import UsageError
@@ -163,6 +163,7 @@ class FlowPassage:
     edited_before: bool = False  # ... or, a streamed one, before it (hand_off)
     error: str | None = None  # mitmproxy's own failure on this flow
     killed: bool = False  # an addon killed the flow (`flow.kill()`): its connection was closed
+    cause: str = MITMPROXY_ERROR  # what `error` was (core.passage's causes)
     informational: list[int] = field(default_factory=list)  # 1xx statuses taken for the reply
 
     def as_dict(self) -> dict[str, Any] | None:
@@ -200,7 +201,7 @@ class FlowPassage:
         return PassageSeen(
             section=section,
             error=self.error,
-            informational=bool(self.informational),
+            cause=INFORMATIONAL if self.informational else self.cause,
             edited_after_streaming=self.edited and self.stream != BUFFERED,
             streamed_bytes=self.body.seen if self.body is not None else None,
         )
@@ -458,6 +459,16 @@ def informational(flow: http.HTTPFlow) -> bool:
         and 100 <= flow.response.status_code < 200
         and (flow.response.status_code != 101)
     )
+
+
+H2_PREFACE = "HTTP/2 connection preface (PRI *) on a listener without TLS: closed by mitmproxy"
+
+
+def h2_preface(flow: http.HTTPFlow) -> bool:
+    """Whether the flow is an HTTP/2 client's clear-text connection preface, which mitmproxy's
+    disable_h2c addon kills (HTTP/2 only in TLS)."""
+    r = flow.request
+    return r.method == "PRI" and r.path == "*" and r.http_version == "HTTP/2.0"
 
 
 class CrashWatch(logging.Handler):
