@@ -376,3 +376,74 @@ def test_another_killed_flow_has_no_failure_cause(tctx: Any) -> None:
     (record,) = records.records
     assert record["ended"] == "error" and record["mitmproxy"]["killed"] is True
     assert record["findings"] == []
+
+
+def test_every_response_hook_sees_the_kept_body_whatever_the_load_order(tctx: Any) -> None:
+    """The copy becomes the response's content at the body's end, before any `response` hook:
+    a script loaded before hopmeter reads it too (mitmproxy calls the hooks in load order), and
+    that is not taken for an edit."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert flow.response is not None
+    stream = flow.response.stream
+    assert callable(stream)
+    stream(SSE)
+    stream(DONE)
+    stream(b"")
+    seen_first = flow.response.content  # an earlier script's `response` hook
+    hm.response(flow)
+    assert seen_first == SSE + DONE == flow.response.raw_content
+    (record,) = records.records
+    assert "edited" not in record["mitmproxy"]
+    assert "edited_after_streaming" not in [f["kind"] for f in record["findings"]]
+
+
+def test_an_earlier_scripts_edit_of_the_given_body_is_still_seen(tctx: Any) -> None:
+    """A script loaded before hopmeter that replaces the content handed over at the end edited
+    a body that had already gone out: edited_after_streaming, as before."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert flow.response is not None
+    stream = flow.response.stream
+    assert callable(stream)
+    for chunk in (SSE, DONE, b""):
+        stream(chunk)
+    flow.response.content = b"data: changed\n\n"
+    hm.response(flow)
+    (record,) = records.records
+    assert record["mitmproxy"]["edited"] == "after_streaming"
+    assert "edited_after_streaming" in [f["kind"] for f in record["findings"]]
+
+
+def test_a_replaced_callable_leaves_the_content_as_mitmproxy_has_it(tctx: Any) -> None:
+    """An addon loaded after hopmeter that sets `stream = True` replaces hopmeter's callable:
+    nothing was copied, so the content stays None (mitmproxy's "content missing"), not b""."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert flow.response is not None
+    flow.response.stream = True
+    hm.response(flow)
+    assert flow.response.raw_content is None
+    (record,) = records.records
+    assert record["mitmproxy"]["stream"] == "replaced"
+
+
+def test_a_reply_an_addon_set_is_measured_whole(tctx: Any) -> None:
+    """A reply set at `request` (server replay, a script's `http.Response.make`): mitmproxy
+    runs the headers hook, then sends the body whole, never through the stream callable. It is
+    measured whole, as a buffered body (`buffered_by: addon_reply`), not as a stream that sent
+    nothing and ended without its terminal event."""
+    _, hm, records = tctx
+    flow = tflow.tflow()
+    flow.request.path = "/v1/chat/completions"
+    hm.requestheaders(flow)
+    hm.request(flow)
+    flow.response = http.Response.make(200, SSE + DONE, {"content-type": "text/event-stream"})
+    hm.responseheaders(flow)  # mitmproxy emulates it for a reply an addon set
+    hm.response(flow)
+    assert flow.response.raw_content == SSE + DONE
+    (record,) = records.records
+    assert record["mitmproxy"]["buffered_by"] == "addon_reply"
+    assert record["response"]["bytes_out"] == len(SSE + DONE)
+    assert record["api"] == "openai.chat" and record["ended"] == "complete"
+    assert "truncated" not in [f["kind"] for f in record["findings"]]

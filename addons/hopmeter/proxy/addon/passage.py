@@ -66,6 +66,9 @@ REPLACED = "replaced"
 BY_MODIFY_BODY = "modify_body"  # a modify_body spec matches the flow: the edit must apply
 BY_FILTER = "hopmeter_buffer"  # the user's filter matches
 NOT_A_STREAM = "not_a_stream"  # plain mitmproxy: a body of known length that is no event stream
+# a reply an addon set at `request` (server replay, a script's `http.Response.make`): mitmproxy
+# sends it whole after the headers hook, never through the stream callable
+BY_ADDON = "addon_reply"
 # a request body of no stated length from an HTTP/2 (or 3) client: mitmproxy 12 sends it to an
 # HTTP/1 upstream with neither a length nor chunks (connecting lazily, as `hopmeter run` does),
 # so the upstream reads none of it; buffered, it goes with the length it has (`take_request`)
@@ -159,6 +162,7 @@ class FlowPassage:
     body: BodyCopy | None = None
     # the body object the response hook saw last, to tell an edit by a later hook
     hook_body: bytes | None = None
+    given: bytes | None = None  # the kept body, once given to mitmproxy as the content
     edited: bool = False  # a hook changed the body after hopmeter's response hook
     edited_before: bool = False  # ... or, a streamed one, before it (hand_off)
     error: str | None = None  # mitmproxy's own failure on this flow
@@ -212,7 +216,7 @@ class PassageTap(ResponseTap):
     callable first (its exceptions are its own, as without hopmeter: mitmproxy reports them),
     then hopmeter's tap on each piece it returns, then the copy of what goes out."""
 
-    __slots__ = ("body", "inner")
+    __slots__ = ("body", "flow", "inner")
     # another addon's callable may raise: mitmproxy's layers call it, never the relay
     relay_safe = False
 
@@ -220,6 +224,7 @@ class PassageTap(ResponseTap):
         super().__init__(*args, **kwargs)
         self.inner: Callable[[bytes], bytes | Iterable[bytes]] | None = None
         self.body: BodyCopy | None = None
+        self.flow: http.HTTPFlow | None = None  # whose content the copy becomes at the end
 
     def __call__(self, data: bytes) -> bytes | list[bytes]:
         inner = self.inner
@@ -240,10 +245,19 @@ class PassageTap(ResponseTap):
             try:
                 for chunk in [out] if isinstance(out, bytes) else out:
                     body.add(chunk)
+                if not data:
+                    self._give(body)
             except Exception as exc:  # the copy is lost, never a byte of the flow
                 self.body = None
                 self.on_error("body_copy", exc)
         return out
+
+    def _give(self, body: BodyCopy) -> None:
+        """The end of the body, before any `response` hook: the copy becomes the response's
+        content now, so that every hook sees it, those of addons loaded before hopmeter too."""
+        flow, st = self.flow, self.state
+        if flow is not None and st is not None and st.passage is not None and body.held:
+            give(flow, st.passage, body)
 
     @staticmethod
     def _extend(got: list[bytes], out: bytes | list[bytes]) -> None:
@@ -378,20 +392,28 @@ class Passage:
                     '"$(hopmeter --addon-path)"',
                 )
         moved = tap is not None and tap.bytes_out > 0  # not a reply an addon set at `request`
-        if p.stream != BUFFERED and moved and response.raw_content and not self.store_streamed:
-            # a body streamed without mitmproxy's copy has none here (a 101's is empty), unless
-            # a hook that ran before this one set it (an addon loaded before hopmeter): an edit
-            # that came too late
+        content = response.raw_content
+        addon_reply = tap is not None and not moved and content and p.given is None
+        if p.stream in (HOPMETER, CHAINED) and addon_reply:
+            # the body did not go through the stream callable: measured whole (`settle`)
+            if p.body is not None:
+                p.body.release()
+                p.body = None
+            p.stream, p.buffered_by = BUFFERED, BY_ADDON
+        if (
+            p.stream != BUFFERED
+            and moved
+            and content
+            and content is not p.given
+            and not self.store_streamed
+        ):
+            # a body streamed without mitmproxy's copy has none here but the copy hopmeter gave
+            # at its end (a 101's is empty), unless a hook that ran before this one set it (an
+            # addon loaded before hopmeter): an edit that came too late
             p.edited_before = True
         body = p.body
-        if p.stream != BUFFERED and body is not None and body.held:
-            kept = body.take()
-            if response.raw_content is None:  # store_streamed_bodies kept none
-                response.raw_content = kept
-                if body.clipped is not None:
-                    flow.metadata[BODY_META_KEY] = (
-                        f"clipped ({body.clipped}): kept {body.size} of {body.seen} bytes"
-                    )
+        if p.stream not in (BUFFERED, REPLACED) and body is not None and body.held:
+            give(flow, p, body)  # the end never came (an error), or the copy's hand-over failed
         p.hook_body = response.raw_content
 
     def tap(
@@ -422,6 +444,7 @@ class Passage:
                 if p is not None:
                     p.stream = CHAINED
             tap.body = keep  # type: ignore[attr-defined]
+            tap.flow = flow  # type: ignore[attr-defined]
             if p is not None:
                 p.body = keep
         else:
@@ -434,6 +457,20 @@ class Passage:
         if self.keep_body <= 0 or self.store_streamed:
             return None
         return BodyCopy(self.keep_body, self.budget)
+
+
+def give(flow: http.HTTPFlow, p: FlowPassage, body: BodyCopy) -> None:
+    """Give the kept copy of a streamed body to mitmproxy as the response's content, unless it
+    kept one itself (`store_streamed_bodies`), saying in the flow's metadata when it is clipped."""
+    kept = body.take()
+    response = flow.response
+    if response is None or response.raw_content is not None:
+        return
+    response.raw_content = p.given = kept
+    if body.clipped is not None:
+        flow.metadata[BODY_META_KEY] = (
+            f"clipped ({body.clipped}): kept {body.size} of {body.seen} bytes"
+        )
 
 
 def end_informational(flow: http.HTTPFlow, p: FlowPassage) -> None:
@@ -533,6 +570,8 @@ def settle(flow: http.HTTPFlow, p: FlowPassage, meter: Any, tap: Any) -> None:
         return
     final = response.raw_content
     p.edited = p.edited_before or (final is not p.hook_body and final != p.hook_body)
+    if p.stream == BUFFERED and final and tap is not None and not tap.bytes_out:
+        tap.bytes_out = len(final)  # what mitmproxy sent whole (the tap was never called)
     if p.stream == BUFFERED and meter is not None and final:
         t_s = (response.timestamp_end or response.timestamp_start) - flow.request.timestamp_start
         try:
