@@ -13,12 +13,17 @@ from hopmeter.proxy.addon.views import HopmeterContentview, HopmeterRecordConten
 
 
 def test_view_priorities_and_refusals() -> None:
-    """Auto for event streams, by hand for other measured replies, never for requests."""
+    """Auto for measured event streams, by hand for other measured replies, never for requests;
+    a stream with no record yet (mitmdump's flow details print before it exists) shows as
+    mitmproxy shows it."""
     f = tflow.tflow(resp=True)
     view = HopmeterContentview()
+    sse = Metadata(flow=f, http_message=f.response, content_type="text/event-stream")
     assert view.render_priority(b"{}", Metadata(flow=f, http_message=f.response)) == -1
+    assert view.render_priority(b"data: x\n\n", sse) == -1
     f.metadata[META_KEY] = {"api": "openai.chat"}
     assert view.render_priority(b"{}", Metadata(flow=f, http_message=f.response)) == 0
+    assert view.render_priority(b"data: x\n\n", sse) == views.AUTO_PRIORITY
     assert view.render_priority(b"", Metadata(flow=f, http_message=f.request)) == -1
     with pytest.raises(ValueError, match="responses only"):
         view.prettify(b"", Metadata(flow=f, http_message=f.request))

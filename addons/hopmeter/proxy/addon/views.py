@@ -13,7 +13,9 @@ from mitmproxy.contentviews import Contentview, Metadata
 from hopmeter.proxy.addon.ending import Ending
 from hopmeter.proxy.addon.ui import record_of
 
-# Media types the "hopmeter" view is chosen for automatically (above json's 1 and raw's 0.1).
+# Media types the "hopmeter" view is chosen for automatically (above json's 1 and raw's 0.1),
+# once the flow has its record: before that (mitmdump's flow details print at the `response`
+# hook, before the record is made) the stream shows as mitmproxy shows it, its raw events
 STREAM_TYPES = frozenset(
     {"text/event-stream", "application/x-ndjson", "application/ndjson", "application/jsonl"}
 )
@@ -59,9 +61,11 @@ class HopmeterContentview(Contentview):
     def render_priority(self, data: bytes, metadata: Metadata) -> float:
         if not isinstance(metadata.http_message, http.Response):
             return -1
+        if record_of(metadata.flow) is None:
+            return -1  # by hand only: nothing measured to show yet
         if (metadata.content_type or "") in STREAM_TYPES:
             return AUTO_PRIORITY
-        return 0 if record_of(metadata.flow) is not None else -1  # by hand on any measured reply
+        return 0  # by hand on any other measured reply
 
 
 class HopmeterRecordContentview(Contentview):
