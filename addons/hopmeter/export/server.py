@@ -158,12 +158,16 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 9464,
     ready: ReadyCheck | None = None,
+    *,
+    choose: str = "--metrics HOST:PORT",
+    off: str = "--metrics off",
 ) -> MetricsServer:
     """Serve /metrics, /healthz and (given `ready`) /readyz on host:port (0 picks a free port) in
     a daemon thread.
 
     Raises PortError, naming the address and the fix, when the address does not resolve or
-    cannot be bound.
+    cannot be bound: `choose` and `off` say how the user sets another address or none (a flag
+    of `hopmeter run`'s by default, mitmproxy's `--set` in a user's mitmdump).
     """
     registry = target.registry if isinstance(target, Metrics) else target
     try:
@@ -171,7 +175,7 @@ def serve(
     except socket.gaierror as exc:
         raise PortError(
             f"metrics address {host}:{port} does not resolve ({exc.strerror}); choose another "
-            "with --metrics HOST:PORT or turn the endpoint off with --metrics off"
+            f"with {choose} or turn the endpoint off with {off}"
         ) from exc
     family, _, _, _, sockaddr = infos[0]
     address = str(sockaddr[0])
@@ -184,8 +188,8 @@ def serve(
     except OSError as exc:
         what = "is already in use" if exc.errno == errno.EADDRINUSE else f"failed: {exc.strerror}"
         raise PortError(
-            f"metrics port {port} on {host} {what}; choose another with --metrics HOST:PORT "
-            "or turn the endpoint off with --metrics off"
+            f"metrics port {port} on {host} {what}; choose another with {choose} "
+            f"or turn the endpoint off with {off}"
         ) from exc
     server.set_app(_app(registry, ready))
     wake, heard = socket.socketpair()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -166,3 +167,35 @@ def test_otel_output_builds_its_exporter_with_or_without_the_timeline() -> None:
         assert out in meter.observers
         tctx.configure(out, hopmeter_otel_endpoint="")
         assert out.exporter is None and out not in meter.observers
+
+
+@pytest.mark.loopback
+def test_a_taken_metrics_port_names_mitmproxys_setting_in_mitmproxy() -> None:
+    """In a user's mitmdump a taken port's error says how to set another there (`--set
+    hopmeter_metrics=...`; `hopmeter run` says its `--metrics` flag instead)."""
+    meter = HopMeter()
+    out = MetricsOutput(meter)
+    with socket.socket() as taken, taddons.context(meter, out) as tctx:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            with pytest.raises(exceptions.OptionsError) as info:
+                tctx.configure(out, hopmeter_metrics=f"127.0.0.1:{port}")
+        finally:
+            out.done()  # mitmproxy rolled the option back: the default's endpoint is up again
+        message = str(info.value)
+        assert f"metrics port {port} on 127.0.0.1 is already in use" in message
+        assert "--set hopmeter_metrics=HOST:PORT" in message
+        assert "--set hopmeter_metrics=off" in message and "--metrics" not in message
+
+
+def test_no_proxy_server_no_metrics_endpoint() -> None:
+    """`mitmdump -n` (reading a flow file) runs no proxy: nothing is bound (so it never clashes
+    with a running instance's port), and the flows read are still counted."""
+    meter = HopMeter()
+    out = MetricsOutput(meter)
+    with taddons.context(meter, out) as tctx:
+        tctx.options.update(server=False)
+        tctx.configure(out, hopmeter_metrics="127.0.0.1:0")
+        assert out.server is None and out.metrics is not None

@@ -152,6 +152,9 @@ class MetricsOutput(FlowObserver):
         self.outlets = outlets  # its outputs' losses and queues are on /metrics
         self.metrics: Metrics | None = None
         self.server: MetricsServer | None = None
+        # how an error tells the user to choose another address or none: mitmproxy's `--set`
+        # (`hopmeter run` says its flags: hopmeter.proxy.run.runner)
+        self.setting = ("--set hopmeter_metrics=HOST:PORT", "--set hopmeter_metrics=off")
 
     def load(self, loader: Loader) -> None:
         options.declare(loader, options.METRICS)
@@ -178,9 +181,12 @@ class MetricsOutput(FlowObserver):
                 "exposes traffic volumes and model names",
                 address=f"{host}:{port}",
             )
+        if not ctx.options.server:  # `mitmdump -n` (reading a flow file): no proxy to watch
+            return
         try:
             ready = self.readiness.answer if self.readiness is not None else None
-            self.server = serve(self.metrics, host, port, ready)
+            choose, off = self.setting
+            self.server = serve(self.metrics, host, port, ready, choose=choose, off=off)
         except PortError as exc:
             raise exceptions.OptionsError(str(exc)) from None
 

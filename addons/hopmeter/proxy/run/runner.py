@@ -136,6 +136,7 @@ async def run_proxy(
     meter, readiness, metrics = addons[0], addons[2], addons[4]
     assert isinstance(meter, HopMeter) and isinstance(readiness, Readiness)
     assert isinstance(metrics, MetricsOutput)
+    metrics.setting = ("--metrics HOST:PORT", "--metrics off")  # errors name the flags
     master = LeanMaster(opts, QueuedTermLog(queues.outlets, log_target(cfg)), scripts=addons)
     drain = Drain(meter, readiness, queues.outlets)
     relays = relay.Relay(meter.relay_failed)
