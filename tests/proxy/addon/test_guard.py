@@ -267,11 +267,16 @@ def test_timeouts_must_be_positive() -> None:
 
 
 def test_the_eager_strategy_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
-    """With connection_strategy=eager (mitmproxy's default) the guard says once that an
-    unreachable upstream then closes connections unanswered and unrecorded."""
+    """With connection_strategy=eager (mitmproxy's default) a reverse proxy's guard says once
+    that an unreachable upstream then closes connections unanswered and unrecorded; a regular
+    proxy's, which connects once it has the request, does not."""
 
     async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, tctx: Any) -> None:
-        tctx.options.update(connection_strategy="eager", tcp_timeout=600)
+        tctx.options.update(connection_strategy="eager", tcp_timeout=600, mode=["regular"])
+        with caplog.at_level(logging.WARNING):
+            guard.running()
+        assert "connection_strategy is eager" not in caplog.text
+        tctx.options.update(mode=["regular", "reverse:http://127.0.0.1:9@8081"])
         with caplog.at_level(logging.WARNING):
             guard.running()
         assert "connection_strategy is eager" in caplog.text

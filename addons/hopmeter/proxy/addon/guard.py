@@ -122,7 +122,10 @@ class UpstreamGuard:
         opts = ctx.options
         if not opts.server:  # `mitmdump -n` (reading a file, say): no proxy, nothing to warn of
             return
-        if opts.connection_strategy == "eager":
+        # eager connects when a client connects, to an address known then: a reverse proxy's
+        # (a regular proxy learns it from the request, and answers 502 as with lazy)
+        reverse = any(str(m).startswith("reverse:") for m in opts.mode)
+        if opts.connection_strategy == "eager" and reverse:
             log.warning(
                 "hopmeter: connection_strategy is eager: a client whose upstream cannot be "
                 "reached gets its connection closed unanswered, with no record; "
