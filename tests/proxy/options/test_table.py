@@ -4,11 +4,13 @@ sets, all made from the one table."""
 from __future__ import annotations
 
 import argparse
+import logging
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from mitmproxy import optmanager
+from mitmproxy.test import taddons
 
 from hopmeter import cli, env
 from hopmeter.errors import UsageError
@@ -224,3 +226,56 @@ def test_a_metrics_address_that_is_a_listen_address_is_refused(metrics: str) -> 
     )
     with pytest.raises(UsageError, match="is also a listen address"):
         check_ports(cfg)
+
+
+def test_a_set_value_mitmproxy_cannot_convert_is_refused_by_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`mitmdump -s hopmeter --set hopmeter_mark=maybe`: mitmproxy converts a script's `--set`
+    values after the script loaded and, on one it cannot convert, drops the whole script without
+    a word. hopmeter checks them as it declares its options: each bad one is an error naming
+    the option and what it takes (mitmdump stops at start-up on it), and keeps its default;
+    good ones apply as given."""
+    with taddons.context() as tctx:
+        tctx.options.set(
+            "hopmeter_metrics=off",
+            "hopmeter_mark=maybe",
+            "hopmeter_chaos_seed=x",
+            "hopmeter_stream=bogus",
+            "hopmeter_hop=edge",
+            defer=True,  # as mitmdump's command line does, before the script has loaded
+        )
+        with caplog.at_level(logging.ERROR):
+            tctx.master.addons.add(*default_addons())
+        o = tctx.options
+        assert (o.hopmeter_mark, o.hopmeter_stream, o.hopmeter_hop) == (True, "streams", "edge")
+        assert o.hopmeter_chaos_seed == OPTIONS["hopmeter_chaos_seed"].default
+        assert tctx.master.addons.get("hopmeter") is not None
+        tctx.master.addons.get("metricsoutput").done()
+    errors = {r.getMessage() for r in caplog.records if r.levelno == logging.ERROR}
+    assert errors == {
+        "hopmeter: --set hopmeter_stream=bogus: expected one of streams, all",
+        "hopmeter: --set hopmeter_chaos_seed=x: expected a whole number",
+        "hopmeter: --set hopmeter_mark=maybe: expected true or false",
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind_of", "given", "problem"),
+    [
+        ("hopmeter_mark", ["true"], None),
+        ("hopmeter_mark", [], None),
+        ("hopmeter_mark", ["toggle"], None),
+        ("hopmeter_mark", ["yes"], "expected true or false"),
+        ("hopmeter_chaos_seed", ["12"], None),
+        ("hopmeter_chaos_seed", ["1.5"], "expected a whole number"),
+        ("hopmeter_stream", ["all"], None),
+        ("hopmeter_stream", ["all", "streams"], "given more than once; give it once"),
+        ("hopmeter_hop", ["anything"], None),
+    ],
+)
+def test_what_mitmproxy_could_not_convert(
+    kind_of: str, given: list[str], problem: str | None
+) -> None:
+    """The conversion mitmproxy 12's optmanager makes of `--set` strings, and its refusals."""
+    assert options.table.unconvertible(OPTIONS[kind_of], given) == problem

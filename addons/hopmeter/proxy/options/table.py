@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hopmeter.log import get_logger
 from hopmeter.proxy.options.declared import SETTINGS
 from hopmeter.proxy.options.setting import OPTION_TYPES, Kind, Setting
 
 # Every mitmproxy option hopmeter declares, by name; every flag of `hopmeter run`, in order.
 OPTIONS: dict[str, Setting] = {s.option: s for s in SETTINGS if s.option}
 FLAGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.flag)
+
+log = get_logger()
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -24,13 +27,55 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def declare(loader: Any, addon: str) -> None:
-    """Declare the options `addon` owns with mitmproxy's loader (an addon's `load`)."""
+    """Declare the options `addon` owns with mitmproxy's loader (an addon's `load`), and refuse
+    a `--set` value for one of them that mitmproxy could not convert (`refuse_unconvertible`)."""
     owned = [s for s in SETTINGS if s.option and s.addon == addon]
     if not owned:
         raise ValueError(f"no option is declared for the addon {addon!r}")
     for s in owned:
         choices = tuple(str(c) for c in s.choices) or None
         loader.add_option(s.option, OPTION_TYPES[s.kind], option_default(s), s.option_help, choices)
+    refuse_unconvertible(getattr(getattr(loader, "master", None), "options", None), owned)
+
+
+def refuse_unconvertible(opts: Any, owned: list[Setting]) -> None:
+    """mitmproxy keeps `--set` values for a script's options until the script has loaded, then
+    converts them; one it cannot convert (a switch or a number given another word, a value not
+    among an option's choices) makes it drop the whole script without a word (mitmproxy 12:
+    hopmeter would not run at all). Convert them here as mitmproxy would: a bad one is logged
+    as an error naming the option and what it takes (mitmdump then stops at start-up, as for
+    its own options) and dropped, so that the option keeps its default."""
+    deferred = getattr(opts, "deferred", None)
+    if not isinstance(deferred, dict):
+        return
+    for s in owned:
+        given = getattr(deferred.get(s.option), "val", None)  # mitmproxy's unconverted strings
+        if not isinstance(given, list):
+            continue
+        problem = unconvertible(s, [str(v) for v in given])
+        if problem is not None:
+            del deferred[s.option]
+            log.error(f"hopmeter: --set {s.option}={' '.join(given)}: {problem}")
+
+
+def unconvertible(setting: Setting, given: list[str]) -> str | None:
+    """Why mitmproxy could not convert `--set` strings to `setting`'s option, or None."""
+    if setting.kind is Kind.LIST:
+        return None
+    if len(given) > 1:
+        return "given more than once; give it once"
+    word = given[0] if given else ""
+    kind = OPTION_TYPES[setting.kind]
+    if kind is bool and word not in ("", "true", "false", "toggle"):
+        return "expected true or false"
+    if kind is int:
+        try:
+            int(word)
+        except ValueError:
+            return "expected a whole number"
+    if setting.choices and word not in {str(c) for c in setting.choices}:
+        return f"expected one of {', '.join(str(c) for c in setting.choices)}"
+    return None
 
 
 def option_default(setting: Setting) -> Any:
