@@ -96,6 +96,7 @@ class Seen:
     chaos: tuple[str, ...] | None = None  # the --chaos actions that re-cut the response
     relay_error: str | None = None  # the fault that made the relay cut the client's connection
     passage: PassageSeen | None = None
+    mono_start_s: float | None = None  # the request's start, monotonic (FlowResult's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

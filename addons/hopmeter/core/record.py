@@ -54,6 +54,9 @@ class FlowResult:
     # a flow still in flight that cannot be this reply from one that may be (proxy.pairing)
     opening: str = ""
     measurement: Measurement | None = None  # None: a record read back, or a test's
+    # the request's start on the process's monotonic clock, in memory only: the live pairing of
+    # one process's listeners times their flows by it, whatever the wall clock did meanwhile
+    mono_start_s: float | None = None
 
 
 def finish(seen: Seen, counters: CounterSource) -> FlowResult:
@@ -66,6 +69,7 @@ def finish(seen: Seen, counters: CounterSource) -> FlowResult:
         delivery=m.delivery,
         opening=m.opening,
         measurement=m,
+        mono_start_s=seen.mono_start_s,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -376,3 +377,31 @@ def test_requests_decided_together_go_out_one_per_turn_of_the_loop() -> None:
         assert [r.record["hop"] for r in emitted if "hops" in r.record] == ["edge"]
         emitted.clear()
     assert written == [["o0", "e0"], ["o1", "e1"], ["o2", "e2"]]
+
+
+def test_a_wall_clock_step_between_two_requests_is_not_a_hold() -> None:
+    """The wall clock stepped 3 h between the edge's request and the origin's (NTP, a suspended
+    VM): their records' starts are 3 h apart, their monotonic starts 2 ms. One process's pair is
+    aligned on the monotonic clock: the holds are the edge's own (~0), not -3 h or +3 h."""
+    step = 3 * 3600.0
+    for sign in (1, -1):
+        p = Pairing()
+        p.start("t1", 0.0, "edge-t1")
+        p.start("t1", 0.002, "origin-t1", "edge-t1")
+        inner = result("origin", 1000.002 + sign * step, parent="edge-t1")
+        outer = result("edge", 1000.0)
+        p.finish(dataclasses.replace(inner, mono_start_s=50.002))
+        (out,) = p.finish(dataclasses.replace(outer, mono_start_s=50.0))
+        (seg,) = out.record["hops"]
+        assert abs(seg["first_token_hold_s"]) < 0.01, seg
+        assert 0 <= seg["request_delay_s"] < 0.01, seg
+
+
+def test_records_without_a_monotonic_start_align_on_their_wall_starts() -> None:
+    """Results made of records alone (read back, or a test's) keep their wall starts."""
+    p = Pairing()
+    p.start("t1", 0.0, "edge-t1")
+    p.start("t1", 0.5, "origin-t1", "edge-t1")
+    p.finish(result("origin", 0.5, parent="edge-t1"))
+    (out,) = p.finish(result("edge", 0.0))
+    assert out.record["hops"][0]["request_delay_s"] == pytest.approx(0.5)

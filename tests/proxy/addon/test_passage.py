@@ -38,9 +38,11 @@ class Records(FlowObserver):
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.results: list[FlowResult] = []
 
     def observe(self, result: FlowResult) -> None:
         self.records.append(result.record)
+        self.results.append(result)
 
 
 @pytest.fixture
@@ -133,6 +135,9 @@ def test_an_event_stream_is_streamed_and_its_body_kept(tctx: Any) -> None:
     assert flow.response is not None and flow.response.raw_content == b"".join(out)
     (record,) = records.records
     assert record["mitmproxy"]["body_kept_bytes"] == len(b"".join(out)) > 0
+    # the request's start on the monotonic clock rides along (live pairing), not in the record
+    (result,) = records.results
+    assert result.mono_start_s is not None and "mono_start_s" not in str(record)
 
 
 def test_a_json_reply_of_known_length_stays_buffered_in_plain_mitmproxy(tctx: Any) -> None:

@@ -306,6 +306,7 @@ class Ending:
             chaos=_chaos(tap),
             relay_error=state.relay_error,
             passage=p.seen() if p is not None else None,
+            mono_start_s=state.mono0 - state.skew_s,
         )
         return flow, seen
 

@@ -28,6 +28,7 @@ from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from hopmeter.core.fingerprint import Fingerprint
 from hopmeter.core.hops import Segment, chained
@@ -124,6 +125,25 @@ class _Unit:
             return False
         n = min(len(flow.opening), len(self.opening))
         return flow.opening[:n] == self.opening[:n]
+
+
+def on_one_clock(results: Sequence[FlowResult]) -> list[dict[str, Any]]:
+    """The records of one process's flows, for aligning them as read from one clock: each
+    request's start moved to where the process's monotonic clock puts it (one wall-clock
+    reading, the first record's, anchors them all), so that a step of the wall clock between
+    two requests (NTP, a suspended VM) does not become hours of hold. Records without the
+    monotonic start (read back, a test's) are taken as they are."""
+    if not results or any(r.mono_start_s is None for r in results):
+        return [r.record for r in results]
+    first = results[0]
+    anchor = float(first.record["request"]["t_start"]) - (first.mono_start_s or 0.0)
+    return [
+        {
+            **r.record,
+            "request": {**r.record["request"], "t_start": anchor + (r.mono_start_s or 0.0)},
+        }
+        for r in results
+    ]
 
 
 def _start(r: FlowResult) -> float:
@@ -244,7 +264,7 @@ class Pairing:
     def _with_hops(self, out: list[FlowResult], done: list[FlowResult]) -> list[FlowResult]:
         """`out` with each request's outermost record carrying the segments of its chain."""
         heads: dict[int, FlowResult] = {}
-        for c, links in chained([r.record for r in done], self.order, one_clock=True):
+        for c, links in chained(on_one_clock(done), self.order, one_clock=True):
             segs = [s for _, s in links]
             self._learn(segs)
             if segs:
@@ -375,7 +395,7 @@ class Pairing:
         """Pair one group of waiting requests and give every record its `pairing`; queue their
         records to be handed out, a few per turn, a paired request's with its segments."""
         results = [r for u in comp for r in u.results]
-        records = [r.record for r in results]
+        records = on_one_clock(results)
         matching = match_records(records, LIVE_SLACK_S)
         if unsure:  # a flow that may carry the same reply is still in flight: trace pairs only
             matching = without_content(matching, records)
@@ -394,7 +414,7 @@ class Pairing:
         """One paired group's records, each request's outermost with its segments, inner flows
         first as they finished."""
         out = list(group)
-        for members, segs in segments([r.record for r in group], self.order, one_clock=True):
+        for members, segs in segments(on_one_clock(group), self.order, one_clock=True):
             self._learn(segs)
             head = members[0]
             dropped = trace_dropped(segs)
