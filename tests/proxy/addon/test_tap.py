@@ -66,6 +66,41 @@ class TestResponseTap:
         assert tap.meter is None and errors == ["response_tap"]
         assert tap.error == "KeyError: 'x'"
 
+    @pytest.mark.parametrize("where", ["out", "queue"])
+    def test_a_stamp_that_fails_costs_measuring_never_the_chunk(self, where: str) -> None:
+        """Even out of memory while stamping (the FlowOut's write counter, the measuring queue's
+        timer), the chunk comes back whole and in place: an exception leaving the callable
+        would lose it while mitmproxy goes on with the next, a hole the client cannot see. The
+        flow's measuring stops, once, and the failure is counted; a counter that fails too is
+        lost with it."""
+
+        class Broken:
+            def chunk(self, n: int, now: float) -> None:
+                raise MemoryError
+
+        class BrokenQueue(MeasureQueue):
+            def _schedule(self, now: float) -> None:
+                raise MemoryError
+
+        errors: list[str] = []
+        queue = BrokenQueue() if where == "queue" else MeasureQueue()
+        tap = ResponseTap(state(), queue, lambda w, exc: errors.append(w))
+        tap.meter = meter()
+        if where == "out":
+            tap.out = Broken()  # type: ignore[assignment]
+        assert [tap(CHUNK), tap(CHUNK), tap(b"")] == [CHUNK, CHUNK, b""]
+        assert tap.bytes_out == 2 * len(CHUNK)
+        assert tap.meter is None and tap.error == "MemoryError: " and errors == ["response_tap"]
+
+        def failing_counter(w: str, exc: BaseException) -> None:
+            raise RuntimeError("the counter broke too")
+
+        tap = ResponseTap(state(), queue, failing_counter)
+        tap.meter = meter()
+        if where == "out":
+            tap.out = Broken()  # type: ignore[assignment]
+        assert tap(CHUNK) == CHUNK and tap.meter is None
+
     def test_unmeasured_taps_queue_nothing(self) -> None:
         """A tap without a meter (measuring failed or was never set up) only forwards."""
         queue = MeasureQueue()

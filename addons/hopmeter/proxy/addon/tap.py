@@ -13,6 +13,7 @@ millisecond later with the time it was stamped, so nothing measured moves and no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -209,15 +210,21 @@ class ResponseTap:
         now = self.last_s = self.clock()
         if data and self.meter is not None:
             # Stamp now; measure after the chunk is written (MeasureQueue). The FlowOut arms the
-            # client connection's write counter with the chunk. Nothing here can raise short of
-            # running out of memory (FlowOut.chunk catches its own failures).
-            out = self.out
-            if out is not None:
-                out.chunk(len(data), now)
-            queue = self.queue  # MeasureQueue.add, inlined: a call less on every chunk
-            queue.pending.append((self, data, now))
-            if not queue.scheduled:
-                queue._schedule(now)
+            # client connection's write counter with the chunk. An exception that left the
+            # callable would cost the client this chunk while mitmproxy went on with the next
+            # (its layers log the crash and carry on): a hole in the body. Nothing here raises
+            # short of running out of memory, but then too only measuring stops (a `try` costs
+            # nothing unless it catches).
+            try:
+                out = self.out
+                if out is not None:
+                    out.chunk(len(data), now)
+                queue = self.queue  # MeasureQueue.add, inlined: a call less on every chunk
+                queue.pending.append((self, data, now))
+                if not queue.scheduled:
+                    queue._schedule(now)
+            except Exception as exc:
+                self.fail(exc)
         if self.chaos is not None:
             return self._chaos(data)
         self.bytes_out += len(data)
@@ -257,11 +264,17 @@ class ResponseTap:
             self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:
-        """Stop measuring this flow, say so once, and count it."""
+        """Stop measuring this flow, say so once, and count it. Never raises: it runs inside the
+        stream callable and in the measuring batch, where an exception would cost the client
+        bytes or other flows their measuring (a counter that fails is lost with it)."""
         self.meter = None
         if self.error is None:
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-            self.on_error("response_tap", exc)
+            try:
+                self.error = f"{type(exc).__name__}: {exc}"[:300]
+            except Exception:  # an exception whose text fails
+                self.error = type(exc).__name__
+            with contextlib.suppress(Exception):
+                self.on_error("response_tap", exc)
 
 
 class MeasureQueue:
