@@ -70,3 +70,17 @@ def test_a_usage_error_names_the_fix(capsys: pytest.CaptureFixture[str]) -> None
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("hopmeter: unknown scenario key 'colaesce'")
     assert "coalesce" in line
+
+
+def test_said_names_an_exception_and_never_raises() -> None:
+    """An exception as a record says it: type and text, clipped; one whose text fails by its
+    type (said in error paths, where a second exception would escape)."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    said = errors.said
+    assert said(ValueError("bad byte")) == "ValueError: bad byte"
+    assert said(ValueError("x" * 500)) == ("ValueError: " + "x" * 500)[:300]
+    assert said(Unprintable()) == "Unprintable"

@@ -62,3 +62,13 @@ class TimelineError(OtlpError):
 
 class BeaconError(HopmeterError):
     """A browser beacon that cannot be read: not JSON, a field of the wrong type or size."""
+
+
+def said(exc: BaseException, limit: int = 300) -> str:
+    """An exception as a record or a log line says it: its type and text, at most `limit`
+    characters. Never raises (an exception whose text fails is named by its type)."""
+    name = type(exc).__name__
+    try:
+        return f"{name}: {exc}"[:limit]
+    except Exception:
+        return name[:limit]

@@ -26,7 +26,7 @@ from mitmproxy.addonmanager import Loader
 from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
-from hopmeter.errors import HopmeterError, UsageError
+from hopmeter.errors import HopmeterError, UsageError, said
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 from hopmeter.proxy import options
@@ -171,7 +171,7 @@ class HopMeter:
         """A fault in `hopmeter run`'s relay (proxy/fastpath/relay.py), counted and logged. `cut`:
         the relay had begun moving a read and reset the client's connection, so the flow ends as
         an error with the fault as its `relay_error`; else mitmproxy's layers moved the read."""
-        error = f"{type(exc).__name__}: {exc}"[:300]
+        error = said(exc)
         with contextlib.suppress(Exception):
             state = self._state(flow)
             if cut and state is not None and state.relay_error is None:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from hopmeter.errors import said
 from hopmeter.export import FlowObserver
 from hopmeter.log import get_logger
 
@@ -82,7 +83,7 @@ class Observers:
             log.warning(
                 "hopmeter: a fast path past mitmproxy failed; mitmproxy's own step took over",
                 where=where,
-                error=f"{type(exc).__name__}: {exc}"[:300],
+                error=said(exc),
             )
 
     def relay_failed(self, error: str, cut: bool) -> None:

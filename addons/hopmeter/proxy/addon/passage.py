@@ -40,7 +40,7 @@ from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
 from hopmeter.core.passage import INFORMATIONAL, MITMPROXY_ERROR, PassageSeen
 from hopmeter.core.vocab import BodyClip
 from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES, sniff_request
-from hopmeter.errors import UsageError
+from hopmeter.errors import UsageError, said
 from hopmeter.log import get_logger
 from hopmeter.proxy.addon.failures import answer_and_close
 from hopmeter.proxy.addon.tap import (
@@ -520,7 +520,7 @@ class CrashWatch(logging.Handler):
         if record.msg != CRASH_MESSAGE:
             return
         exc = record.exc_info[1] if record.exc_info else None
-        detail = f"{type(exc).__name__}: {exc}"[:300] if exc is not None else "unknown"
+        detail = said(exc) if exc is not None else "unknown"
         try:
             self.on_crash(getattr(record, "client", None), detail)
         except Exception:  # a log handler that raises would print its own traceback

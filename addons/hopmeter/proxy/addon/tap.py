@@ -26,6 +26,7 @@ from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.wire import detect_api, sniff_request
+from hopmeter.errors import said
 from hopmeter.proxy.addon.chaos import Chaos
 from hopmeter.proxy.delivery.lane import LAG_FLOOR_S, STEP_FLOOR_S
 
@@ -269,10 +270,7 @@ class ResponseTap:
         bytes or other flows their measuring (a counter that fails is lost with it)."""
         self.meter = None
         if self.error is None:
-            try:
-                self.error = f"{type(exc).__name__}: {exc}"[:300]
-            except Exception:  # an exception whose text fails
-                self.error = type(exc).__name__
+            self.error = said(exc)
             with contextlib.suppress(Exception):
                 self.on_error("response_tap", exc)
 

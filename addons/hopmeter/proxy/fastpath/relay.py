@@ -739,20 +739,21 @@ class BodyRelay:
         """A fault before anything of a read changed: the relay steps aside for the rest of this
         response, mitmproxy's layers move the read."""
         self.dead = True
-        STATS.faults[LEFT] += 1
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # never raises: it runs on mitmproxy's read path
+            STATS.faults[LEFT] += 1
             self.on_fault(self.flow, exc, False)
 
     def cut(self, exc: BaseException) -> None:
         """A fault once a read was under way: some of it may have reached the client, the rest
         cannot follow in order. End the client's connection with a reset, so that the client
-        can tell its body is not whole, and have the flow recorded as ended by an error."""
+        can tell its body is not whole, and have the flow recorded as ended by an error. Never
+        raises: it runs on mitmproxy's read path, and the reset must happen whatever failed."""
         if self.cut_at is not None:
             return
         self.dead = True
         self.cut_at = exc
-        STATS.faults[CUT] += 1
         with contextlib.suppress(Exception):
+            STATS.faults[CUT] += 1
             self.on_fault(self.flow, exc, True)
         try:
             transport = self.writer.transport
