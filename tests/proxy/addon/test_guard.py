@@ -17,6 +17,7 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
+from hopmeter.proxy.addon import guard as guard_module
 from hopmeter.proxy.addon.guard import BODY, FORGET_CLOSED_S, HEADERS, UpstreamGuard
 from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.readiness import Readiness
@@ -295,3 +296,36 @@ def test_no_proxy_server_no_warnings(caplog: pytest.LogCaptureFixture) -> None:
         assert "hopmeter:" not in caplog.text
 
     run(body)
+
+
+def test_a_failing_timeout_is_counted_and_still_ends_the_flow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault in acting on a timeout that came is counted and the client's connection is
+    still closed (a silent upstream must not hold the client for good); a fault in telling
+    whether it came is counted and leaves the flow alone, the timer trying again a limit later."""
+    closed: list[str] = []
+    monkeypatch.setattr(guard_module, "answer_and_close", lambda f, *a: closed.append(f.id))
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("guard bug")
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        errors: list[str] = []
+        meter.internal_error = lambda where, exc=None: errors.append(where)  # type: ignore[method-assign]
+        acting, telling = request_flow(), request_flow()
+        for flow in (acting, telling):
+            meter.requestheaders(flow)
+            guard.requestheaders(flow)
+            guard.server_connected(
+                ServerConnectionHookData(server=flow.server_conn, client=flow.client_conn)
+            )
+        monkeypatch.setattr(guard, "_timed_out", broken)
+        monkeypatch.setattr(guard, "_last", lambda w: broken() if w.flow is telling else 0.0)
+        guard.clock.advance(0.05)
+        assert closed == [acting.id] and errors == ["guard", "guard"]
+        assert guard.watches[telling.id].handle is not None  # armed again
+        guard.clock.advance(0.05)
+        assert errors == ["guard", "guard", "guard"] and closed == [acting.id]
+
+    run(body, hopmeter_read_timeout="50ms")

@@ -26,6 +26,7 @@ running loop by default); tests hand in a `hopmeter.testing.ManualClock` and adv
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,6 +78,8 @@ class Measured(Protocol):
     stopped: bool
 
     def upstream_failed(self, flow: http.HTTPFlow, failure: UpstreamFailure) -> None: ...
+
+    def internal_error(self, where: str, exc: BaseException | None = None) -> None: ...
 
 
 class UpstreamGuard:
@@ -283,7 +286,20 @@ class UpstreamGuard:
         )
 
     def _fire(self, watch: Watch) -> None:
-        """The timer came due: re-arm if there was life since, else act on the silence."""
+        """The timer came due: re-arm if there was life since, else act on the silence. A fault
+        is counted (`internal_errors{where="guard"}`); one in telling whether the timeout came
+        leaves the flow alone (the timer tries again a limit later), one in acting on it still
+        closes the client's connection: a silent upstream must not hold the client for good."""
+        try:
+            self._due(watch)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.meter.internal_error("guard", exc)
+            if watch.handle is None and self.watches.get(watch.flow.id) is watch:
+                with contextlib.suppress(Exception):
+                    self._arm(watch, self.clock() + self._limit(watch))
+
+    def _due(self, watch: Watch) -> None:
         watch.handle = None
         if self.watches.get(watch.flow.id) is not watch:
             return
@@ -302,7 +318,13 @@ class UpstreamGuard:
             # (mitmproxy's tcp_timeout guards a client that stops sending)
             self._enter(watch, HEADERS)
             return
-        self._timed_out(watch)
+        try:
+            self._timed_out(watch)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.meter.internal_error("guard", exc)
+            with contextlib.suppress(Exception):  # the timeout came: it still ends the flow
+                answer_and_close(watch.flow, None, "guard", "hopmeter: upstream timed out")
 
     def _timed_out(self, watch: Watch) -> None:
         flow = watch.flow
