@@ -157,6 +157,40 @@ class TestFinish:
 
         run(test)
 
+    def test_a_look_that_fails_is_counted_and_the_looks_go_on(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A fault in a look of the poller is counted and the timer armed again: the ended
+        flows it follows still get their records (a tick that died would hold them all)."""
+
+        async def test() -> None:
+            async with live_client(rcvbuf=4096) as live:
+                now = ManualClock()
+                errors: list[str] = []
+                d = Delivery(lambda where, exc: errors.append(where), clock=now, timers=now)
+                out = d.attach(flow_of(live), chaos=False)
+                out.chunk(256 * 1024, now())
+                live.writer.write(b"z" * (256 * 1024))
+                done: list[float] = []
+                d.finish(out, lambda: done.append(now()))
+                look, failed = d._look, [False]
+
+                def once_broken(armed_at: float) -> None:
+                    if not failed[0]:
+                        failed[0] = True
+                        raise RuntimeError("poller bug")
+                    look(armed_at)
+
+                monkeypatch.setattr(d, "_look", once_broken)
+                now.advance(POLL_IDLE_MAX_S)
+                await asyncio.sleep(0)
+                assert errors == ["delivery"] and now.pending() == 1  # armed again
+                now.advance(WAIT_MAX_S + POLL_IDLE_MAX_S)
+                await asyncio.sleep(0)
+                assert len(done) == 1 and out.done
+
+        run(test)
+
     def test_a_client_that_disconnects_ends_the_wait_with_what_was_seen(self) -> None:
         """forget: the flow is completed at once, its last bytes not seen sent."""
 

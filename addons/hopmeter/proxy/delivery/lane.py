@@ -22,6 +22,7 @@ ones, which would otherwise pass for a slow upstream: the record carries both (d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import resource
 import time
@@ -54,6 +55,7 @@ LAG_FLOOR_S = 0.005
 MAX_LOOP_NOTES = 256
 # A timer due within this of another runs with it (one wake-up, not two).
 _TOGETHER_S = 0.0002
+RETRY_S = 0.05  # the next look after one that failed
 
 
 class LoopLog:
@@ -389,10 +391,22 @@ class Delivery:
         self._timer_at = at
 
     def _tick(self) -> None:
-        now = self.clock()
+        """The look the timer was armed for. A fault is counted and the looks go on (a tick
+        that died would leave every connection's ended flows waiting on it, unrecorded)."""
         armed_at = self._timer_at
-        self.log.lag(now, now - armed_at)
         self._timer, self._timer_at = None, math.inf
+        try:
+            self._look(armed_at)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.on_error("delivery", exc)
+            if self._timer is None and self.active:
+                with contextlib.suppress(Exception):
+                    self._arm(self.clock() + RETRY_S)
+
+    def _look(self, armed_at: float) -> None:
+        now = self.clock()
+        self.log.lag(now, now - armed_at)
         # The loop may run this before `armed_at` on this clock: uvloop rounds a delay to whole
         # milliseconds and counts it from the time it read at the start of its turn, so its timer
         # can fire up to ~1.5 ms early. A look the timer was armed for is taken now, early (its
