@@ -41,7 +41,8 @@ class RequestInfo:
     model: str | None = None
     stream_requested: bool | None = None
     # the API the request's path and headers name: the record's `api` when no response was
-    # measured (the upstream failed, the client left first), so failures keep their API
+    # measured (the upstream failed, the client left first, measuring failed), so such flows
+    # keep their API
     api: str | None = None
 
 

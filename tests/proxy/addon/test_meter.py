@@ -149,6 +149,30 @@ class TestHooks:
         assert tap(DONE) == DONE
         assert tap.meter is None and tap.error == "ValueError: parser bug"
 
+    def test_a_flow_whose_measuring_failed_keeps_the_api_its_request_names(
+        self, meter: HopMeter, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Measuring failed mid-stream: the record (and the metrics' `api` label) still says the
+        API the request's path names, not "other", beside the measuring error."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        flow = sse_flow()
+        meter.requestheaders(flow)
+        meter.responseheaders(flow)
+        tap = flow.response.stream
+        assert callable(tap)
+
+        def broken_feed(data: bytes, now: float) -> None:
+            raise ValueError("parser bug")
+
+        monkeypatch.setattr(tap.meter, "feed", broken_feed)
+        for chunk in (SSE, DONE, b""):
+            tap(chunk)
+        meter.response(flow)
+        (result,) = rec.results
+        assert result.record["api"] == "openai.chat"
+        assert result.record["measuring_error"] == "ValueError: parser bug"
+
     def test_the_request_tap_forwards_the_body_and_reads_the_model(self, meter: HopMeter) -> None:
         """The request body streams through unchanged; its model and stream flag are read."""
         rec = Recorder()

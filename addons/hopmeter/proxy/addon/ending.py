@@ -292,7 +292,7 @@ class Ending:
             parent_span_id=None if trace is None or trace.created else trace.span_id,
             hop=state.hop,
             listener=state.listener,
-            request=_request(flow, state),
+            request=_request(flow, state, measured=meter is not None),
             response=_response(flow, state),
             meter=meter,
             ended=ended,
@@ -402,7 +402,7 @@ def _nowhere(item: Any) -> None:
     """After the last link: nothing."""
 
 
-def _request(flow: http.HTTPFlow, state: FlowState) -> RequestInfo:
+def _request(flow: http.HTTPFlow, state: FlowState, *, measured: bool) -> RequestInfo:
     req = flow.request
     return RequestInfo(
         method=req.method,
@@ -414,13 +414,13 @@ def _request(flow: http.HTTPFlow, state: FlowState) -> RequestInfo:
         bytes=state.request_bytes,
         model=state.request_model or model_from_path(req.path),
         stream_requested=state.stream_requested,
-        api=None if flow.response is not None else _request_api(flow),
+        api=None if measured else _request_api(flow),
     )
 
 
 def _request_api(flow: http.HTTPFlow) -> str | None:
-    """The API the request alone names (its path, its headers), for a flow with no response;
-    None where it names none."""
+    """The API the request alone names (its path, its headers), for a flow whose response was
+    not measured (none came, or measuring failed); None where it names none."""
     req = flow.request
     api = detect_api(req.method, req.path.split("?", 1)[0], header_map(req.headers), {}, "")
     return None if api == Api.OTHER else str(api)
