@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hopmeter.errors import UsageError
-from hopmeter.pidfile import ignore_hangup, pid_file
+from hopmeter.pidfile import REOPEN_SIGNALS, ignore_hangup, pid_file
 
 
 def test_the_pid_is_there_while_the_block_runs_and_gone_after(tmp_path: Path) -> None:
@@ -51,15 +51,19 @@ def test_an_unwritable_pid_file_is_one_clear_error(tmp_path: Path) -> None:
 
 @pytest.fixture
 def hangup() -> Iterator[None]:
-    """Gives SIGHUP its disposition back."""
-    before = signal.getsignal(signal.SIGHUP)
+    """Gives SIGHUP and SIGUSR1 their dispositions back."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGUSR1)}
     yield
-    signal.signal(signal.SIGHUP, before)
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
 
 
 @pytest.mark.usefixtures("hangup")
 def test_hangup_is_ignored_until_the_loop_handles_it() -> None:
-    """A SIGHUP that comes while the command starts does not stop the process."""
+    """A SIGHUP, or nginx's reopen signal USR1, that comes while the command starts does not
+    stop the process."""
+    assert REOPEN_SIGNALS == (signal.SIGHUP, signal.SIGUSR1)
     ignore_hangup()
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-    os.kill(os.getpid(), signal.SIGHUP)  # this test's process survives it
+    for sig in REOPEN_SIGNALS:
+        assert signal.getsignal(sig) is signal.SIG_IGN
+        os.kill(os.getpid(), sig)  # this test's process survives it

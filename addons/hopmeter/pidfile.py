@@ -42,8 +42,17 @@ def pid_file(path: str, flag: str = "--pid-file") -> Iterator[None]:
                 target.unlink()
 
 
+# The signals that reopen a long-running command's files at their paths after a rotation:
+# SIGHUP, and SIGUSR1 as for nginx's logs (a `postrotate` written for nginx must not stop it:
+# USR1's default action ends a process). Neither ever stops one.
+REOPEN_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGHUP", "SIGUSR1") if hasattr(signal, name)
+)
+
+
 def ignore_hangup() -> None:
-    """Ignore SIGHUP until the command's event loop handles it (reopening its files): a rotation
-    that signals a process still starting must not stop it. Children inherit the ignore."""
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    """Ignore the reopen signals until the command's event loop handles them (reopening its
+    files): a rotation that signals a process still starting must not stop it. Children inherit
+    the ignore."""
+    for sig in REOPEN_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

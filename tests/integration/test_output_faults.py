@@ -399,6 +399,35 @@ def rotate(logrotate: str, config: Path, tmp: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_sigusr1_reopens_the_records_as_for_nginx_and_stops_nothing(
+    upstream: int, tmp_path: Path
+) -> None:
+    """A `postrotate` written for nginx sends USR1 (whose default action ends a process): it
+    reopens the records file as SIGHUP does, while streams run; none is cut, the proxy goes on."""
+    records = tmp_path / "records.jsonl"
+    with piped(read=True) as (out, got):
+        proxy = Proxy(upstream, "--records", str(records), stdout=out)
+        try:
+            check_every_stream(run_streams(proxy.port, 10), 10)
+            records.rename(tmp_path / "records.jsonl.1")
+            during = threading.Thread(target=lambda: seen.append(run_streams(proxy.port, 20)))
+            seen: list[Streams] = []
+            during.start()
+            proxy.popen.send_signal(signal.SIGUSR1)
+            during.join(60)
+            check_every_stream(seen[0], 20)
+            wait_for(lambda: b"(SIGHUP or SIGUSR1)" in got, what="the reopen said")
+            check_every_stream(run_streams(proxy.port, 5), 5)
+            assert proxy.popen.poll() is None
+        finally:
+            assert proxy.stop() == 0
+    lines = [
+        *records.read_bytes().splitlines(),
+        *(tmp_path / "records.jsonl.1").read_bytes().splitlines(),
+    ]
+    assert len(lines) == 35 and records.stat().st_size > 0
+
+
 def test_join_serve_reopens_its_records_on_sighup(tmp_path: Path) -> None:
     """`hopmeter join --serve --records --pid-file`: after the file is moved away, SIGHUP makes
     the next joined line go to a new file at the path; the service keeps serving."""

@@ -150,7 +150,10 @@ def test_sighup_to_the_parent_makes_every_worker_reopen_its_records(tmp_path: Pa
         path.records.rename(moved)
         path.proxy.popen.send_signal(signal.SIGHUP)
         # each worker says it reopened: then every flow after goes to the new file
-        wait_for(lambda: path.proxy.output().count("(SIGHUP)") == 2, what="both workers reopen")
+        wait_for(
+            lambda: path.proxy.output().count("(SIGHUP or SIGUSR1)") == 2,
+            what="both workers reopen",
+        )
         flows(FLOWS)
         after = read_records(path.records, FLOWS)
         assert path.proxy.popen.poll() is None

@@ -154,7 +154,7 @@ def test_reopen_writes_the_next_joined_lines_to_a_new_file(
     (tmp_path / "joined.jsonl").rename(tmp_path / "joined.jsonl.1")
     with caplog.at_level("WARNING", logger="hopmeter"):
         svc.reopen()
-    assert f"reopening {tmp_path / 'joined.jsonl'} (SIGHUP)" in caplog.text
+    assert f"reopening {tmp_path / 'joined.jsonl'} (SIGHUP or SIGUSR1)" in caplog.text
     svc.accept(spans(hop_span(other, EDGE), hop_span(other, ORIGIN, hop="origin", parent=EDGE)))
     svc.settle()
     svc.stop()

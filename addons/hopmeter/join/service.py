@@ -39,6 +39,7 @@ from hopmeter.join.grpc import CODE_NAMES, GrpcReceiver
 from hopmeter.join.http import HttpReceiver
 from hopmeter.join.window import JoinWindow, Pair
 from hopmeter.log import get_logger
+from hopmeter.pidfile import REOPEN_SIGNALS
 
 log = get_logger()
 
@@ -147,7 +148,7 @@ class JoinService:
     def reopen(self) -> None:
         """Open the records file again at its path (SIGHUP, after a rotation)."""
         for path in self.outlets.reopen():
-            log.warning(f"hopmeter join: reopening {path} (SIGHUP)")
+            log.warning(f"hopmeter join: reopening {path} (SIGHUP or SIGUSR1)")
 
     def stop(self) -> None:
         """End every trace still waiting (counted lost), write what is queued (for FLUSH_S at
@@ -237,8 +238,9 @@ async def _serve(service: JoinService, cfg: ServeConfig, metrics: MetricsServer 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stopping.set)
-    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):  # no SIGHUP
-        loop.add_signal_handler(signal.SIGHUP, service.reopen)
+    for sig in REOPEN_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, service.reopen)
     every_s = min(MAX_TICK_S, cfg.window_s / TICKS_PER_WINDOW)
     try:
         while not stopping.is_set():

@@ -86,7 +86,7 @@ def test_reopen_reopens_the_files_and_says_so(
     queues.outlets.open("records", str(path))
     with caplog.at_level(logging.INFO, logger="hopmeter"):
         queues.reopen()
-    assert f"hopmeter: reopening {path} (SIGHUP)" in caplog.text
+    assert f"hopmeter: reopening {path} (SIGHUP or SIGUSR1)" in caplog.text
     queues.outlets.close(time.monotonic() + 10)
 
 

@@ -75,10 +75,11 @@ class OutputQueues:
         self.outlets.close(deadline, say=log.error, clock=self.clock)
 
     def reopen(self) -> None:
-        """Open every records file again at its path (SIGHUP, after a rotation); never stops."""
+        """Open every records file again at its path (SIGHUP or SIGUSR1, after a rotation);
+        never stops."""
         paths = self.outlets.reopen()
         if paths:
-            log.info(f"hopmeter: reopening {', '.join(paths)} (SIGHUP)")
+            log.info(f"hopmeter: reopening {', '.join(paths)} (SIGHUP or SIGUSR1)")
 
     def say_losses(self) -> None:
         """Log the losses not said yet (at most once a minute) and any failed reopen."""

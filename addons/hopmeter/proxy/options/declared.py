@@ -319,7 +319,7 @@ SETTINGS = (
         flag="--pid-file",
         metavar="PATH",
         help="write the process id here (with --workers, the parent's), for `kill -HUP` after a "
-        "log rotation: SIGHUP reopens the --records file (deploy/logrotate/hopmeter)",
+        "log rotation: SIGHUP (or USR1) reopens the --records file (deploy/logrotate/hopmeter)",
     ),
     Setting(
         flag="--verbose",

@@ -19,6 +19,7 @@ from mitmproxy import exceptions
 from hopmeter.errors import UsageError
 from hopmeter.export.outlets import STDERR, STDOUT
 from hopmeter.export.prometheus import ProcessCounters
+from hopmeter.pidfile import REOPEN_SIGNALS
 from hopmeter.proxy import fastpath
 from hopmeter.proxy.addon.chain import default_addons
 from hopmeter.proxy.addon.meter import HopMeter
@@ -121,9 +122,9 @@ async def run_proxy(
     """Run the proxy until SIGINT/SIGTERM (or until `on_master`'s caller shuts it down).
 
     The first signal drains (hopmeter.proxy.run.drain): no new connections, the flows in flight
-    finish within the drain timeout; a second one stops at once. SIGHUP reopens the records
-    file at its path (after a rotation) and never stops the proxy. Every line the process writes
-    (records, console, mitmproxy's and hopmeter's log) goes through the outputs' queues
+    finish within the drain timeout; a second one stops at once. SIGHUP (or SIGUSR1, as for
+    nginx) reopens the records file at its path (after a rotation) and never stops the proxy.
+    Every line the process writes (records, console, mitmproxy's and hopmeter's log) goes through the outputs' queues
     (hopmeter.proxy.addon.outlets), so a stalled standard output or a full disk never holds a
     stream.
     """
@@ -159,8 +160,9 @@ async def run_proxy(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, drain.signal)
-    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):  # no SIGHUP
-        loop.add_signal_handler(signal.SIGHUP, queues.reopen)
+    for sig in REOPEN_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, queues.reopen)
     if on_master is not None:
         on_master(master)
     if before is not None:

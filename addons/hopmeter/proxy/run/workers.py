@@ -17,6 +17,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from hopmeter.pidfile import REOPEN_SIGNALS
+
 # How long workers get to drain after the first signal before they are killed, unless the
 # command gives its own (`hopmeter run` passes its drain timeout plus a margin).
 STOP_TIMEOUT_S = 30.0
@@ -38,9 +40,9 @@ def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_
     """Start `workers` copies of `hopmeter run ARGV`, forward signals, return the worst status.
 
     Every signal is forwarded (the first makes each worker drain, a second stops them at once);
-    a worker still running `stop_timeout_s` after the first is killed. SIGHUP is forwarded too,
-    and stops nothing: each worker reopens its records file. A worker that fails (a port, a bad
-    option) stops the others.
+    a worker still running `stop_timeout_s` after the first is killed. SIGHUP and SIGUSR1 are
+    forwarded too, and stop nothing: each worker reopens its records file. A worker that fails
+    (a port, a bad option) stops the others.
     """
     # Each worker in a session of its own: a Ctrl-C in the terminal reaches the parent only, and
     # the parent forwards it once (a worker that got it twice would stop without draining).
@@ -69,8 +71,8 @@ def run_workers(argv: Sequence[str], workers: int, stop_timeout_s: float = STOP_
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, forward_hangup)
+    for sig in REOPEN_SIGNALS:
+        signal.signal(sig, forward_hangup)
     status = 0
     failed: set[int] = set()
     while any(p.poll() is None for p in procs):
