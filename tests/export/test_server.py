@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from hopmeter.errors import PortError, UsageError
+from hopmeter.export import server as server_module
 from hopmeter.export.prometheus import Metrics
 from hopmeter.export.server import WithoutCreated, serve
 from tests.export.test_prometheus import TRACE, flow_record
@@ -233,3 +234,36 @@ def test_an_idle_endpoint_sleeps_until_asked() -> None:
     finally:
         server.close()
     assert not server._thread.is_alive()
+
+
+@pytest.mark.loopback
+def test_connections_past_the_limit_are_closed_and_counted(
+    metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_CONNECTIONS connections that send nothing hold a thread each; one more is closed at
+    once and counted on /metrics; one that sends nothing is closed after its timeout, freeing
+    its place: a flood never costs a thread per connection, nor holds the endpoint for good."""
+    monkeypatch.setattr(server_module._QuietHandler, "timeout", 3.0)
+    server = serve(metrics, port=0)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(server_module.MAX_CONNECTIONS):
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        deadline = time.monotonic() + 10
+        while server._server.slots._value and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.01)  # until every one is taken by its thread
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
+            assert extra.recv(1) == b""  # closed unanswered
+        time.sleep(0.1)
+        assert metrics.registry.get_sample_value("hopmeter_metrics_connections_refused_total") == 1
+        assert idle[0].recv(1) == b""  # its timeout closed it, silent as it was
+        time.sleep(0.2)
+        _, _, body = _get(f"http://127.0.0.1:{server.port}/metrics")
+        assert "hopmeter_metrics_connections_refused_total 1.0" in body
+    finally:
+        for conn in idle:
+            conn.close()
+        server.close()
+    # closed, the endpoint's counter leaves the registry with it (a new endpoint brings its own)
+    assert metrics.registry.get_sample_value("hopmeter_metrics_connections_refused_total") is None
+    serve(metrics, port=0).close()

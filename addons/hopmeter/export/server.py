@@ -12,6 +12,7 @@ touching its process-wide switch (`WithoutCreated`). Binds 127.0.0.1 unless told
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import selectors
@@ -26,7 +27,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hopmeter.errors import PortError
@@ -69,14 +70,62 @@ class WithoutCreated:
         return WithoutCreated(self._registry, names)
 
 
+# At most this many connections are answered at once, each in its own thread; one more is
+# closed at once and counted (`hopmeter_metrics_connections_refused_total`): a flood of
+# connections (or of slow ones) never costs the proxy a thread each.
+MAX_CONNECTIONS = 32
+# A connection that has not sent its request, or not read its answer, this long is closed.
+CONNECTION_TIMEOUT_S = 10.0
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news; stay silent."""
+
+
+class _Refused:
+    """The connections the endpoint closed unanswered, past MAX_CONNECTIONS at once."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "hopmeter_metrics_connections_refused",
+            f"Connections to the metrics endpoint closed unanswered: {MAX_CONNECTIONS} were "
+            "being answered already",
+        )
+        family.add_metric([], self.count)
+        yield family
 
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape in flight must not keep the process alive
     block_on_close = False
+    request_queue_size = 128  # the listen backlog (socketserver's is 5): accepted, then judged
+    refused: _Refused
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection while fewer than MAX_CONNECTIONS are answered, else
+        closed at once and counted."""
+        if not self.slots.acquire(blocking=False):
+            self.refused.count += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind looks up the host's FQDN, a DNS query per start; nothing here
@@ -139,6 +188,8 @@ class MetricsServer:
     _server: WSGIServer
     _thread: threading.Thread
     _wake: socket.socket  # the other end of the thread's wake socket
+    _registry: CollectorRegistry
+    _refused: _Refused
 
     @property
     def url(self) -> str:
@@ -151,6 +202,8 @@ class MetricsServer:
         self._wake.close()  # the thread's end reads EOF and returns
         self._thread.join(timeout=5)
         self._server.server_close()
+        with contextlib.suppress(KeyError):  # its counter goes with it (a new one may come)
+            self._registry.unregister(self._refused)
 
 
 def serve(
@@ -192,11 +245,19 @@ def serve(
             f"or turn the endpoint off with {off}"
         ) from exc
     server.set_app(_app(registry, ready))
+    server.refused, server.slots = _Refused(), threading.BoundedSemaphore(MAX_CONNECTIONS)
+    registry.register(server.refused)
     wake, heard = socket.socketpair()
     thread = threading.Thread(
         target=_serve, args=(server, heard), name="hopmeter-metrics", daemon=True
     )
     thread.start()
     return MetricsServer(
-        host=host, port=server.server_address[1], _server=server, _thread=thread, _wake=wake
+        host=host,
+        port=server.server_address[1],
+        _server=server,
+        _thread=thread,
+        _wake=wake,
+        _registry=registry,
+        _refused=server.refused,
     )

@@ -141,8 +141,8 @@ def add_parser(sub: Any) -> None:
         "--pid-file",
         default="",
         metavar="PATH",
-        help="write the process id here, for `kill -HUP` after a log rotation: SIGHUP (or USR1) reopens "
-        "the --records file (deploy/logrotate/hopmeter)",
+        help="write the process id here, for `kill -HUP` after a log rotation: SIGHUP (or USR1) "
+        "reopens the --records file (deploy/logrotate/hopmeter)",
     )
     serve.add_argument("--max-traces", type=positive_int, default=MAX_TRACES, metavar="N")
     serve.add_argument("--max-events", type=positive_int, default=MAX_EVENTS, metavar="N")

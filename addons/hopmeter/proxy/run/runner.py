@@ -124,9 +124,9 @@ async def run_proxy(
     The first signal drains (hopmeter.proxy.run.drain): no new connections, the flows in flight
     finish within the drain timeout; a second one stops at once. SIGHUP (or SIGUSR1, as for
     nginx) reopens the records file at its path (after a rotation) and never stops the proxy.
-    Every line the process writes (records, console, mitmproxy's and hopmeter's log) goes through the outputs' queues
-    (hopmeter.proxy.addon.outlets), so a stalled standard output or a full disk never holds a
-    stream.
+    Every line the process writes (records, console, mitmproxy's and hopmeter's log) goes
+    through the outputs' queues (hopmeter.proxy.addon.outlets), so a stalled standard output or
+    a full disk never holds a stream.
     """
     opts = LeanOptions()  # reads of immutable option values without deep copies
     queues = OutputQueues()
