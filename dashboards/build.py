@@ -616,6 +616,19 @@ STREAM_HEALTH = [
             )
         ],
     ),
+    Panel(
+        "Measured in part",
+        "What of the streams their records do not list, per second: events past the "
+        "timeline's cap (their tokens still counted), chunks past the chunk list's cap, events "
+        "too large to read (their bytes still forwarded). Each record says its own counts.",
+        "short",
+        [
+            Target(
+                f'sum by (hop, what) (rate(hopmeter_measure_dropped_total{{hop=~"$hop"}}[{RI}]))',
+                "{{hop}} {{what}}",
+            )
+        ],
+    ),
 ]
 
 

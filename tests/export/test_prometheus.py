@@ -407,6 +407,20 @@ def test_clipped_body_copies_are_counted_by_reason(registry: CollectorRegistry) 
     assert value(registry, "hopmeter_bodies_clipped_total", reason="other") == 1
 
 
+def test_what_a_record_does_not_list_is_counted(registry: CollectorRegistry) -> None:
+    """Events past the timeline's cap, chunks past the chunk list's, events too large to read:
+    each record's counts add to its hop's series, all three there at 0 from the first flow."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record())
+    for what in ("events", "chunks", "oversized_events"):
+        assert value(registry, "hopmeter_measure_dropped_total", what=what, hop="edge") == 0
+    stream = {**(flow_record().get("stream") or {}), "overflows": 1}
+    metrics.observe_flow(flow_record(events_dropped=51_799, chunks_dropped=55_895, stream=stream))
+    assert value(registry, "hopmeter_measure_dropped_total", what="events") == 51_799
+    assert value(registry, "hopmeter_measure_dropped_total", what="chunks") == 55_895
+    assert value(registry, "hopmeter_measure_dropped_total", what="oversized_events") == 1
+
+
 def test_model_and_route_tables_can_be_replaced(registry: CollectorRegistry) -> None:
     """Metrics labels models and routes with the tables passed to it instead of the defaults."""
     Metrics(registry, models=["my-model"], routes=[("/infer", "/infer")]).observe_flow(

@@ -93,6 +93,10 @@ MAX_CACHED_CHILDREN = 20_000
 _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 
+# what `hopmeter_measure_dropped_total` counts, in the order _observe_dropped reads them
+MEASURE_DROPPED = ("events", "chunks", "oversized_events")
+
+
 class ProcessCounters:
     """Counters a part of the process keeps as plain numbers (nothing done per increment but
     the increment), read when scraped: `read()` gives (name without `hopmeter_`, help, value),
@@ -365,6 +369,13 @@ class Metrics:
             "flow_cap (hopmeter_keep_body) or total_cap (hopmeter_keep_body_total).",
             ("hop", "reason"),
         )
+        self.measure_dropped = counter(
+            "measure_dropped_total",
+            "What of a stream its record does not list, each counted in it: `events` past the "
+            "timeline's cap (their tokens still counted), `chunks` past the chunk list's cap, "
+            "`oversized_events` too large to read (their bytes still forwarded).",
+            ("hop", "what"),
+        )
         self.outputs = OutputFamilies(registry)
 
     # --- observing ------------------------------------------------------------------------------
@@ -481,7 +492,22 @@ class Metrics:
             child(self.findings, (hop, api, kind)).inc(1, exemplar)
         self._observe_pairing(hop, record.get("pairing"), exemplar)
         self._observe_passage(hop, record.get("mitmproxy"), exemplar)
+        self._observe_dropped(hop, record)
         self._observe_screen(record.get("screen"), paint_lags, labels, exemplar)
+
+    def _observe_dropped(self, hop: str, record: Mapping[str, Any]) -> None:
+        """Count what of the stream the record says it does not list (its `*_dropped` counts,
+        its stream's `overflows`)."""
+        stream = record.get("stream")
+        overflows = stream.get("overflows") if isinstance(stream, Mapping) else None
+        for what, n in zip(
+            MEASURE_DROPPED,
+            (record.get("events_dropped"), record.get("chunks_dropped"), overflows),
+            strict=True,
+        ):
+            count = _num(n)
+            if count:
+                self._child(self.measure_dropped, (hop, what)).inc(count)
 
     def _observe_screen(
         self,
@@ -579,6 +605,8 @@ class Metrics:
             self.findings.labels(hop=hop, api=api, kind=kind)
         for reason in BODY_CLIP_REASONS:  # per hop; again for each api is a dictionary lookup
             self.bodies_clipped.labels(hop=hop, reason=reason)
+        for what in MEASURE_DROPPED:
+            self.measure_dropped.labels(hop=hop, what=what)
 
     def _observe_events(
         self,
