@@ -320,6 +320,18 @@ class TestSlowClient:
         )
         assert ev["wait_to_stream"] == pytest.approx(2.5 / 1.18, abs=1e-3)
 
+    def test_a_slow_clients_backpressure_is_not_an_upstream_stall(self) -> None:
+        """A proxy reads no faster than its client takes the bytes: with slow_client, the gaps
+        between reads (stalls, bursts) are the client's, not the upstream's, and are not
+        reported as stall or burst_gaps (whose fixes point at the upstream)."""
+        times = [0.1 + 1.5 * (i // 30) + 0.0001 * (i % 30) for i in range(120)]
+        slow = delivery(client_wait_s=5.0, queued_bytes_max=3_600_000)
+        assert kinds(view(times, stalls=3, max_gap_s=1.5)) == ["burst_gaps"]
+        assert kinds(view(times, stalls=3, max_gap_s=1.5, delivery=slow)) == ["slow_client"]
+        lone = [0.1 + 0.02 * i for i in range(60)] + [7.0 + 0.02 * i for i in range(60)]
+        assert kinds(view(lone, stalls=1, max_gap_s=5.7)) == ["stall"]
+        assert kinds(view(lone, stalls=1, max_gap_s=5.7, delivery=slow)) == ["slow_client"]
+
     def test_short_waits_are_noise(self) -> None:
         """A wait under both the share of the stream and the absolute floor is not a finding."""
         long_stream = clock(600, 50)  # 12 s: 10% is 1.2 s

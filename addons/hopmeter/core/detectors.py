@@ -701,6 +701,7 @@ DETECTORS: tuple[Callable[[StreamView], Finding | None], ...] = (
 
 _INSIDE_A_HOLD = (FindingKind.BURST_GAPS, FindingKind.STALL, FindingKind.SLOW_FIRST_TOKEN)
 _BETWEEN_BURSTS = (FindingKind.STALL, FindingKind.SLOW_FIRST_TOKEN)
+_BACKPRESSURE = (FindingKind.STALL, FindingKind.BURST_GAPS)
 
 
 def diagnose(v: StreamView) -> list[Finding]:
@@ -715,4 +716,9 @@ def diagnose(v: StreamView) -> list[Finding]:
         # the stalls between bursts are the buffer's windows (burst_gaps reports their period),
         # not a scheduler pause: the stall finding's fix would send the reader the wrong way
         found = [f for f in found if f.kind not in _BETWEEN_BURSTS]
+    if FindingKind.SLOW_CLIENT in kinds:
+        # a proxy reads no faster than its client takes the bytes (mitmproxy stops reading the
+        # upstream while the client's side is full): the gaps between reads are this client's,
+        # and the stall and burst fixes would send the reader to the upstream
+        found = [f for f in found if f.kind not in _BACKPRESSURE]
     return sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])
