@@ -173,6 +173,26 @@ class TestHooks:
         assert result.record["api"] == "openai.chat"
         assert result.record["measuring_error"] == "ValueError: parser bug"
 
+    def test_a_flow_mitmproxy_leaves_behind_its_departed_client_is_ended(
+        self, meter: HopMeter
+    ) -> None:
+        """mitmproxy ends a departed client's flows before its `client_disconnected` hook; one
+        it leaves behind (an HTTP/2 stream queued for an upstream connection when its client's
+        connection was cut) gets no hook any more: it is recorded client_gone then, not left in
+        flight until the drain. Another client's flow goes on."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        ours, theirs = sse_flow(), sse_flow()
+        theirs.client_conn = tflow.tclient_conn()
+        for flow in (ours, theirs):
+            meter.requestheaders(flow)
+        meter.client_disconnected(ours.client_conn)
+        (result,) = rec.results
+        assert result.record["flow_id"] == ours.id and result.record["ended"] == "client_gone"
+        assert meter.in_flight() == 1
+        meter.error(ours)  # a hook that came after all finds nothing to end twice
+        assert len(rec.results) == 1
+
     def test_the_request_tap_forwards_the_body_and_reads_the_model(self, meter: HopMeter) -> None:
         """The request body streams through unchanged; its model and stream flag are read."""
         rec = Recorder()

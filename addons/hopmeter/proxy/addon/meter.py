@@ -6,8 +6,7 @@ is saved and copied with its metadata) and install the stream taps (hopmeter.pro
 when a flow ends they stamp the end and hand it to the flow's end (hopmeter.proxy.addon.ending),
 which waits for its last bytes to reach the client, builds its record with the core and hands
 it to the observers, the outputs of hopmeter.proxy.addon.outputs. Every call into measuring code
-and into an observer is guarded: a bug there is counted and logged, and never touches a byte of
-the flow.
+and into an observer is guarded: a bug there is counted and logged, never touching the flow.
 """
 
 from __future__ import annotations
@@ -269,6 +268,9 @@ class HopMeter:
         self._finish(flow, classify_error(msg, flow.client_conn.connected))
 
     def client_disconnected(self, client: connection.Client) -> None:
+        # no hook comes for its flows still in flight (mitmproxy ended the others before this)
+        for flow in [f for f, _ in self.live.values() if f.client_conn.id == client.id]:
+            self._finish(flow, Ended.CLIENT_GONE)
         try:
             self.delivery.forget(client.id)
         except Exception as exc:
@@ -282,8 +284,7 @@ class HopMeter:
             state.failure = failure
 
     def in_flight(self) -> int:
-        """Flows that started and have not finished."""
-        return len(self.live)
+        return len(self.live)  # flows that started and have not finished
 
     def busy_clients(self) -> set[str]:
         """The ids of the client connections that have a flow in flight."""
