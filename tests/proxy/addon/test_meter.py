@@ -3,6 +3,7 @@ sockets."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
 from hopmeter.export import FlowObserver
+from hopmeter.proxy.addon import ending as ending_module
 from hopmeter.proxy.addon import tap as tap_module
 from hopmeter.proxy.addon.meter import HopMeter, classify_error
 from hopmeter.proxy.addon.meter_options import parse_listeners
@@ -192,6 +194,24 @@ class TestHooks:
         assert meter.in_flight() == 1
         meter.error(ours)  # a hook that came after all finds nothing to end twice
         assert len(rec.results) == 1
+
+    def test_a_record_that_cannot_be_made_is_counted_and_named_lost(
+        self, meter: HopMeter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A fault while building a record (after the bytes went through): counted as an
+        internal error at its link, and one log line names the flow whose record is lost."""
+        rec = Recorder()
+        meter.add_observer(rec)
+
+        def broken(*args: Any) -> FlowResult:
+            raise RuntimeError("record bug")
+
+        monkeypatch.setattr(ending_module, "finish", broken)
+        flow = sse_flow()
+        with caplog.at_level(logging.WARNING):
+            assert stream_through(meter, flow, [SSE, DONE]) == [SSE, DONE, b""]
+        assert rec.results == [] and rec.notices.count("error:finish") == 1
+        assert "record could not be made and is lost" in caplog.text and flow.id in caplog.text
 
     def test_the_request_tap_forwards_the_body_and_reads_the_model(self, meter: HopMeter) -> None:
         """The request body streams through unchanged; its model and stream flag are read."""

@@ -33,6 +33,7 @@ steps on the loop (`LoopLog`), as measuring is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -217,9 +218,11 @@ class Ending:
                     continue
                 wait.take(item, then)
             except Exception as exc:
-                self.on_error(link.where, exc)
                 if link.fail_open:
+                    self.on_error(link.where, exc)
                     then(item)
+                else:
+                    self.observers.record_lost(link.where, exc, _flow_id(item))
             return
 
     def _resume(self, i: int, item: Any) -> None:
@@ -400,6 +403,19 @@ class _Slot:
 
 def _nowhere(item: Any) -> None:
     """After the last link: nothing."""
+
+
+def _flow_id(item: Any) -> str | None:
+    """The id of the flow an item of the chain is about (a FlowEnd, a (flow, seen) pair or a
+    FlowResult, as the links hand them on), for a log line; None if it cannot tell."""
+    with contextlib.suppress(Exception):
+        if isinstance(item, FlowEnd):
+            return str(item.flow.id)
+        if isinstance(item, tuple):
+            return str(item[0].id)
+        if isinstance(item, FlowResult):
+            return str(item.record.get("flow_id"))
+    return None
 
 
 def _request(flow: http.HTTPFlow, state: FlowState, *, measured: bool) -> RequestInfo:

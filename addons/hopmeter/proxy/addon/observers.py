@@ -74,6 +74,20 @@ class Observers:
                 error=f"{type(exc).__name__}: {exc}" if exc else None,
             )
 
+    def record_lost(self, where: str, exc: BaseException, flow_id: str | None) -> None:
+        """Building a flow's record failed at `where` after its bytes went through: counted as
+        an internal error there, and logged naming the flow whose record is lost. Never
+        raises."""
+        self._count(where)
+        with contextlib.suppress(Exception):
+            log.warning(
+                "hopmeter: a flow's record could not be made and is lost (the flow itself went "
+                "through, its bytes untouched)",
+                where=where,
+                flow_id=flow_id,
+                error=said(exc),
+            )
+
     def fast_path_failed(self, where: str, exc: BaseException) -> None:
         """A fault in one of `hopmeter run`'s fast paths past mitmproxy (framing, backpressure)
         before it had done anything: mitmproxy's own method took over. Counted and logged as an
