@@ -186,3 +186,15 @@ class CauseLog:
 
 def _warn(line: str) -> None:
     log.warning(line)
+
+
+def classify_error(message: str, client_open: bool = True) -> Ended:
+    """How a flow that fired `error` ended, from mitmproxy's error message, and whether the
+    client's connection was still open (an HTTP/2 client's close reads "peer closed connection",
+    as an upstream's does)."""
+    m = message.lower()
+    if "client" in m or not client_open:
+        return Ended.CLIENT_GONE
+    if "server" in m or "reset" in m or "peer" in m or "closed" in m or "eof" in m:
+        return Ended.UPSTREAM_RESET
+    return Ended.ERROR

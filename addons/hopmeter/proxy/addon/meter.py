@@ -22,7 +22,7 @@ from typing import Any
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.clock import MONOTONIC, Clock, Timers
+from hopmeter.clock import MONOTONIC, Clock, Timers, timers_or_loop
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import HopmeterError, UsageError, said
@@ -33,6 +33,7 @@ from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.browser_gate import answered_here
 from hopmeter.proxy.addon.chaos import Chaos
 from hopmeter.proxy.addon.ending import Ending, FlowEnd
+from hopmeter.proxy.addon.failures import classify_error
 from hopmeter.proxy.addon.meter_options import (
     chaos_actions,
     fingerprint_key,
@@ -55,6 +56,9 @@ from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
 from hopmeter.proxy.delivery.lane import Delivery
 
 log = get_logger()
+
+# how long after a client's `client_disconnected` its flows mitmproxy left in flight are ended
+ORPHAN_WAIT_S = 1.0
 
 
 class HopMeter:
@@ -268,9 +272,12 @@ class HopMeter:
         self._finish(flow, classify_error(msg, flow.client_conn.connected))
 
     def client_disconnected(self, client: connection.Client) -> None:
-        # no hook comes for its flows still in flight (mitmproxy ended the others before this)
-        for flow in [f for f, _ in self.live.values() if f.client_conn.id == client.id]:
-            self._finish(flow, Ended.CLIENT_GONE)
+        # what mitmproxy still ends of the client's flows, it ends as it closes the client's
+        # upstream connections, right after this hook; a flow still in flight a moment later
+        # gets no hook any more (an HTTP/2 stream queued for an upstream when a relay cut the
+        # client's connection): it is ended then
+        with contextlib.suppress(RuntimeError):  # no loop runs: no flow is in flight
+            timers_or_loop(self.ending.timers).call_later(ORPHAN_WAIT_S, self._orphaned, client.id)
         try:
             self.delivery.forget(client.id)
         except Exception as exc:
@@ -294,6 +301,10 @@ class HopMeter:
     def _state(self, flow: http.HTTPFlow) -> FlowState | None:
         entry = self.live.get(flow.id)
         return entry[1] if entry is not None else None
+
+    def _orphaned(self, client_id: str) -> None:
+        for flow, state in [e for e in self.live.values() if e[0].client_conn.id == client_id]:
+            self._finish(flow, state.failure.cause if state.failure else Ended.CLIENT_GONE)
 
     def _mitmproxy_crashed(self, client: Any, detail: str) -> None:
         """mitmproxy's layers raised on the connection of `client` (its address): every flow of
@@ -336,15 +347,3 @@ class HopMeter:
 def _request_buffered(state: FlowState) -> bool:
     """Whether the request's body is left to mitmproxy to buffer (an edit must apply to it)."""
     return state.passage is not None and state.passage.request_buffered_by is not None
-
-
-def classify_error(message: str, client_open: bool = True) -> Ended:
-    """How a flow that fired `error` ended, from mitmproxy's error message, and whether the
-    client's connection was still open (an HTTP/2 client's close reads "peer closed connection",
-    as an upstream's does)."""
-    m = message.lower()
-    if "client" in m or not client_open:
-        return Ended.CLIENT_GONE
-    if "server" in m or "reset" in m or "peer" in m or "closed" in m or "eof" in m:
-        return Ended.UPSTREAM_RESET
-    return Ended.ERROR

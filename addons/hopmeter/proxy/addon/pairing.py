@@ -67,6 +67,9 @@ RECHECK_S = 0.1
 RECORDS_PER_TURN = 4
 # One log line per segment that drops the trace context, then at most one per this many seconds.
 TRACE_DROP_LOG_INTERVAL_S = 60.0
+# one process's wall and monotonic clocks disagreeing on the gaps between its flows' starts by
+# more than this: the wall clock stepped (reading either clock twice differs by microseconds)
+WALL_STEP_S = 0.01
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,21 +131,24 @@ class _Unit:
 
 
 def on_one_clock(results: Sequence[FlowResult]) -> list[dict[str, Any]]:
-    """The records of one process's flows, for aligning them as read from one clock: each
-    request's start moved to where the process's monotonic clock puts it (one wall-clock
-    reading, the first record's, anchors them all), so that a step of the wall clock between
-    two requests (NTP, a suspended VM) does not become hours of hold. Records without the
-    monotonic start (read back, a test's) are taken as they are."""
+    """The records of one process's flows, for aligning them as read from one clock. Their
+    wall-clock starts, unless the wall clock stepped between them (NTP, a suspended VM: the two
+    clocks disagree on their gaps by more than WALL_STEP_S): then each start moves to where the
+    process's monotonic clock puts it, one wall reading (the first record's) anchoring them all,
+    so that a step does not become hours of hold. Records without a monotonic start (read back,
+    a test's) are taken as they are."""
+    records = [r.record for r in results]
     if not results or any(r.mono_start_s is None for r in results):
-        return [r.record for r in results]
+        return records
     first = results[0]
     anchor = float(first.record["request"]["t_start"]) - (first.mono_start_s or 0.0)
+    starts = [anchor + (r.mono_start_s or 0.0) for r in results]
+    walls = [float(rec["request"]["t_start"]) for rec in records]
+    if all(abs(a - b) < WALL_STEP_S for a, b in zip(starts, walls, strict=True)):
+        return records  # one clock's gaps either way: the records' own, to the microsecond
     return [
-        {
-            **r.record,
-            "request": {**r.record["request"], "t_start": anchor + (r.mono_start_s or 0.0)},
-        }
-        for r in results
+        {**rec, "request": {**rec["request"], "t_start": t}}
+        for rec, t in zip(records, starts, strict=True)
     ]
 
 
