@@ -92,6 +92,23 @@ def stream_through(meter: HopMeter, flow: http.HTTPFlow, chunks: list[bytes]) ->
     return [piece for piece in out if isinstance(piece, bytes)]
 
 
+def tap_whose_meter_fails(
+    meter: HopMeter, flow: http.HTTPFlow, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """The flow's response tap, after its headers hooks, with a meter whose feed raises."""
+    meter.requestheaders(flow)
+    meter.responseheaders(flow)
+    assert flow.response is not None
+    tap = flow.response.stream
+    assert callable(tap)
+
+    def broken_feed(data: bytes, now: float) -> None:
+        raise ValueError("parser bug")
+
+    monkeypatch.setattr(tap.meter, "feed", broken_feed)  # type: ignore[attr-defined]
+    return tap
+
+
 class TestHooks:
     def test_a_flow_becomes_one_record(self, meter: HopMeter) -> None:
         """Hooks and tap turn one streamed flow into one record handed to every observer."""
@@ -140,16 +157,7 @@ class TestHooks:
     ) -> None:
         """The tap's error path calls observers that raise; the chunk still comes back."""
         meter.add_observer(Raiser())
-        flow = sse_flow()
-        meter.requestheaders(flow)
-        meter.responseheaders(flow)
-        tap = flow.response.stream
-        assert callable(tap)
-
-        def broken_feed(data: bytes, now: float) -> None:
-            raise ValueError("parser bug")
-
-        monkeypatch.setattr(tap.meter, "feed", broken_feed)
+        tap = tap_whose_meter_fails(meter, sse_flow(), monkeypatch)
         assert tap(SSE) == SSE
         assert tap(DONE) == DONE
         assert tap.meter is None and tap.error == "ValueError: parser bug"
@@ -162,15 +170,7 @@ class TestHooks:
         rec = Recorder()
         meter.add_observer(rec)
         flow = sse_flow()
-        meter.requestheaders(flow)
-        meter.responseheaders(flow)
-        tap = flow.response.stream
-        assert callable(tap)
-
-        def broken_feed(data: bytes, now: float) -> None:
-            raise ValueError("parser bug")
-
-        monkeypatch.setattr(tap.meter, "feed", broken_feed)
+        tap = tap_whose_meter_fails(meter, flow, monkeypatch)
         for chunk in (SSE, DONE, b""):
             tap(chunk)
         meter.response(flow)
