@@ -328,9 +328,17 @@ class TestSlowClient:
         slow = delivery(client_wait_s=5.0, queued_bytes_max=3_600_000)
         assert kinds(view(times, stalls=3, max_gap_s=1.5)) == ["burst_gaps"]
         assert kinds(view(times, stalls=3, max_gap_s=1.5, delivery=slow)) == ["slow_client"]
-        lone = [0.1 + 0.02 * i for i in range(60)] + [7.0 + 0.02 * i for i in range(60)]
-        assert kinds(view(lone, stalls=1, max_gap_s=5.7)) == ["stall"]
-        assert kinds(view(lone, stalls=1, max_gap_s=5.7, delivery=slow)) == ["slow_client"]
+        lone = [0.1 + 0.02 * i for i in range(60)] + [4.0 + 0.02 * i for i in range(60)]
+        assert kinds(view(lone, stalls=1, max_gap_s=2.7)) == ["stall"]
+        assert kinds(view(lone, stalls=1, max_gap_s=2.7, delivery=slow)) == ["slow_client"]
+
+    def test_a_gap_longer_than_the_clients_wait_is_still_a_stall(self) -> None:
+        """The client's wait cannot explain a gap longer than itself: the upstream's silence
+        stays reported beside slow_client."""
+        lone = [0.1 + 0.02 * i for i in range(60)] + [21.3 + 0.02 * i for i in range(60)]
+        wait = delivery(client_wait_s=3.0, queued_bytes_max=600_000)
+        found = kinds(view(lone, stalls=1, max_gap_s=20.0, delivery=wait))
+        assert sorted(found) == ["slow_client", "stall"]
 
     def test_short_waits_are_noise(self) -> None:
         """A wait under both the share of the stream and the absolute floor is not a finding."""

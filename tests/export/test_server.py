@@ -226,8 +226,12 @@ def test_an_idle_endpoint_sleeps_until_asked() -> None:
         _get(f"http://127.0.0.1:{server.port}/healthz")
         native_id = server._thread.native_id
         assert native_id is not None
-        time.sleep(0.05)  # the thread back in its wait after the request
-        before = _wakeups(native_id)
+        before, deadline = _wakeups(native_id), time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the thread is back in its wait, settled
+            time.sleep(0.1)
+            if (now := _wakeups(native_id)) == before:
+                break
+            before = now
         time.sleep(1.2)  # socketserver's serve_forever would have polled twice
         assert _wakeups(native_id) == before
         _get(f"http://127.0.0.1:{server.port}/healthz")  # and it still answers

@@ -716,9 +716,11 @@ def diagnose(v: StreamView) -> list[Finding]:
         # the stalls between bursts are the buffer's windows (burst_gaps reports their period),
         # not a scheduler pause: the stall finding's fix would send the reader the wrong way
         found = [f for f in found if f.kind not in _BETWEEN_BURSTS]
-    if FindingKind.SLOW_CLIENT in kinds:
+    wait = v.delivery.client_wait_s if v.delivery is not None else None
+    if FindingKind.SLOW_CLIENT in kinds and wait is not None and (v.max_gap_s or 0.0) <= wait:
         # a proxy reads no faster than its client takes the bytes (mitmproxy stops reading the
-        # upstream while the client's side is full): the gaps between reads are this client's,
-        # and the stall and burst fixes would send the reader to the upstream
+        # upstream while the client's side is full): gaps no longer than the client's wait are
+        # its, and the stall and burst fixes would send the reader to the upstream; a longer
+        # gap the client cannot explain stays reported
         found = [f for f in found if f.kind not in _BACKPRESSURE]
     return sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])

@@ -16,6 +16,8 @@ from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 from mitmproxy.test import taddons, tflow
 
 from hopmeter.core.record import FlowResult
+from hopmeter.core.upstream import UpstreamFailure
+from hopmeter.core.vocab import Ended
 from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon import guard as guard_module
 from hopmeter.proxy.addon.guard import BODY, FORGET_CLOSED_S, HEADERS, UpstreamGuard
@@ -277,10 +279,16 @@ def test_the_eager_strategy_is_warned_about(caplog: pytest.LogCaptureFixture) ->
         with caplog.at_level(logging.WARNING):
             guard.running()
         assert "connection_strategy is eager" not in caplog.text
-        tctx.options.update(mode=["regular", "reverse:http://127.0.0.1:9@8081"])
+        tctx.options.update(mode=["regular", "upstream:http://127.0.0.1:9@8082"])
         with caplog.at_level(logging.WARNING):
             guard.running()
-        assert "connection_strategy is eager" in caplog.text
+        assert "connection_strategy is eager" not in caplog.text
+        for mode in ("reverse:http://127.0.0.1:9@8081", "socks5@8083"):
+            caplog.clear()
+            tctx.options.update(mode=["regular", mode])
+            with caplog.at_level(logging.WARNING):
+                guard.running()
+            assert "connection_strategy is eager" in caplog.text, mode
 
     run(body)
 
@@ -329,3 +337,38 @@ def test_a_failing_timeout_is_counted_and_still_ends_the_flow(
         assert errors == ["guard", "guard", "guard"] and closed == [acting.id]
 
     run(body, hopmeter_read_timeout="50ms")
+
+
+def test_flows_mitmproxy_leaves_behind_a_departed_client_are_ended() -> None:
+    """mitmproxy ends a departed client's flows as it closes its upstream connections, right
+    after `client_disconnected`; one still waiting for its upstream ORPHAN_WAIT_S later (an
+    HTTP/2 stream queued for an upstream connection when a relay cut the client's) gets no hook
+    any more: hopmeter records it (client_gone, or the cause the guard found) and forgets its
+    watch, not leaving it in flight until the drain. Another client's flow goes on."""
+
+    async def body(meter: HopMeter, guard: UpstreamGuard, records: Records, _: Any) -> None:
+        ours, failed, timed, theirs = (request_flow() for _ in range(4))
+        for flow in (failed, timed):
+            flow.client_conn = ours.client_conn
+        for flow in (ours, failed, timed, theirs):
+            meter.requestheaders(flow)
+            guard.requestheaders(flow)
+        failure = UpstreamFailure(cause=Ended.CONNECT_TIMEOUT, detail="x", status_sent=None)
+        meter.upstream_failed(timed, failure)
+        ours.client_conn.timestamp_end = 1.0
+        guard.client_disconnected(ours.client_conn)
+        await ended_by_error(meter, guard, failed)  # mitmproxy ends this one itself
+        assert [r["flow_id"] for r in records.records] == [failed.id]
+        guard.clock.advance(guard_module.ORPHAN_WAIT_S)
+        await asyncio.sleep(0)
+        ended = {r["flow_id"]: r["ended"] for r in records.records}
+        assert ended == {
+            failed.id: "client_gone",
+            ours.id: "client_gone",
+            timed.id: "connect_timeout",
+        }
+        assert set(guard.watches) == {theirs.id} and meter.in_flight() == 1
+        await ended_by_error(meter, guard, ours)  # a hook that comes after all: nothing twice
+        assert len(records.records) == 3
+
+    run(body)

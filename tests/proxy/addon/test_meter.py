@@ -3,7 +3,6 @@ sockets."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -17,9 +16,8 @@ from hopmeter.export import FlowObserver
 from hopmeter.proxy.addon import ending as ending_module
 from hopmeter.proxy.addon import tap as tap_module
 from hopmeter.proxy.addon.failures import classify_error
-from hopmeter.proxy.addon.meter import ORPHAN_WAIT_S, HopMeter
+from hopmeter.proxy.addon.meter import HopMeter
 from hopmeter.proxy.addon.meter_options import parse_listeners
-from hopmeter.testing import ManualClock
 from tests.harness.live_client import live_client, run, unread
 from tests.harness.procs import until
 
@@ -177,39 +175,6 @@ class TestHooks:
         (result,) = rec.results
         assert result.record["api"] == "openai.chat"
         assert result.record["measuring_error"] == "ValueError: parser bug"
-
-    def test_a_flow_mitmproxy_leaves_behind_its_departed_client_is_ended(self) -> None:
-        """mitmproxy ends a departed client's flows before its `client_disconnected` hook; one
-        it leaves behind (an HTTP/2 stream queued for an upstream connection when its client's
-        connection was cut) gets no hook any more: it is recorded client_gone a moment after
-        the hook (mitmproxy ends the others as it closes the client's upstream connections,
-        right after it), not left in flight until the drain. Another client's flow goes on."""
-        now = ManualClock()
-        meter = HopMeter(clock=now, timers=now)
-        rec = Recorder()
-        meter.add_observer(rec)
-        ours, theirs, failed = sse_flow(), sse_flow(), sse_flow()
-        theirs.client_conn = tflow.tclient_conn()
-
-        async def main() -> None:
-            with taddons.context(meter) as tctx:
-                tctx.configure(meter, hopmeter_hop="edge", hopmeter_stream="all")
-                for flow in (ours, theirs, failed):
-                    meter.requestheaders(flow)
-                meter.client_disconnected(ours.client_conn)
-                meter.error(failed)  # mitmproxy ends one as it closes the upstream connections
-                await asyncio.sleep(0)
-                assert [r.record["flow_id"] for r in rec.results] == [failed.id]
-                now.advance(ORPHAN_WAIT_S)
-                await asyncio.sleep(0)
-                assert [r.record["flow_id"] for r in rec.results] == [failed.id, ours.id]
-                assert rec.results[1].record["ended"] == "client_gone"
-                assert meter.in_flight() == 1
-                meter.error(ours)  # a hook that came after all finds nothing to end twice
-                await asyncio.sleep(0)
-                assert len(rec.results) == 2
-
-        asyncio.run(main())
 
     def test_a_record_that_cannot_be_made_is_counted_and_named_lost(
         self, meter: HopMeter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

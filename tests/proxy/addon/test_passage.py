@@ -452,3 +452,39 @@ def test_a_reply_an_addon_set_is_measured_whole(tctx: Any) -> None:
     assert record["response"]["bytes_out"] == len(SSE + DONE)
     assert record["api"] == "openai.chat" and record["ended"] == "complete"
     assert "truncated" not in [f["kind"] for f in record["findings"]]
+
+
+def test_an_empty_data_frame_mid_stream_does_not_cut_the_kept_body(tctx: Any) -> None:
+    """mitmproxy hands an HTTP/2 upstream's empty DATA frame mid-stream to the callable as b"",
+    as it does the body's end: the copy given then is what came so far, and what comes after
+    is given too (the content at the `response` hook is the whole body, nothing leaks from the
+    budget)."""
+    _, hm, records = tctx
+    flow = _headers(hm, _flow())
+    assert flow.response is not None
+    stream = flow.response.stream
+    assert callable(stream)
+    for chunk in (SSE, b"", SSE, DONE, b""):
+        stream(chunk)
+    assert flow.response.raw_content == SSE + SSE + DONE  # before any response hook
+    hm.response(flow)
+    assert flow.response.raw_content == SSE + SSE + DONE
+    (record,) = records.records
+    assert record["mitmproxy"]["body_kept_bytes"] == len(SSE + SSE + DONE)
+    assert "edited" not in record["mitmproxy"]
+    assert hm.passage.budget.held == 0
+
+
+def test_a_killed_addon_reply_claims_no_bytes_sent(tctx: Any) -> None:
+    """A reply an addon set, then killed at `response` by another: never sent, so its record
+    claims no bytes out."""
+    _, hm, records = tctx
+    flow = tflow.tflow()
+    flow.request.path = "/v1/chat/completions"
+    hm.requestheaders(flow)
+    flow.response = http.Response.make(200, SSE + DONE, {"content-type": "text/event-stream"})
+    hm.responseheaders(flow)
+    flow.kill()
+    hm.response(flow)
+    (record,) = records.records
+    assert record["ended"] == "error" and record["response"]["bytes_out"] == 0

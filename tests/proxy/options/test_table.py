@@ -272,6 +272,9 @@ def test_a_set_value_mitmproxy_cannot_convert_is_refused_by_name(
         ("hopmeter_stream", ["all"], None),
         ("hopmeter_stream", ["all", "streams"], "given more than once; give it once"),
         ("hopmeter_hop", ["anything"], None),
+        ("hopmeter_hop", [""], None),
+        ("hopmeter_hop", [], "a value is required (hopmeter_hop=VALUE)"),
+        ("hopmeter_chaos_seed", [], "a value is required (hopmeter_chaos_seed=VALUE)"),
     ],
 )
 def test_what_mitmproxy_could_not_convert(

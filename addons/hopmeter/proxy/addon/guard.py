@@ -57,6 +57,9 @@ CONNECT, HEADERS, BODY = "connect", "headers", "body"  # a watched flow's phases
 # How long a client connection the guard closed is remembered: mitmproxy tears the upstream side
 # down after `client_disconnected`, and that teardown's errors are not upstream failures.
 FORGET_CLOSED_S = 5.0
+# how long after a client's `client_disconnected` its flows still waiting for an upstream are
+# ended by hopmeter (mitmproxy ends the others by then: `client_disconnected`)
+ORPHAN_WAIT_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +83,8 @@ class Measured(Protocol):
     def upstream_failed(self, flow: http.HTTPFlow, failure: UpstreamFailure) -> None: ...
 
     def internal_error(self, where: str, exc: BaseException | None = None) -> None: ...
+
+    def orphaned(self, flow: http.HTTPFlow) -> None: ...
 
 
 class UpstreamGuard:
@@ -125,10 +130,10 @@ class UpstreamGuard:
         opts = ctx.options
         if not opts.server:  # `mitmdump -n` (reading a file, say): no proxy, nothing to warn of
             return
-        # eager connects when a client connects, to an address known then: a reverse proxy's
-        # (a regular proxy learns it from the request, and answers 502 as with lazy)
-        reverse = any(str(m).startswith("reverse:") for m in opts.mode)
-        if opts.connection_strategy == "eager" and reverse:
+        # eager connects when a client connects, to an address known then (reverse, transparent,
+        # socks5, ...); a regular or upstream proxy learns it from the request, and answers 502
+        modes = {str(m).split(":", 1)[0].split("@", 1)[0] for m in opts.mode}
+        if opts.connection_strategy == "eager" and modes - {"regular", "upstream"}:
             log.warning(
                 "hopmeter: connection_strategy is eager: a client whose upstream cannot be "
                 "reached gets its connection closed unanswered, with no record; "
@@ -193,8 +198,24 @@ class UpstreamGuard:
         self._forget(flow)
 
     def client_disconnected(self, client: Any) -> None:
+        timers = timers_or_loop(self.timers)
         if client.id in self.closed:
-            timers_or_loop(self.timers).call_later(FORGET_CLOSED_S, self.closed.discard, client.id)
+            timers.call_later(FORGET_CLOSED_S, self.closed.discard, client.id)
+        if client.id in self.by_client:
+            # mitmproxy ends what it will of the client's flows as it closes the client's
+            # upstream connections, right after this hook; one still waiting for its upstream a
+            # moment later gets no hook any more (an HTTP/2 stream queued for an upstream
+            # connection when a relay cut the client's): ended then, its watch forgotten
+            timers.call_later(ORPHAN_WAIT_S, self._orphans, client.id)
+
+    def _orphans(self, client_id: str) -> None:
+        for watch in self._of_client(client_id):
+            try:
+                self._forget(watch.flow)
+                self.meter.orphaned(watch.flow)
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    self.meter.internal_error("guard", exc)
 
     # -- the upstream connection ---------------------------------------------------------------
     def server_connected(self, data: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from hopmeter.clock import MONOTONIC, Clock, Timers, timers_or_loop
+from hopmeter.clock import MONOTONIC, Clock, Timers
 from hopmeter.core.upstream import UpstreamFailure
 from hopmeter.core.vocab import Ended
 from hopmeter.errors import HopmeterError, UsageError, said
@@ -56,9 +56,6 @@ from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
 from hopmeter.proxy.delivery.lane import Delivery
 
 log = get_logger()
-
-# how long after a client's `client_disconnected` its flows mitmproxy left in flight are ended
-ORPHAN_WAIT_S = 1.0
 
 
 class HopMeter:
@@ -272,18 +269,19 @@ class HopMeter:
         self._finish(flow, classify_error(msg, flow.client_conn.connected))
 
     def client_disconnected(self, client: connection.Client) -> None:
-        # what mitmproxy still ends of the client's flows, it ends as it closes the client's
-        # upstream connections, right after this hook; a flow still in flight a moment later
-        # gets no hook any more (an HTTP/2 stream queued for an upstream when a relay cut the
-        # client's connection): it is ended then
-        with contextlib.suppress(RuntimeError):  # no loop runs: no flow is in flight
-            timers_or_loop(self.ending.timers).call_later(ORPHAN_WAIT_S, self._orphaned, client.id)
         try:
             self.delivery.forget(client.id)
         except Exception as exc:
             self.internal_error("delivery", exc)
 
     # -- for the upstream guard ----------------------------------------------------------------
+    def orphaned(self, flow: http.HTTPFlow) -> None:
+        """End a flow mitmproxy will not end (no hook comes): its client left while it waited
+        for its upstream (guard.UpstreamGuard.client_disconnected)."""
+        state = self._state(flow)
+        if state is not None:
+            self._finish(flow, state.failure.cause if state.failure else Ended.CLIENT_GONE)
+
     def upstream_failed(self, flow: http.HTTPFlow, failure: UpstreamFailure) -> None:
         """Remember why the upstream failed `flow`, for its record (the first cause wins)."""
         state = self._state(flow)
@@ -301,10 +299,6 @@ class HopMeter:
     def _state(self, flow: http.HTTPFlow) -> FlowState | None:
         entry = self.live.get(flow.id)
         return entry[1] if entry is not None else None
-
-    def _orphaned(self, client_id: str) -> None:
-        for flow, state in [e for e in self.live.values() if e[0].client_conn.id == client_id]:
-            self._finish(flow, state.failure.cause if state.failure else Ended.CLIENT_GONE)
 
     def _mitmproxy_crashed(self, client: Any, detail: str) -> None:
         """mitmproxy's layers raised on the connection of `client` (its address): every flow of

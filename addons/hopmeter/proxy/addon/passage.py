@@ -253,11 +253,22 @@ class PassageTap(ResponseTap):
         return out
 
     def _give(self, body: BodyCopy) -> None:
-        """The end of the body, before any `response` hook: the copy becomes the response's
-        content now, so that every hook sees it, those of addons loaded before hopmeter too."""
+        """An empty call: the body's end, before any `response` hook, or an empty HTTP/2 DATA
+        frame mid-stream (mitmproxy hands those on too). The copy so far becomes the response's
+        content now, so that every hook sees it, those of addons loaded before hopmeter too; it
+        stays held (more may come), joined into the one object the content is, and is given
+        again at the `response` hook if more came (`Passage.hand_off`)."""
         flow, st = self.flow, self.state
-        if flow is not None and st is not None and st.passage is not None and body.held:
-            give(flow, st.passage, body)
+        if flow is None or st is None or st.passage is None or not body.held:
+            return
+        p, response = st.passage, flow.response
+        if response is None or (
+            response.raw_content is not None and response.raw_content is not p.given
+        ):
+            return  # mitmproxy kept its own copy (store_streamed_bodies), or a hook set one
+        snapshot = b"".join(body.chunks)
+        body.chunks = [snapshot] if snapshot else []
+        response.raw_content = p.given = snapshot
 
     @staticmethod
     def _extend(got: list[bytes], out: bytes | list[bytes]) -> None:
@@ -462,10 +473,12 @@ class Passage:
 def give(flow: http.HTTPFlow, p: FlowPassage, body: BodyCopy) -> None:
     """Give the kept copy of a streamed body to mitmproxy as the response's content, unless it
     kept one itself (`store_streamed_bodies`), saying in the flow's metadata when it is clipped."""
-    kept = body.take()
+    kept = body.take()  # the object given at the end, when nothing came since (bytes.join)
     response = flow.response
-    if response is None or response.raw_content is not None:
-        return
+    if response is None or (
+        response.raw_content is not None and response.raw_content is not p.given
+    ):
+        return  # mitmproxy kept its own copy, or a hook set the content
     response.raw_content = p.given = kept
     if body.clipped is not None:
         flow.metadata[BODY_META_KEY] = (
@@ -570,7 +583,8 @@ def settle(flow: http.HTTPFlow, p: FlowPassage, meter: Any, tap: Any) -> None:
         return
     final = response.raw_content
     p.edited = p.edited_before or (final is not p.hook_body and final != p.hook_body)
-    if p.stream == BUFFERED and final and tap is not None and not tap.bytes_out:
+    killed = flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
+    if p.stream == BUFFERED and final and tap is not None and not tap.bytes_out and not killed:
         tap.bytes_out = len(final)  # what mitmproxy sent whole (the tap was never called)
     if p.stream == BUFFERED and meter is not None and final:
         t_s = (response.timestamp_end or response.timestamp_start) - flow.request.timestamp_start

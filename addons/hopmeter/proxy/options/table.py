@@ -66,8 +66,10 @@ def unconvertible(setting: Setting, given: list[str]) -> str | None:
         return "given more than once; give it once"
     word = given[0] if given else ""
     kind = OPTION_TYPES[setting.kind]
-    if kind is bool and word not in ("", "true", "false", "toggle"):
-        return "expected true or false"
+    if kind is bool:
+        return None if word in ("", "true", "false", "toggle") else "expected true or false"
+    if not given:
+        return f"a value is required ({setting.option}=VALUE)"
     if kind is int:
         try:
             int(word)
