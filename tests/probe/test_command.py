@@ -89,6 +89,15 @@ def test_fails_through_a_holding_nginx_with_the_reason(
 
 
 @pytest.mark.integration
+@pytest.mark.integration
+def test_an_admin_url_that_does_not_answer_names_the_flag(upstream: int) -> None:
+    """--upstream-admin where nothing listens: a usage error naming that flag and address, not
+    "no stream from" the probed URL, whose stream was fine."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(HopmeterError, match=f"--upstream-admin {dead}: cannot ask it what it"):
+        probe.run(_args(f"http://127.0.0.1:{upstream}", *SHORT, "--upstream-admin", dead))
+
+
 @needs_nginx
 def test_send_log_through_admin_url(
     upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -184,14 +193,40 @@ def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str
         (["http://127.0.0.1:1", "--line-endings", "lf,crlf2"], "--line-endings"),
         (["http://127.0.0.1:1", "--header", "no-colon"], "--header 'no-colon'"),
         (["http://127.0.0.1:1", "--tokens", "1"], "--tokens must be 2 or more"),
-        (["http://127.0.0.1:1", "--timeout", "-1"], "--timeout and --max-first-word must be"),
-        (["http://127.0.0.1:1", "--max-first-word", "0"], "--timeout and --max-first-word"),
+        (["http://[::1/v1"], "URL 'http://\\[::1/v1': Invalid IPv6 URL; expected http://HOST"),
+        (["http://127.0.0.1:99999/v1"], "URL 'http://127.0.0.1:99999/v1': Port out of range"),
     ],
 )
 def test_usage_errors_raise_before_any_request(argv: list[str], message: str) -> None:
     """A flag given wrong is a HopmeterError (the CLI's exit status 2), not a probe failure."""
     with pytest.raises(HopmeterError, match=message):
         probe.run(_args(*argv))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--timeout", "-1"), ("--timeout", "nan"), ("--max-first-word", "0"),
+     ("--max-first-word", "nan"), ("--max-first-word", "inf")],
+)  # fmt: skip
+def test_durations_that_are_none_are_refused_by_the_parser(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--timeout and --max-first-word take a finite number of seconds above 0 (`nan` could
+    never fail a probe): argparse's one line naming the flag, exit status 2."""
+    with pytest.raises(SystemExit) as info:
+        _args("http://127.0.0.1:1", flag, value)
+    assert info.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_the_route_goes_on_the_path_and_a_query_string_stays_after_it() -> None:
+    """A base URL with a query string gets the chat route on its path, not after the query."""
+    spec = probe._specs(_args("http://h:1/v1?x=1"))[0]
+    assert probe._target("http://h:1/v1?x=1", spec, "") == "http://h:1/v1/chat/completions?x=1"
+    assert probe._target("http://h:1/v1/", spec, "") == "http://h:1/v1/chat/completions"
+    assert probe._target("http://h:1", spec, "") == "http://h:1/v1/chat/completions"
+    assert probe._target("http://h:1/x/y", spec, "") == "http://h:1/x/y"
+    assert probe._target("http://h:1/a?k=v", spec, "b/c") == "http://h:1/a/b/c?k=v"
 
 
 @pytest.mark.integration

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from hopmeter.argtypes import positive_seconds
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.probe import output
 from hopmeter.probe.canary import (
@@ -95,17 +96,17 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--max-first-word",
-        type=float,
+        type=positive_seconds,
         default=None,
         metavar="SECONDS",
         help="fail when the first word comes later than this",
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
-        help="give up on a reply after this long (default 30)",
+        help="give up on a stream that has not ended this long after it was asked for (default 30)",
     )
     p.add_argument(
         "--header", action="append", default=[], metavar="NAME:VALUE", help="extra header"
@@ -145,7 +146,13 @@ async def probe_one(
     sends = None
     rid = header_of(got.headers, REQUEST_ID_HEADERS)
     if args.upstream_admin and rid and got.status == 200:
-        sends = await _sends(args.upstream_admin, rid, args.insecure)
+        try:
+            sends = await _sends(args.upstream_admin, rid, args.insecure)
+        except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+            raise UsageError(
+                f"--upstream-admin {args.upstream_admin}: cannot ask it what it sent ({exc}); "
+                "give the demo upstream's own address, or leave the flag out"
+            ) from None
     verdict = judge(
         spec,
         got.status,
@@ -210,14 +217,23 @@ def _specs(args: argparse.Namespace) -> list[Spec]:
 
 
 def _target(url: str, spec: Spec, path: str) -> str:
-    parts = urlsplit(url)
+    expected = "expected http://HOST[:PORT][/PATH] or https://..."
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range or not a number raises here
+    except ValueError as exc:
+        raise UsageError(f"URL {url!r}: {exc}; {expected}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"URL {url!r}: expected http://HOST[:PORT][/PATH] or https://...")
+        raise UsageError(f"URL {url!r}: {expected}")
+    base = parts.path.rstrip("/")
     if path:
-        return url.rstrip("/") + "/" + path.lstrip("/")
-    if parts.path.rstrip("/").endswith("/v1"):  # a base URL, as SDKs take it
-        return url.rstrip("/") + spec.path.removeprefix("/v1")
-    return url if parts.path not in ("", "/") else url.rstrip("/") + spec.path
+        route = base + "/" + path.lstrip("/")
+    elif base.endswith("/v1"):  # a base URL, as SDKs take it
+        route = base + spec.path.removeprefix("/v1")
+    else:
+        route = parts.path if base else spec.path
+    # the route goes on the path, the query string stays after it
+    return urlunsplit((parts.scheme, parts.netloc, route, parts.query, ""))
 
 
 def models_url(target: str, spec: Spec) -> str:
@@ -234,7 +250,10 @@ async def pick_model(url: str, headers: dict[str, str], insecure: bool) -> str:
     fix = "pass --model NAME"
     got = await request(url, headers=headers, insecure=insecure)  # path errors propagate
     if got.status != 200:
-        raise UsageError(f"{url} answered {got.status} when asked which models it serves; {fix}")
+        raise UsageError(
+            f"{url} answered {got.status} when asked which models it serves: check that the URL "
+            f"is the API's (its base, e.g. http://HOST:PORT/v1); if it is, {fix}"
+        )
     try:
         doc = orjson.loads(got.body)
     except orjson.JSONDecodeError:
@@ -292,7 +311,12 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         raise UsageError(output.redact(str(exc), key)) from None
     except _PATH_ERRORS as exc:
-        detail = str(exc) or f"no reply within {args.timeout}s"
+        timed_out = isinstance(exc, TimeoutError) and not str(exc)
+        detail = (
+            f"the stream had not ended {args.timeout}s after it was asked for"
+            if timed_out
+            else str(exc)
+        )
         reason = f"no stream from {url}: {detail}"
         done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=[], reason=reason)
         output.emit(done, as_json=args.json, key=key)
