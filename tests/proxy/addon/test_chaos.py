@@ -47,8 +47,13 @@ def test_line_endings_rewritten_events_unchanged(action: str, ending: bytes) -> 
 
 
 def test_no_rewrite_when_the_body_length_is_fixed() -> None:
-    """With rewrite_ok False (Content-Length or encoding), endings are left alone."""
-    assert b"".join(run(Chaos(["crlf"], 1, rewrite_ok=False), [STREAM])) == STREAM
+    """With rewrite_ok False (Content-Length or encoding), endings are left alone, and the
+    actions applied (what the record says) leave the rewrite out."""
+    chaos = Chaos(["crlf", "rechunk"], 1, rewrite_ok=False)
+    assert b"".join(run(chaos, [STREAM])) == STREAM
+    assert chaos.applied == {"rechunk"}
+    assert Chaos(["cr"], 1, rewrite_ok=False).applied == frozenset()
+    assert Chaos(["cr"], 1, rewrite_ok=True).applied == {"cr"}
 
 
 def test_unknown_action_is_named() -> None:

@@ -44,6 +44,8 @@ class Chaos:
                 b"\r\n" if "crlf" in self.actions else b"\r" if "cr" in self.actions else None
             )
         self._pending_cr = False
+        # what it does to this body: not the line endings of one it may not rewrite
+        self.applied = self.actions - ({"crlf", "cr"} if self.ending is None else set())
 
     def feed(self, data: bytes) -> list[bytes]:
         """The pieces to send for one upstream chunk (never an empty piece)."""

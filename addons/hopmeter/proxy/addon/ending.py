@@ -460,7 +460,7 @@ def _chaos(tap: ResponseTap | None) -> tuple[str, ...] | None:
     """The --chaos actions that re-cut the response, when they did."""
     if tap is None or tap.chaos is None:
         return None
-    return tuple(sorted(tap.chaos.actions))
+    return tuple(sorted(tap.chaos.applied))
 
 
 def _long(taken: tuple[http.HTTPFlow, Seen]) -> bool:

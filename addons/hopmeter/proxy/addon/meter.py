@@ -234,6 +234,7 @@ class HopMeter:
                     rewrite_ok="content-length" not in headers
                     and "content-encoding" not in headers,
                 )
+                tap.chaos = tap.chaos if tap.chaos.applied else None  # nothing it may do here
             if flow.response.stream is tap:  # a buffered body has no chunks to follow out
                 tap.out = self.delivery.attach(flow, chaos=tap.chaos is not None)  # never raises
         except Exception as exc:

@@ -201,7 +201,8 @@ SETTINGS = (
         addon=MEASURING,
         metavar="ACTIONS",
         help="staging only: a comma list of rechunk, split_utf8, crlf, cr applied to responses "
-        "on the way to the client (measuring sees the original)",
+        "on the way to the client (measuring sees the original; crlf and cr only to bodies "
+        "without Content-Length or Content-Encoding; the record's chaos lists what applied)",
     ),
     Setting(
         flag="--chaos-seed",
