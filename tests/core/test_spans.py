@@ -80,6 +80,7 @@ def test_its_view_is_what_alignment_reads() -> None:
         ({"trace_id": TRACE[:8]}, SpanOutcome.MALFORMED),
         ({"span_id": b""}, SpanOutcome.MALFORMED),
         ({"parent_span_id": b"\x01"}, SpanOutcome.MALFORMED),
+        ({"parent_span_id": EDGE}, SpanOutcome.MALFORMED),  # its own parent: it would join itself
         ({"start_ns": 0}, SpanOutcome.MALFORMED),
     ],
 )

@@ -113,6 +113,29 @@ def test_past_the_buffer_budget_new_bodies_get_503_retry_after(
 
 
 @pytest.mark.loopback
+def test_a_client_sending_a_large_body_reads_the_503_not_a_reset(
+    service: JoinService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 answered before the body is read is followed by reading and discarding the body
+    a while: a client still sending its 24 MB body (more than the sockets hold) gets the 503
+    (and retries), not a reset."""
+    monkeypatch.setattr(receiver, "MAX_BUFFERED", 100)
+    body = bytes(24 << 20)
+    big = Served(HttpReceiver(service, max_body=32 << 20).serve)
+    try:
+        with socket.create_connection(("127.0.0.1", big.port), timeout=10) as sock:
+            head = (
+                "POST /v1/traces HTTP/1.1\r\nhost: x\r\n"
+                f"content-type: application/x-protobuf\r\ncontent-length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)  # a reset raises here, or at the read
+            reply = sock.recv(4096)
+    finally:
+        big.close()
+    assert reply.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in reply.lower()
+
+
+@pytest.mark.loopback
 def test_bad_http_is_counted_and_closed(served: Served, service: JoinService) -> None:
     """A request line that is not HTTP closes the connection and is counted."""
     with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:

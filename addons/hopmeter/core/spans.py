@@ -99,8 +99,8 @@ def read_span(span: SpanView) -> HopSpan | SpanOutcome:
     if not (_is_id(span.trace_id, TRACE_ID_BYTES) and _is_id(span.span_id, SPAN_ID_BYTES)):
         return SpanOutcome.MALFORMED
     parent = span.parent_span_id
-    if parent and not _is_id(parent, SPAN_ID_BYTES):
-        return SpanOutcome.MALFORMED
+    if parent and (not _is_id(parent, SPAN_ID_BYTES) or parent == span.span_id):
+        return SpanOutcome.MALFORMED  # a span cannot be its own parent (it would join itself)
     if span.start_ns <= 0:
         return SpanOutcome.MALFORMED
     return HopSpan(

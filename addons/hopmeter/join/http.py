@@ -13,7 +13,8 @@ What it answers (opentelemetry-proto docs/specification.md, "OTLP/HTTP"):
   encoding.
 - 200 with an ExportTraceServiceResponse; spans refused as absurd are reported in
   partial_success (rejected_spans, error_message), which the client must not retry.
-- More bodies in flight than the byte budget allows: 503 with Retry-After, which clients retry.
+- More bodies in flight than the byte budget allows: 503 with Retry-After, which clients retry
+  (followed, as an early 413 is, by reading and discarding the body a while before closing).
 The answer goes out before any alignment: OTLP's 200 means accepted, not processed, and a slow
 answer past the exporter's deadline would make it retry (duplicates) and then drop spans.
 """
@@ -189,6 +190,7 @@ class HttpReceiver:
             await self._send(
                 conn, writer, _text(503, "busy: retry", ("retry-after", RETRY_AFTER_S))
             )
+            await _linger(reader, writer)  # as after an early 413: the client reads the 503
             return False
         body = await self._body(conn, reader)
         if body is None:
