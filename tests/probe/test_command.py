@@ -90,6 +90,17 @@ def test_fails_through_a_holding_nginx_with_the_reason(
 
 @pytest.mark.integration
 @pytest.mark.integration
+def test_https_to_a_plain_http_port_says_to_try_http(
+    upstream: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """https:// to a port that speaks plain HTTP (it waits for a request, never answering the
+    TLS handshake): the failure says to probe http:// instead."""
+    status, doc, _ = _probe(capsys, f"https://127.0.0.1:{upstream}/v1", "--timeout", "1")
+    assert status == 1
+    assert doc["reason"].endswith("(if that port speaks plain HTTP, probe http://...)")
+
+
+@pytest.mark.integration
 def test_an_admin_url_that_does_not_answer_names_the_flag(upstream: int) -> None:
     """--upstream-admin where nothing listens: a usage error naming that flag and address, not
     "no stream from" the probed URL, whose stream was fine."""

@@ -312,12 +312,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(output.redact(str(exc), key)) from None
     except _PATH_ERRORS as exc:
         timed_out = isinstance(exc, TimeoutError) and not str(exc)
+        tls = "SSL" in type(exc).__name__ or "WRONG_VERSION_NUMBER" in str(exc)
         detail = (
             f"the stream had not ended {args.timeout}s after it was asked for"
             if timed_out
             else str(exc)
         )
         reason = f"no stream from {url}: {detail}"
+        if url.startswith("https:") and (timed_out or tls):
+            reason += " (if that port speaks plain HTTP, probe http://...)"
         done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=[], reason=reason)
         output.emit(done, as_json=args.json, key=key)
         return 1

@@ -62,3 +62,6 @@ def test_unknown_action_is_named() -> None:
         parse_actions("rechunck")
     with pytest.raises(ChaosError):
         parse_actions("cr,crlf")
+    with pytest.raises(ChaosError, match="chaos ',' names no action; known: "):
+        parse_actions(",")
+    assert parse_actions("") == () and parse_actions(" rechunk, ") == ("rechunk",)

@@ -23,6 +23,8 @@ MAX_PIECES = 4
 def parse_actions(spec: str) -> tuple[str, ...]:
     """`rechunk,split_utf8,crlf` as a tuple; an unknown action names the known ones."""
     actions = tuple(a.strip() for a in spec.split(",") if a.strip())
+    if spec.strip() and not actions:
+        raise ChaosError(f"chaos {spec!r} names no action; known: {', '.join(ACTIONS)}")
     for a in actions:
         if a not in ACTIONS:
             raise ChaosError(f"unknown chaos action {a!r}; known: {', '.join(ACTIONS)}")
