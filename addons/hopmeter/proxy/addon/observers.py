@@ -71,7 +71,7 @@ class Observers:
             log.warning(
                 "hopmeter: measuring failed; the flow is forwarded unmeasured",
                 where=where,
-                error=f"{type(exc).__name__}: {exc}" if exc else None,
+                error=said(exc) if exc else None,
             )
 
     def record_lost(self, where: str, exc: BaseException, flow_id: str | None) -> None:

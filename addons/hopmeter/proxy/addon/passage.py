@@ -262,10 +262,8 @@ class PassageTap(ResponseTap):
         if flow is None or st is None or st.passage is None or not body.held:
             return
         p, response = st.passage, flow.response
-        if response is None or (
-            response.raw_content is not None and response.raw_content is not p.given
-        ):
-            return  # mitmproxy kept its own copy (store_streamed_bodies), or a hook set one
+        if response is None or not _ours(response, p):
+            return
         snapshot = b"".join(body.chunks)
         body.chunks = [snapshot] if snapshot else []
         response.raw_content = p.given = snapshot
@@ -470,15 +468,19 @@ class Passage:
         return BodyCopy(self.keep_body, self.budget)
 
 
+def _ours(response: http.Response, p: FlowPassage) -> bool:
+    """Whether the response's content is hopmeter's to set: none yet, or the copy it gave (not
+    mitmproxy's own, with store_streamed_bodies, nor one a hook set)."""
+    return response.raw_content is None or response.raw_content is p.given
+
+
 def give(flow: http.HTTPFlow, p: FlowPassage, body: BodyCopy) -> None:
     """Give the kept copy of a streamed body to mitmproxy as the response's content, unless it
     kept one itself (`store_streamed_bodies`), saying in the flow's metadata when it is clipped."""
     kept = body.take()  # the object given at the end, when nothing came since (bytes.join)
     response = flow.response
-    if response is None or (
-        response.raw_content is not None and response.raw_content is not p.given
-    ):
-        return  # mitmproxy kept its own copy, or a hook set the content
+    if response is None or not _ours(response, p):
+        return
     response.raw_content = p.given = kept
     if body.clipped is not None:
         flow.metadata[BODY_META_KEY] = (
