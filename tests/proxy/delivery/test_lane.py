@@ -307,12 +307,11 @@ class TestTake:
 
 
 class TestLoopLog:
-    def test_slow_steps_are_kept_with_their_cpu_and_quick_ones_dropped(self) -> None:
-        """A step past the floor is kept with its wall and CPU time; a quick one is not."""
+    def test_a_slow_step_is_kept_with_its_wall_and_cpu_time(self) -> None:
+        """A step past the floor is kept with its wall and CPU time, on the real clocks (a quick
+        one is dropped: the next test, on a clock it sets, since a busy machine can stretch any
+        real step past the floor)."""
         log = LoopLog()
-        t0, cpu0 = time.monotonic(), time.thread_time()
-        log.step(t0, cpu0)
-        assert not log.steps
         t0, cpu0 = time.monotonic(), time.thread_time()
         while time.monotonic() < t0 + 2 * STEP_FLOOR_S:  # the slow step: busy on purpose
             pass
