@@ -72,6 +72,24 @@ def test_a_usage_error_names_the_fix(capsys: pytest.CaptureFixture[str]) -> None
     assert "coalesce" in line
 
 
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [(["--chaos", "bogus"], "--chaos"), (["--set", "hopmeter_chaos=bogus"], "hopmeter_chaos")],
+)
+def test_a_bad_value_found_at_configure_names_how_it_was_given(
+    given: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hopmeter run --chaos bogus` is refused by the addon that reads it, which knows only its
+    option: the one line says `--chaos`, as the user typed it (the option where `--set` gave
+    it). Nothing binds: the options are refused before the proxy starts."""
+    argv = ["run", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--metrics", "off", *given]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"hopmeter: {named}: unknown chaos action 'bogus'; known: rechunk, " + (
+        "split_utf8, crlf, cr"
+    )
+
+
 def test_said_names_an_exception_and_never_raises() -> None:
     """An exception as a record says it: type and text, clipped; one whose text fails by its
     type (said in error paths, where a second exception would escape)."""

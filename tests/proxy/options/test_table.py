@@ -24,7 +24,7 @@ from hopmeter.proxy.addon.outputs import ConsoleOutput, MetricsOutput, OtelOutpu
 from hopmeter.proxy.addon.readiness import Readiness
 from hopmeter.proxy.addon.ui import HopView
 from hopmeter.proxy.fastpath.relay import Relay
-from hopmeter.proxy.options import FLAGS, OPTIONS, Kind, run_options
+from hopmeter.proxy.options import FLAGS, OPTIONS, Kind, run_options, said_by_flag
 from hopmeter.proxy.options.setting import DURATIONS
 from hopmeter.proxy.run.command import check_ports, proxy_config
 from hopmeter.proxy.run.drain import Drain
@@ -214,6 +214,34 @@ def test_an_upstream_or_listen_address_with_listeners_is_refused(
     them would be silently ignored, so it is an error naming both and the fix."""
     with pytest.raises(UsageError, match=message):
         proxy_config(run_args(*argv), "http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "named"),
+    [
+        (["--chaos-seed", "7"], {}, "--chaos-seed"),
+        ([], {"HOPMETER_CHAOS_SEED": "7"}, "HOPMETER_CHAOS_SEED"),
+    ],
+)
+def test_a_chaos_seed_without_chaos_is_refused(
+    argv: list[str], environ: dict[str, str], named: str
+) -> None:
+    """A seed with nothing to seed would be taken in silence (the user believes chaos is on):
+    refused, naming where the seed came from and the fix; with --chaos it is taken."""
+    with pytest.raises(UsageError, match=f"^{named} seeds --chaos, which is not on: give --chaos"):
+        proxy_config(run_args(*argv, environ=environ), "http://127.0.0.1:9")
+    cfg = proxy_config(run_args("--chaos", "rechunk", *argv, environ=environ), "http://x:9")
+    assert cfg.options["hopmeter_chaos_seed"] == 7
+
+
+def test_a_configure_error_names_the_flag_or_the_option_as_it_was_given() -> None:
+    """An error an addon raises names its option; `hopmeter run` says the flag that set it, and
+    the option where `--set` gave it by name (or where no flag sets it)."""
+    message = "hopmeter_chaos: unknown chaos action 'bogus'"
+    assert said_by_flag(message) == "--chaos: unknown chaos action 'bogus'"
+    assert said_by_flag(message, ["hopmeter_chaos"]) == message
+    assert said_by_flag("hopmeter_mark: x") == "hopmeter_mark: x"  # no flag sets it
+    assert said_by_flag("no option here") == "no option here"
 
 
 @pytest.mark.parametrize("metrics", ["127.0.0.1:18082", "0.0.0.0:18082"])

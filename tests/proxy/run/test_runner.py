@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mitmproxy import exceptions
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.test import taddons
 
@@ -164,6 +165,26 @@ def test_hopmeter_run_sets_its_options_then_the_ones_passed_through() -> None:
         assert (opts.hopmeter_stream, opts.hopmeter_keep_body) == ("all", "0")
         assert opts.hopmeter_stall_threshold == "300ms"
         assert (opts.hopmeter_chaos_seed, opts.hopmeter_hop) == (7, "origin")
+
+
+def test_a_refused_option_binds_no_metrics_endpoint_on_the_way_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mitmproxy undoes a failed update by configuring the addons with the values before it:
+    with `--metrics off --chaos bogus` that bound the default 127.0.0.1:9464 (and with the port
+    taken, the error said so instead of naming --chaos). The endpoint starts off: a refused
+    update binds nothing."""
+    bound: list[tuple[str, int]] = []
+
+    def serve(metrics: object, host: str, port: int, *args: object, **kwargs: object) -> None:
+        bound.append((host, port))
+
+    monkeypatch.setattr("hopmeter.proxy.addon.outputs.serve", serve)
+    bad = run_options(hopmeter_chaos="bogus", **QUIET)
+    with run_master_options() as opts:
+        with pytest.raises(exceptions.OptionsError, match=r"^hopmeter_chaos: unknown chaos"):
+            set_options(opts, ProxyConfig(modes=MODES, options=bad))
+        assert bound == [] and opts.hopmeter_metrics == "off"
 
 
 def test_mitmproxys_tcp_timeout_outlasts_the_read_timeout() -> None:

@@ -37,6 +37,7 @@ from hopmeter.proxy.options.table import (
     default,
     read,
     run_options,
+    said_by_flag,
 )
 
 __all__ = [
@@ -63,4 +64,5 @@ __all__ = [
     "default",
     "read",
     "run_options",
+    "said_by_flag",
 ]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import Any
 
 from hopmeter.log import get_logger
@@ -78,6 +79,17 @@ def unconvertible(setting: Setting, given: list[str]) -> str | None:
     if setting.choices and word not in {str(c) for c in setting.choices}:
         return f"expected one of {', '.join(str(c) for c in setting.choices)}"
     return None
+
+
+def said_by_flag(message: str, set_by_name: Iterable[str] = ()) -> str:
+    """A configure error `message` that begins with an option's name, said with the `hopmeter
+    run` flag that sets it instead; unchanged for an option given by name (`set_by_name`: the
+    names `--set` gave) or one without a flag."""
+    name, sep, rest = message.partition(": ")
+    setting = OPTIONS.get(name)
+    if not sep or setting is None or not setting.flag or name in set(set_by_name):
+        return message
+    return f"{setting.flag}: {rest}"
 
 
 def option_default(setting: Setting) -> Any:

@@ -63,6 +63,11 @@ def proxy_config(args: argparse.Namespace, upstream: str) -> ProxyConfig:
                 f"{source(args, 'set_', '--set')} {pair!r}: expected NAME=VALUE, e.g. --set "
                 f"keep_host_header=true"
             )
+    if args.chaos_seed and not args.chaos:
+        raise UsageError(
+            f"{source(args, 'chaos_seed', '--chaos-seed')} seeds --chaos, which is not on: give "
+            "--chaos ACTIONS too, or drop the seed"
+        )
     if args.metrics.lower() != "off":
         parse_hostport(args.metrics, source(args, "metrics", "--metrics"))
     if args.records and args.records != "-":

@@ -28,7 +28,7 @@ from hopmeter.proxy.addon.outputs import MetricsOutput
 from hopmeter.proxy.addon.readiness import Readiness
 from hopmeter.proxy.addon.tokenizer_load import QUIET_POLL_S, QUIET_WAIT_MAX_S, wait_for_quiet
 from hopmeter.proxy.fastpath import relay
-from hopmeter.proxy.options import OPTIONS
+from hopmeter.proxy.options import OPTIONS, said_by_flag
 from hopmeter.proxy.run.config import ProxyConfig
 from hopmeter.proxy.run.drain import Drain
 from hopmeter.proxy.run.master import LeanMaster, LeanOptions
@@ -147,7 +147,8 @@ async def run_proxy(
     except (exceptions.OptionsError, UsageError) as exc:
         # the master never runs, nor its `done`: write what was logged so far (a warning)
         queues.outlets.close(time.monotonic() + FLUSH_FLOOR_S)
-        raise UsageError(str(exc)) from None
+        given = [item.partition("=")[0] for item in cfg.extra]
+        raise UsageError(said_by_flag(str(exc), given)) from None
     if opts.hopmeter_relay:
         # a streamed HTTP/1 body's reads moved past mitmproxy's layers, mitmproxy's per-read
         # drain step only when a writer could need it, its HTTP/1 framing decision kept per
@@ -212,6 +213,11 @@ def set_options(opts: LeanOptions, cfg: ProxyConfig) -> None:
     the hopmeter_* options of `cfg` (from the flags), then `--set`'s. A bad value raises
     mitmproxy's OptionsError (or a UsageError) naming the option."""
     read_timeout_s = OPTIONS["hopmeter_read_timeout"].read(cfg.options["hopmeter_read_timeout"])
+    # mitmproxy rolls a failed update back by configuring every addon again with the values
+    # before it: from the table's defaults, the metrics endpoint would bind 127.0.0.1:9464 on
+    # the way out of a bad --chaos (and, with that port taken, say so in place of the real
+    # error, to a user who gave --metrics off). It starts off; the update below turns it on.
+    opts.update(hopmeter_metrics="off")
     opts.update(
         # mitmproxy listens on every interface by default; hopmeter on loopback unless told
         listen_host="127.0.0.1",
