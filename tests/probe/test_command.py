@@ -190,11 +190,21 @@ def test_https_front(upstream: int, tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.loopback
 def test_nothing_listening_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """No server at URL: exit 1, the reason on one line."""
-    status, doc, err = _probe(capsys, f"http://127.0.0.1:{free_port()}")
-    assert status == 1
-    assert doc["reason"].startswith("no stream from http://127.0.0.1:")
+    """No server at URL: exit 1, the reason on one line, naming what was asked: the list of
+    models when no --model was given (no stream was asked for yet, and no model is claimed),
+    the stream when it was."""
+    port = free_port()
+    status, doc, err = _probe(capsys, f"http://127.0.0.1:{port}")
+    assert status == 1 and doc["model"] == ""
+    assert doc["reason"].startswith(f"no list of models from http://127.0.0.1:{port}/v1/models: ")
+    assert err.count("\n") == 1 and err.startswith("hopmeter probe: FAIL no list of models")
+    status, doc, err = _probe(capsys, f"http://127.0.0.1:{port}", "--model", "m")
+    assert status == 1 and doc["model"] == "m"
+    assert doc["reason"].startswith(f"no stream from http://127.0.0.1:{port}/v1/chat/completions")
     assert err.count("\n") == 1 and err.startswith("hopmeter probe: FAIL no stream")
+    assert probe.run(_args(f"http://127.0.0.1:{port}")) == 1  # the text: no empty model named
+    header, _ = capsys.readouterr().out.splitlines()
+    assert header.startswith(f"hopmeter probe http://127.0.0.1:{port}/v1/chat/completions (seed ")
 
 
 @pytest.mark.parametrize(

@@ -301,11 +301,13 @@ def run(args: argparse.Namespace) -> int:
         **_auth_headers(args.api, key),
         **_extra_headers(args.header),
     }
+    model, asked = args.model, url
     try:
-        model = args.model
         if not model:
-            listing = pick_model(models_url(url, specs[0]), headers, args.insecure)
+            asked = models_url(url, specs[0])
+            listing = pick_model(asked, headers, args.insecure)
             model = asyncio.run(asyncio.wait_for(listing, args.timeout))
+            asked = url
         specs = [replace(s, model=model) for s in specs]
         verdicts = asyncio.run(_probe_all(specs, url, headers, args))
     except UsageError as exc:
@@ -313,12 +315,16 @@ def run(args: argparse.Namespace) -> int:
     except _PATH_ERRORS as exc:
         timed_out = isinstance(exc, TimeoutError) and not str(exc)
         tls = "SSL" in type(exc).__name__ or "WRONG_VERSION_NUMBER" in str(exc)
-        detail = (
-            f"the stream had not ended {args.timeout}s after it was asked for"
-            if timed_out
-            else str(exc)
-        )
-        reason = f"no stream from {url}: {detail}"
+        if asked != url:  # the list of models, asked first: no stream was asked for yet
+            detail = f"no answer within {args.timeout}s" if timed_out else str(exc)
+            reason = f"no list of models from {asked}: {detail}"
+        else:
+            detail = (
+                f"the stream had not ended {args.timeout}s after it was asked for"
+                if timed_out
+                else str(exc)
+            )
+            reason = f"no stream from {url}: {detail}"
         if url.startswith("https:") and (timed_out or tls):
             reason += " (if that port speaks plain HTTP, probe http://...)"
         done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=[], reason=reason)

@@ -99,7 +99,9 @@ def verdict_line(run: Run) -> str:
 
 def text(run: Run) -> str:
     """The whole text output."""
-    lines = [f"hopmeter probe {run.url} model {run.model} (seed {run.seed})"]
+    # no model when the endpoint's list of them did not answer
+    model = f" model {run.model}" if run.model else ""
+    lines = [f"hopmeter probe {run.url}{model} (seed {run.seed})"]
     lines += notes(run.verdicts)
     lines += [stream_line(v) for v in run.verdicts]
     return "\n".join([*lines, verdict_line(run)])
@@ -110,7 +112,7 @@ def document(run: Run) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "url": run.url,
-        "model": run.model,
+        "model": run.model,  # "" when the endpoint's list of models did not answer
         "seed": run.seed,
         "ok": not run.reason,
         "reason": run.reason or None,
