@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import socket
 import struct
+import time
 from collections.abc import Iterator
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
@@ -113,3 +119,69 @@ def test_export_checks_the_call_before_decoding(
     """Framing, content type and message encoding are checked, each with its status."""
     call = {":path": EXPORT_PATH, "content-type": "application/grpc", **headers}
     assert export(service, call, body, max_message=1000)[0] == code
+
+
+@pytest.mark.loopback
+def test_a_call_whose_message_stops_coming_is_answered_and_freed(
+    service: JoinService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends part of a message, then only pings (the connection never idles):
+    the call is answered DEADLINE_EXCEEDED and reset NO_ERROR once its data stopped for the
+    call timeout, its bytes leave the buffer budget, and the connection takes the next call."""
+    monkeypatch.setattr(receiver, "CALL_TIMEOUT_S", 0.5)
+    grpc_receiver = GrpcReceiver(service, max_message=1 << 20)
+    served = Served(grpc_receiver.serve)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    head = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":authority", "join"),
+        (":path", EXPORT_PATH),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    events: list[h2.events.Event] = []
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+
+            def exchange() -> None:
+                sock.sendall(client.data_to_send())
+                sock.settimeout(0.1)
+                with contextlib.suppress(TimeoutError):
+                    events.extend(client.receive_data(sock.recv(65536)))
+
+            client.initiate_connection()
+            client.send_headers(1, head)
+            client.send_data(1, struct.pack(">BI", 0, 100) + b"0123456789")  # 10 of 100 bytes
+            exchange()
+            for _ in range(50):  # the receiver reads it: its 15 bytes count against the budget
+                if served.call(lambda: grpc_receiver.buffered) == 15:
+                    break
+                exchange()
+            assert served.call(lambda: grpc_receiver.buffered) == 15
+            ended = set()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # pings keep the connection busy meanwhile
+                client.ping(b"12345678")
+                exchange()
+                time.sleep(0.05)
+                ended = {type(e) for e in events if getattr(e, "stream_id", None) == 1}
+                if h2.events.StreamReset in ended:
+                    break
+            trailers = [
+                dict(e.headers) for e in events if isinstance(e, h2.events.ResponseReceived)
+            ]
+            assert trailers and trailers[0][b"grpc-status"] == b"4"
+            assert h2.events.StreamReset in ended
+            assert served.call(lambda: grpc_receiver.buffered) == 0
+            assert served.call(lambda: service.requests["grpc", "DEADLINE_EXCEEDED"]) == 1
+            client.send_headers(3, head)
+            client.send_data(3, _framed(b""), end_stream=True)  # an empty export: OK
+            for _ in range(50):
+                exchange()
+                if any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 3 for e in events):
+                    break
+            (last,) = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
+            assert dict(last.headers)[b"grpc-status"] == b"0"
+    finally:
+        served.close()

@@ -9,7 +9,8 @@ length and the ExportTraceServiceRequest, with `grpc-encoding` gzip or deflate h
 Statuses (opentelemetry-proto docs/specification.md, "OTLP/gRPC Response"): INVALID_ARGUMENT
 for data that does not decode, RESOURCE_EXHAUSTED past the size limit (not retried without
 RetryInfo), UNAVAILABLE when the receiver's buffers are full (retried), UNIMPLEMENTED for another
-method or encoding.
+method or encoding, DEADLINE_EXCEEDED for a call whose message stopped coming (its buffer is
+freed: a connection kept alive by pings or other calls cannot hold it).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 import zlib
 from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -42,6 +45,9 @@ MAX_FRAME_BYTES = 1 << 20
 WINDOW_BYTES = 8 << 20
 READ_CHUNK = 256 * 1024
 IDLE_TIMEOUT_S = 300.0  # gRPC clients keep connections open between exports
+# A call whose message has had no data this long is answered DEADLINE_EXCEEDED and dropped, as
+# the HTTP receiver drops a body that trickles (BODY_TIMEOUT_S there).
+CALL_TIMEOUT_S = 30.0
 GRPC_PREFIX = struct.Struct(">BI")  # compressed flag, message length
 
 
@@ -50,6 +56,7 @@ class Code:
 
     OK = 0
     INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
     RESOURCE_EXHAUSTED = 8
     UNIMPLEMENTED = 12
     UNAVAILABLE = 14
@@ -58,6 +65,7 @@ class Code:
 CODE_NAMES = {
     Code.OK: "OK",
     Code.INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    Code.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
     Code.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED",
     Code.UNIMPLEMENTED: "UNIMPLEMENTED",
     Code.UNAVAILABLE: "UNAVAILABLE",
@@ -69,6 +77,7 @@ class _Call:
     headers: dict[str, str]
     body: bytearray = field(default_factory=bytearray)
     refused: int | None = None  # a status already sent; the rest of its data is discarded
+    moved_s: float = field(default_factory=time.monotonic)  # when its last data came
 
 
 def export(
@@ -131,12 +140,18 @@ class GrpcReceiver:
         try:
             writer.write(conn.data_to_send())
             while True:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK), IDLE_TIMEOUT_S)
-                if not data:
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), _wait_s(calls))
+                except TimeoutError:
+                    if not calls:
+                        return  # idle
+                    data = None  # a call may have stalled: looked at below
+                if data == b"":
                     return
                 answered = False
-                for event in conn.receive_data(data):
+                for event in conn.receive_data(data) if data else ():
                     answered |= self._on(conn, calls, event)
+                self._expire(conn, calls, time.monotonic())
                 writer.write(conn.data_to_send())
                 await writer.drain()
                 if answered:
@@ -180,10 +195,27 @@ class GrpcReceiver:
                 self.buffered -= len(call.body)
         return False
 
+    def _expire(
+        self, conn: h2.connection.H2Connection, calls: dict[int, _Call], now_s: float
+    ) -> None:
+        """Answer and drop the calls whose message has had no data for CALL_TIMEOUT_S, and tell
+        each client to stop sending it (RST_STREAM NO_ERROR after the answer, RFC 9113 8.1)."""
+        for stream_id, call in list(calls.items()):
+            if now_s - call.moved_s < CALL_TIMEOUT_S:
+                continue
+            del calls[stream_id]
+            self.buffered -= len(call.body)
+            if call.refused is None:
+                message = f"the request's message stopped coming: no data for {CALL_TIMEOUT_S:g}s"
+                self._reply(conn, stream_id, Code.DEADLINE_EXCEEDED, message, b"")
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+
     def _grow(
         self, conn: h2.connection.H2Connection, stream_id: int, call: _Call, data: bytes
     ) -> None:
         """Add a DATA frame to a call, refusing it past the message or the buffer bound."""
+        call.moved_s = time.monotonic()
         call.body += data
         self.buffered += len(data)
         refused = None
@@ -217,6 +249,15 @@ class GrpcReceiver:
             conn.send_headers(stream_id, head)
             conn.send_data(stream_id, GRPC_PREFIX.pack(0, len(response)) + response)
             conn.send_headers(stream_id, trailers, end_stream=True)
+
+
+def _wait_s(calls: dict[int, _Call]) -> float:
+    """How long the next read may wait: until the oldest quiet call is due, else the idle
+    timeout."""
+    if not calls:
+        return IDLE_TIMEOUT_S
+    due = min(call.moved_s for call in calls.values()) + CALL_TIMEOUT_S
+    return max(due - time.monotonic(), 0.001)
 
 
 def _percent(message: str) -> str:
