@@ -82,10 +82,13 @@ def test_its_view_is_what_alignment_reads() -> None:
         ({"parent_span_id": b"\x01"}, SpanOutcome.MALFORMED),
         ({"parent_span_id": EDGE}, SpanOutcome.MALFORMED),  # its own parent: it would join itself
         ({"start_ns": 0}, SpanOutcome.MALFORMED),
+        ({"start_ns": 10**15}, SpanOutcome.MALFORMED),  # 1970, 11 days in: no wall clock
+        ({"start_ns": 18_000_000_000 * 10**9}, SpanOutcome.MALFORMED),  # the year 2540
     ],
 )
 def test_spans_that_cannot_be_joined_say_why(over: dict[str, Any], outcome: SpanOutcome) -> None:
-    """Foreign spans and absurd ones (timeline, hop, ids, start) are told apart."""
+    """Foreign spans and absurd ones (timeline, hop, ids, a start no wall clock gives) are told
+    apart."""
     assert read_span(view(**over)) is outcome
 
 

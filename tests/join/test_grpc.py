@@ -101,6 +101,8 @@ def _framed(message: bytes, compressed: bool = False) -> bytes:
     ("headers", "body", "code"),
     [
         ({"content-type": "application/json"}, _framed(b""), Code.INVALID_ARGUMENT),
+        ({"content-type": "application/grpc+json"}, _framed(b"{}"), Code.UNIMPLEMENTED),
+        ({"content-type": "application/grpc+proto"}, _framed(b""), Code.OK),
         ({}, b"\x00\x00", Code.INVALID_ARGUMENT),
         ({}, _framed(b"abc") + b"more", Code.INVALID_ARGUMENT),
         ({"grpc-encoding": "snappy"}, _framed(b"x", compressed=True), Code.UNIMPLEMENTED),

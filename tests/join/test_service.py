@@ -13,7 +13,7 @@ import pytest
 from hopmeter.core.spans import SpanView
 from hopmeter.join import service as service_module
 from hopmeter.join.otlp import decode_request
-from hopmeter.join.service import JoinService
+from hopmeter.join.service import MALFORMED_WHY, OVERFLOW_WHY, JoinService
 from tests.harness.otlp import hop_span, join_serve, request_of
 from tests.harness.procs import wait_for
 from tests.join.conftest import config
@@ -78,8 +78,21 @@ def test_rejected_spans_are_reported_for_partial_success(tmp_path: Path) -> None
     bad = hop_span(TRACE, EDGE, t_us=[2, 1], offsets=[1, 2])
     foreign = hop_span(TRACE, ORIGIN, hop=None)
     rejected, why = svc.accept(spans(bad, foreign))
-    assert rejected == 1 and "hopmeter.timeline" in why
+    assert (rejected, why) == (1, MALFORMED_WHY.format(n=1))
     assert svc.counts().spans["foreign"] == 1
+    svc.stop()
+
+
+def test_spans_refused_for_room_are_told_apart_from_malformed_ones(tmp_path: Path) -> None:
+    """A span the window has no room for is not absurd: partial_success says which were
+    refused for room (and the limit to raise), apart from the malformed ones."""
+    svc = JoinService(config(tmp_path, records="", max_events=3))
+    big = hop_span(TRACE, EDGE, t_us=[1, 2, 3, 4], offsets=[1, 2, 3, 4])  # 4 events > 3
+    bad = hop_span(TRACE, ORIGIN, hop="origin", t_us=[2, 1], offsets=[1, 2])
+    rejected, why = svc.accept(spans(big, bad))
+    assert rejected == 2
+    assert why == MALFORMED_WHY.format(n=1) + "; " + OVERFLOW_WHY.format(n=1, max=3)
+    assert "raise --max-events" in why
     svc.stop()
 
 

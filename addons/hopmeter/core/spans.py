@@ -34,6 +34,10 @@ FIGURES = (
     "stalls",
     "tokens_per_s",
 )
+# A span's start as a wall clock can give it: from 2000 to 2100 (Unix ns). Outside, the start is
+# no time at all (0, a counter, a year 2554): joined, it would make holds of centuries.
+MIN_START_NS = 946_684_800 * 10**9
+MAX_START_NS = 4_102_444_800 * 10**9
 TRACE_ID_BYTES = 16
 SPAN_ID_BYTES = 8
 
@@ -101,7 +105,7 @@ def read_span(span: SpanView) -> HopSpan | SpanOutcome:
     parent = span.parent_span_id
     if parent and (not _is_id(parent, SPAN_ID_BYTES) or parent == span.span_id):
         return SpanOutcome.MALFORMED  # a span cannot be its own parent (it would join itself)
-    if span.start_ns <= 0:
+    if not MIN_START_NS <= span.start_ns < MAX_START_NS:
         return SpanOutcome.MALFORMED
     return HopSpan(
         trace_id=span.trace_id,

@@ -86,8 +86,12 @@ def export(
     """(status, message, response message) for one call's whole request body."""
     if headers.get(":path") != EXPORT_PATH:
         return Code.UNIMPLEMENTED, f"unknown method {headers.get(':path')}", b""
-    if not headers.get("content-type", "").startswith("application/grpc"):
+    content_type = headers.get("content-type", "")
+    if not content_type.startswith("application/grpc"):
         return Code.INVALID_ARGUMENT, "content-type is not application/grpc", b""
+    kind = content_type.partition(";")[0].strip().lower()
+    if kind not in ("application/grpc", "application/grpc+proto"):  # +json, +thrift, ...
+        return Code.UNIMPLEMENTED, f"content-type {kind}: only protobuf messages are taken", b""
     if len(body) < GRPC_PREFIX.size:
         return Code.INVALID_ARGUMENT, "no gRPC message in the request", b""
     compressed, size = GRPC_PREFIX.unpack_from(body)

@@ -48,7 +48,14 @@ TICKS_PER_WINDOW = 10  # the window is checked for ended traces ten times per wi
 MAX_TICK_S = 1.0  # ...and at least once a second
 LISTEN_BACKLOG = 1024  # senders connect in bursts when their batches fire together
 CLOSE_TIMEOUT_S = 2.0  # at a stop, how long handlers of closed connections get to end
-REJECTED_WHY = "hopmeter spans with absurd ids, times or hopmeter.timeline arrays were rejected"
+# partial_success's error_message, by what was rejected
+MALFORMED_WHY = (
+    "{n} malformed: absurd ids, hop name, start time or hopmeter.timeline arrays (not retried)"
+)
+OVERFLOW_WHY = (
+    "{n} refused: with it, its trace's timelines would hold more than --max-events {max} "
+    "events; raise --max-events"
+)
 FLUSH_S = 5.0  # at stop, the joined lines still queued get this long to be written
 
 
@@ -94,19 +101,22 @@ class JoinService:
     def accept(self, spans: list[SpanView]) -> tuple[int, str]:
         """File each span; (spans rejected as absurd, why) for the sender's partial_success."""
         now = self.clock()
-        rejected = 0
+        malformed = overflow = failed = 0
         for view in spans:
             try:
                 span = read_span(view)
                 if isinstance(span, SpanOutcome):
                     self.window.count(span)
-                    rejected += span is SpanOutcome.MALFORMED
+                    malformed += span is SpanOutcome.MALFORMED
                 elif self.window.add(span, now) is SpanOutcome.OVERFLOW:
-                    rejected += 1
+                    overflow += 1
             except Exception as exc:  # a bug in reading one span must not lose the others
-                rejected += 1
+                failed += 1
                 self._internal_error("join_accept", exc)
-        return rejected, REJECTED_WHY if rejected else ""
+        why = [MALFORMED_WHY.format(n=malformed)] if malformed else []
+        why += [OVERFLOW_WHY.format(n=overflow, max=self.window.max_events)] if overflow else []
+        why += [f"{failed} not read: an internal error, counted"] if failed else []
+        return malformed + overflow + failed, "; ".join(why)
 
     def settle(self) -> None:
         """Align every pair the window made ready; observe and write each segment."""
