@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import gzip
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from hopmeter.errors import PortError, UsageError
@@ -241,29 +245,33 @@ def test_an_idle_endpoint_sleeps_until_asked() -> None:
 
 
 @pytest.mark.loopback
-def test_connections_past_the_limit_are_closed_and_counted(
+def test_silent_connections_never_keep_a_liveness_probe_from_its_answer(
     metrics: Metrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """MAX_CONNECTIONS connections that send nothing hold a thread each; one more is closed at
-    once and counted on /metrics; one that sends nothing is closed after its timeout, freeing
-    its place: a flood never costs a thread per connection, nor holds the endpoint for good."""
-    monkeypatch.setattr(server_module._QuietHandler, "timeout", 3.0)
-    server = serve(metrics, port=0)
+    """Connections that send nothing hold no thread and never keep /healthz or /readyz from
+    their answer: past MAX_PENDING the one waiting longest is closed and counted; the others
+    are closed, silent as they were, after their timeout."""
+    monkeypatch.setattr(server_module, "MAX_PENDING", 40)
+    monkeypatch.setattr(server_module, "CONNECTION_TIMEOUT_S", 3.0)
+    server = serve(metrics, port=0, ready=lambda: (True, "up"))
     idle: list[socket.socket] = []
+    threads = threading.active_count()
     try:
-        for _ in range(server_module.MAX_CONNECTIONS):
+        for _ in range(server_module.MAX_PENDING):
             idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-        deadline = time.monotonic() + 10
-        while server._server.slots._value and time.monotonic() < deadline:  # type: ignore[attr-defined]
-            time.sleep(0.01)  # until every one is taken by its thread
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
-            assert extra.recv(1) == b""  # closed unanswered
-        time.sleep(0.1)
-        assert metrics.registry.get_sample_value("hopmeter_metrics_connections_refused_total") == 1
-        assert idle[0].recv(1) == b""  # its timeout closed it, silent as it was
+        idle[-1].sendall(b"GET /metrics HTTP/1.1\r\n")  # half a head: waits as the others do
         time.sleep(0.2)
-        _, _, body = _get(f"http://127.0.0.1:{server.port}/metrics")
-        assert "hopmeter_metrics_connections_refused_total 1.0" in body
+        assert threading.active_count() == threads  # no thread for any of them
+        base = f"http://127.0.0.1:{server.port}"
+        assert _get(f"{base}/healthz") == (200, "text/plain; charset=utf-8", "ok\n")
+        idle[0].settimeout(0.5)
+        assert idle[0].recv(1) == b""  # the one waiting longest made room for the probe
+        refused = "hopmeter_metrics_connections_refused_total"
+        assert metrics.registry.get_sample_value(refused) == 1
+        assert _get(f"{base}/readyz")[2] == "ready: up\n"  # the probe's place, free again
+        assert metrics.registry.get_sample_value(refused) == 1
+        assert idle[-1].recv(1) == b""  # its timeout closed it, silent as it was
+        assert "hopmeter_flows_total" in _get(f"{base}/metrics")[2]
     finally:
         for conn in idle:
             conn.close()
@@ -271,3 +279,61 @@ def test_connections_past_the_limit_are_closed_and_counted(
     # closed, the endpoint's counter leaves the registry with it (a new endpoint brings its own)
     assert metrics.registry.get_sample_value("hopmeter_metrics_connections_refused_total") is None
     serve(metrics, port=0).close()
+
+
+@pytest.mark.loopback
+def test_scrapes_past_the_limit_are_answered_busy_and_counted(
+    metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_CONNECTIONS scrapes at once hold a thread each; one more is answered 503 at once and
+    counted, and /healthz is still answered meanwhile."""
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
+    release = threading.Event()
+
+    class Slow:
+        """A collector that takes as long as the test says."""
+
+        def collect(self) -> Iterator[Metric]:
+            release.wait(10)
+            return iter(())
+
+    metrics.registry.register(Slow())  # type: ignore[arg-type]
+    server = serve(metrics, port=0)
+    base = f"http://127.0.0.1:{server.port}"
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            slow = [pool.submit(_get, f"{base}/metrics") for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while server._server.slots._value and time.monotonic() < deadline:  # type: ignore[attr-defined]
+                time.sleep(0.01)  # until both are taken by their threads
+            with pytest.raises(urllib.error.HTTPError) as busy:
+                _get(f"{base}/metrics")
+            assert busy.value.code == 503
+            assert busy.value.read() == b"busy: too many scrapes at once\n"
+            busy.value.close()
+            assert _get(f"{base}/healthz")[0] == 200
+        finally:
+            release.set()
+            statuses = [f.result(10)[0] for f in slow]
+            server.close()
+    assert statuses == [200, 200]
+    assert metrics.registry.get_sample_value("hopmeter_metrics_connections_refused_total") is None
+
+
+@pytest.mark.loopback
+def test_a_failing_readiness_check_is_a_500_and_the_endpoint_goes_on(metrics: Metrics) -> None:
+    """/readyz is answered by the endpoint's own thread: a check that raises is answered 500,
+    and the endpoint still answers what comes next."""
+
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("bug")
+
+    server = serve(metrics, port=0, ready=broken)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            _get(f"http://127.0.0.1:{server.port}/readyz")
+        assert failed.value.code == 500
+        failed.value.close()
+        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.close()

@@ -2,7 +2,10 @@
 
 /healthz is liveness only: the process answers. /readyz asks the `ready` callable it was given
 (the proxy's cached view of its upstreams, hopmeter.proxy.addon.readiness): 200 when ready, 503 with
-the reason when not. Neither ever waits on the upstream.
+the reason when not. Neither ever waits on the upstream, nor on other clients: the endpoint's
+thread reads every request's head itself, without blocking, and answers these two at once; only
+a /metrics scrape gets a thread of its own. Clients that connect and send nothing (or scrapers
+that stop reading) therefore cannot keep a liveness probe from its answer.
 
 /metrics speaks OpenMetrics when the scraper asks for it (so trace-id exemplars show) and the
 classic text format otherwise, and honours `?name[]=` filtering (prometheus_client's WSGI app
@@ -15,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
+import io
 import selectors
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
@@ -70,23 +75,36 @@ class WithoutCreated:
         return WithoutCreated(self._registry, names)
 
 
-# At most this many connections are answered at once, each in its own thread; one more is
-# closed at once and counted (`hopmeter_metrics_connections_refused_total`): a flood of
-# connections (or of slow ones) never costs the proxy a thread each.
+# At most this many scrapes are answered at once, each in its own thread; one more is answered
+# 503 and counted (`hopmeter_metrics_connections_refused_total`): a flood of scrapes (or of slow
+# readers) never costs the proxy a thread each.
 MAX_CONNECTIONS = 32
+# At most this many connections wait for their request's head (a few hundred bytes each, no
+# thread); past it the one waiting longest is closed and counted.
+MAX_PENDING = 256
+MAX_HEAD_BYTES = 16 * 1024  # a request head past this is answered 431
 # A connection that has not sent its request, or not read its answer, this long is closed.
 CONNECTION_TIMEOUT_S = 10.0
 
 
 class _QuietHandler(WSGIRequestHandler):
+    """wsgiref's handler, reading the request head the endpoint's thread already read."""
+
     timeout = CONNECTION_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own reader: the head was read from it already
+        heads: dict[Any, bytes] = getattr(self.server, "heads", {})
+        self.rfile = io.BytesIO(heads.pop(self.request, b""))
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news; stay silent."""
 
 
 class _Refused:
-    """The connections the endpoint closed unanswered, past MAX_CONNECTIONS at once."""
+    """The connections the endpoint refused: a scrape past MAX_CONNECTIONS at once, or the
+    longest waiting past MAX_PENDING connections without a request."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -94,8 +112,9 @@ class _Refused:
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "hopmeter_metrics_connections_refused",
-            f"Connections to the metrics endpoint closed unanswered: {MAX_CONNECTIONS} were "
-            "being answered already",
+            f"Connections to the metrics endpoint refused: a scrape while {MAX_CONNECTIONS} were "
+            f"being answered (503), or the oldest of {MAX_PENDING} waiting for their request "
+            "(closed)",
         )
         family.add_metric([], self.count)
         yield family
@@ -107,18 +126,23 @@ class _Server(ThreadingMixIn, WSGIServer):
     request_queue_size = 128  # the listen backlog (socketserver's is 5): accepted, then judged
     refused: _Refused
     slots: threading.BoundedSemaphore
+    heads: dict[Any, bytes]  # each connection's request head, read by the endpoint's thread
+    ready: ReadyCheck | None
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread for the connection while fewer than MAX_CONNECTIONS are answered, else
-        closed at once and counted."""
+        answered 503 at once and counted."""
         if not self.slots.acquire(blocking=False):
             self.refused.count += 1
+            self.heads.pop(request, None)
+            _answer(request, "503 Service Unavailable", "busy: too many scrapes at once\n")
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.slots.release()
+            self.heads.pop(request, None)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -143,40 +167,160 @@ def _app(registry: CollectorRegistry, ready: ReadyCheck | None) -> WSGIApp:
     metrics_app: WSGIApp = prometheus_client.make_wsgi_app(WithoutCreated(registry))
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path == "/metrics":
+        if environ.get("PATH_INFO", "") == "/metrics":
             return metrics_app(environ, start_response)
-        if path == "/healthz":
-            start_response("200 OK", _text())
-            return [b"ok\n"]
-        if path == "/readyz" and ready is not None:
-            ok, why = ready()
-            start_response("200 OK" if ok else "503 Service Unavailable", _text())
-            return [f"{'ready' if ok else 'not ready'}: {why}\n".encode()]
         start_response("404 Not Found", _text())
         return [b"not found: try /metrics, /healthz or /readyz\n"]
 
     return app
 
 
-def _serve(server: WSGIServer, wake: socket.socket) -> None:
-    """The endpoint's thread: accept and hand each request to its own thread, until `wake` is
-    readable.
+def _health(head: bytes, ready: ReadyCheck | None) -> tuple[str, str] | None:
+    """The answer (status, body) to a GET or HEAD of /healthz or /readyz, else None."""
+    method, _, rest = head.partition(b" ")
+    path = rest.partition(b" ")[0].partition(b"?")[0]
+    if method not in (b"GET", b"HEAD"):
+        return None
+    if path == b"/healthz":
+        return "200 OK", "ok\n"
+    if path == b"/readyz" and ready is not None:
+        ok, why = ready()
+        return ("200 OK" if ok else "503 Service Unavailable"), (
+            f"{'ready' if ok else 'not ready'}: {why}\n"
+        )
+    return None
+
+
+def _answer(conn: socket.socket, status: str, body: str, *, head_only: bool = False) -> None:
+    """A short answer, written without waiting: it fits any socket's send buffer, and a client
+    that cannot take it is not waited for."""
+    data = body.encode()
+    head = (
+        f"HTTP/1.0 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(head if head_only else head + data)
+
+
+class _Pending:
+    """A connection whose request head is still coming."""
+
+    __slots__ = ("address", "due_s", "head")
+
+    def __init__(self, address: Any, due_s: float) -> None:
+        self.address = address
+        self.due_s = due_s
+        self.head = bytearray()
+
+
+def _serve(server: _Server, wake: socket.socket) -> None:
+    """The endpoint's thread: accept, read each request's head without blocking, answer
+    /healthz and /readyz at once and hand a scrape to its own thread, until `wake` is readable.
 
     socketserver's `serve_forever` polls every 0.5 s for its shutdown flag: two wake-ups a second
     in an idle process, and a `shutdown()` that waits up to a poll on the thread calling it (the
-    event loop, at exit). This blocks on the listening socket and a wake socket together: no
-    wake-up while idle, and `MetricsServer.close` is heard at once.
+    event loop, at exit). This blocks on the sockets and the wake socket together: no wake-up
+    while idle (the wait is bounded only while a connection's head is due), and
+    `MetricsServer.close` is heard at once.
     """
-    server.timeout = 0.0  # handle_request: a connection gone since select returns at once
+    server.socket.setblocking(False)
+    pending: dict[socket.socket, _Pending] = {}  # oldest first
     with wake, selectors.DefaultSelector() as sel:
-        sel.register(server, selectors.EVENT_READ)
+        sel.register(server.socket, selectors.EVENT_READ)
         sel.register(wake, selectors.EVENT_READ)
-        while True:
-            ready = sel.select()
-            if any(key.fileobj is wake for key, _ in ready):
-                return
-            server.handle_request()
+        try:
+            while True:
+                due = min((p.due_s for p in pending.values()), default=None)
+                wait = None if due is None else max(due - time.monotonic(), 0.0)
+                for key, _ in sel.select(wait):
+                    if key.fileobj is wake:
+                        return
+                    if key.fileobj is server.socket:
+                        _accept(server, sel, pending)
+                        continue
+                    conn: socket.socket = key.fileobj  # type: ignore[assignment]
+                    try:
+                        _read_head(server, sel, pending, conn)
+                    except Exception:  # one connection's fault never ends the endpoint
+                        _drop(server, sel, pending, conn)
+                now = time.monotonic()
+                for conn in [c for c, p in pending.items() if p.due_s <= now]:
+                    _drop(server, sel, pending, conn)  # silent, as it was
+        finally:
+            for conn in list(pending):
+                _drop(server, sel, pending, conn)
+
+
+def _accept(
+    server: _Server, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]
+) -> None:
+    """Every connection waiting to be accepted, each to wait for its request's head."""
+    while True:
+        try:
+            conn, address = server.socket.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the client left before it was accepted, or no descriptor is free
+            return
+        if len(pending) >= MAX_PENDING:  # the one waiting longest makes room
+            server.refused.count += 1
+            _drop(server, sel, pending, next(iter(pending)))
+        conn.setblocking(False)
+        pending[conn] = _Pending(address, time.monotonic() + CONNECTION_TIMEOUT_S)
+        sel.register(conn, selectors.EVENT_READ)
+
+
+def _read_head(
+    server: _Server,
+    sel: selectors.BaseSelector,
+    pending: dict[socket.socket, _Pending],
+    conn: socket.socket,
+) -> None:
+    """Read what a connection sent; once its head is whole, answer it or hand it on."""
+    waiting = pending[conn]
+    try:
+        data = conn.recv(MAX_HEAD_BYTES)
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:
+        data = b""
+    if not data:
+        _drop(server, sel, pending, conn)
+        return
+    waiting.head += data
+    head = bytes(waiting.head)
+    if b"\r\n\r\n" not in head and b"\n\n" not in head:
+        if len(head) > MAX_HEAD_BYTES:
+            _answer(conn, "431 Request Header Fields Too Large", "request head too large\n")
+            _drop(server, sel, pending, conn)
+        return
+    sel.unregister(conn)
+    del pending[conn]
+    try:
+        answer = _health(head, server.ready)
+    except Exception:  # the check is the proxy's: its fault is an answer, never this thread's end
+        answer = "500 Internal Server Error", "the readiness check failed\n"
+    if answer is not None:
+        _answer(conn, *answer, head_only=head.startswith(b"HEAD "))
+        server.shutdown_request(conn)
+        return
+    conn.setblocking(True)
+    server.heads[conn] = head
+    server.process_request(conn, waiting.address)
+
+
+def _drop(
+    server: _Server,
+    sel: selectors.BaseSelector,
+    pending: dict[socket.socket, _Pending],
+    conn: socket.socket,
+) -> None:
+    with contextlib.suppress(KeyError, ValueError):
+        sel.unregister(conn)
+    pending.pop(conn, None)
+    server.shutdown_request(conn)
 
 
 @dataclass(slots=True)
@@ -185,7 +329,7 @@ class MetricsServer:
 
     host: str
     port: int
-    _server: WSGIServer
+    _server: _Server
     _thread: threading.Thread
     _wake: socket.socket  # the other end of the thread's wake socket
     _registry: CollectorRegistry
@@ -246,6 +390,7 @@ def serve(
         ) from exc
     server.set_app(_app(registry, ready))
     server.refused, server.slots = _Refused(), threading.BoundedSemaphore(MAX_CONNECTIONS)
+    server.heads, server.ready = {}, ready
     registry.register(server.refused)
     wake, heard = socket.socketpair()
     thread = threading.Thread(
