@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "addons"))
 
 from hopmeter.core.ledger import END, OUT, new_chunk
 from hopmeter.proxy.delivery.conn import ConnTracker
-from hopmeter.proxy.delivery.lane import Delivery, FlowOut
+from hopmeter.proxy.delivery.lane import DeliveryLane, FlowOut
 
 EVENTS = 5000  # per round
 ROUNDS = 41
@@ -205,7 +205,7 @@ async def on_a_socket() -> dict[str, Any]:
 
 async def looks_per_chunk(writer: asyncio.StreamWriter, sock: Any) -> dict[str, Any]:
     """400 chunks, 5 ms apart, through the real poller to a reader that keeps up."""
-    delivery = Delivery(_ignore)
+    delivery = DeliveryLane(_ignore)
     for key in ("write", "close"):
         writer.__dict__.pop(key, None)  # the hot-path rounds' wrappers
     tracker = ConnTracker(writer, sock, delivery.want, _ignore)

@@ -23,7 +23,7 @@ def _no_meter(flow: object, headers: object) -> None:
 
 
 def _not_followed(self: object, flow: object, *, chaos: bool) -> None:
-    """`Delivery.attach` of a flow whose chunks are not followed out."""
+    """`DeliveryLane.attach` of a flow whose chunks are not followed out."""
     del self, flow, chaos
 
 
@@ -36,4 +36,4 @@ if _OFF:
     if "measure" in _OFF:
         vars(_meter)["new_meter"] = _no_meter  # the name meter.py's responseheaders calls
     if "delivery" in _OFF:
-        _lane.Delivery.attach = _not_followed  # type: ignore[method-assign,assignment]
+        _lane.DeliveryLane.attach = _not_followed  # type: ignore[method-assign,assignment]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from hopmeter.core.hops import (
-    HopView,
+    HopFlow,
     Segment,
     align,
     chain,
@@ -39,7 +39,7 @@ def test_streaming_segment_holds_each_token_briefly() -> None:
     """An outer hop that sees each token 1 ms after the inner one holds every token 1 ms."""
     inner = record("origin", 1000.001, steady(20, 0.05, 0.1))
     outer = record("edge", 1000.0, steady(20, 0.05, 0.102))
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert seg.segment == "edge>origin"
     assert all(h == pytest.approx(0.001, abs=1e-9) for h in seg.holds_s)
     assert not seg.whole_body
@@ -52,7 +52,7 @@ def test_whole_body_hold_shows_on_the_segment() -> None:
     """A segment that releases everything at the end holds the first token for the whole span."""
     inner = record("origin", 1000.001, steady(40, 0.05, 0.1))
     outer = record("edge", 1000.0, [[2.2 + i * 1e-5, 1, (i + 1) * 5] for i in range(40)])
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert seg.whole_body
     assert seg.first_token_hold_s == pytest.approx(2.2 - 0.101, abs=1e-6)
     assert seg.holds_s[-1] == pytest.approx(2.2 + 39e-5 - 0.101 - 39 * 0.05, abs=1e-6)
@@ -67,7 +67,7 @@ def test_coalescing_between_hops_aligns_by_content() -> None:
     """An outer hop that sees two inner events in one aligns each token to when it arrived."""
     inner = record("origin", 0.0, [[0.1, 1, 5], [0.2, 1, 10], [0.3, 1, 15], [0.4, 1, 20]])
     outer = record("edge", 0.0, [[0.21, 2, 10], [0.41, 2, 20]])
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert seg.holds_s == pytest.approx((0.11, 0.01, 0.11, 0.01))
 
 
@@ -75,10 +75,10 @@ def test_skew_is_bounded_by_causality() -> None:
     """A clock 2 s ahead at the inner host is corrected within the causal bounds."""
     inner = record("origin", 1002.001, steady(10, 0.05, 0.1))  # its clock runs 2 s ahead
     outer = record("edge", 1000.0, steady(10, 0.05, 0.102))
-    lower, upper = skew_bounds(HopView.from_record(outer), HopView.from_record(inner))
+    lower, upper = skew_bounds(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert lower is not None and upper is not None
     assert lower <= 2.0 <= upper
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert all(h >= 0 for h in seg.holds_s)
     assert max(seg.holds_s) < 0.01
 
@@ -88,7 +88,7 @@ def test_known_skew_limits_narrow_the_bounds() -> None:
     fix the skew whatever the events say."""
     inner = record("origin", 1002.001, steady(10, 0.05, 0.1))
     outer = record("edge", 1000.0, steady(10, 0.05, 0.102))
-    o, i = HopView.from_record(outer), HopView.from_record(inner)
+    o, i = HopFlow.from_record(outer), HopFlow.from_record(inner)
     lower, upper = skew_bounds(o, i)
     assert lower is not None and upper is not None
     narrowed = align(o, i, (None, upper - 0.0005))
@@ -115,7 +115,7 @@ def test_segment_findings_are_those_the_segment_introduced() -> None:
         ttft_s=0.5,
         kinds=["burst_gaps", "stall"],
     )
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     kinds = [f["kind"] for f in seg.findings]
     assert kinds == ["burst_gaps", "segment_batching"]
 
@@ -190,7 +190,7 @@ def test_the_inner_hops_own_hold_and_the_wire_are_told_apart() -> None:
         1000.0,
         [[e[0] + (0.031 if i == 3 else 0.0012), 1, e[2]] for i, e in enumerate(events)],
     )
-    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    d = align(HopFlow.from_record(outer), HopFlow.from_record(inner)).as_dict()
     assert d["tokens_out"] == d["tokens_aligned"] == 10
     assert d["inner_hold_p50_s"] == pytest.approx(0.0002)
     assert d["inner_hold_max_s"] == pytest.approx(0.03)
@@ -202,7 +202,7 @@ def test_without_out_times_the_split_is_empty() -> None:
     """A record from a hopmeter that did not follow its bytes out has no split, only the hold."""
     inner = record("origin", 1000.001, steady(5, 0.05, 0.1))
     outer = record("edge", 1000.0, steady(5, 0.05, 0.102))
-    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    d = align(HopFlow.from_record(outer), HopFlow.from_record(inner)).as_dict()
     assert d["tokens_out"] == 0 and d["wire_hold_p99_s"] is None and d["inner_hold_max_s"] is None
     assert d["tokens_aligned"] == 5
 
@@ -213,9 +213,9 @@ def test_a_capped_inner_timeline_uses_the_whole_streams_token_span() -> None:
     head = steady(10, 0.05, 0.1)  # 0.45 s of a stream that went on for 20 s
     outer = record("edge", 1000.0, [[0.8 + i * 0.05, 1, (i + 1) * 5] for i in range(10)])
     inner = record("origin", 1000.0, head)
-    held = align(HopView.from_record(outer), HopView.from_record(inner))
+    held = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     inner["figures"]["token_span_s"] = 20.0
-    whole = align(HopView.from_record(outer), HopView.from_record(inner))
+    whole = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert held.first_token_hold_s == whole.first_token_hold_s == pytest.approx(0.7)
     assert not whole.whole_body  # 0.7 s of a 20 s stream is no whole-body hold
 
@@ -245,7 +245,7 @@ def test_request_delay_and_added_ttft_come_from_the_request_starts() -> None:
     that plus the first token's hold to the time to first token, and causality bounds the delay."""
     inner = record("origin", 1000.012, steady(10, 0.02, 0.05))
     outer = record("edge", 1000.0, steady(10, 0.02, 0.065))
-    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    d = align(HopFlow.from_record(outer), HopFlow.from_record(inner)).as_dict()
     assert d["request_delay_s"] == pytest.approx(0.012)
     assert d["first_token_hold_s"] == pytest.approx(0.003)
     assert d["added_ttft_s"] == pytest.approx(0.015)
@@ -259,7 +259,7 @@ def test_a_skewed_clock_moves_the_delay_not_the_added_time() -> None:
     request delay, and the sum the segment added to the first token is the same."""
     inner = record("origin", 1000.512, steady(10, 0.02, 0.05))
     outer = record("edge", 1000.0, steady(10, 0.02, 0.065))
-    d = align(HopView.from_record(outer), HopView.from_record(inner)).as_dict()
+    d = align(HopFlow.from_record(outer), HopFlow.from_record(inner)).as_dict()
     assert d["added_ttft_s"] == pytest.approx(0.015)
     assert 0.0 <= d["request_delay_s"] <= d["request_delay_bounds_s"][1]
 
@@ -275,7 +275,7 @@ def test_a_shifted_clock_costs_each_hold_the_fastest_token_only(shift: float) ->
     outer = record(
         "edge", 1000.0, [[e[0] + 0.002 + h, 1, e[2]] for e, h in zip(events, holds, strict=True)]
     )
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert seg.skew_basis == SkewBasis.FASTEST_TOKEN
     assert seg.holds_s == pytest.approx([h - 0.0001 for h in holds], abs=1e-9)
     d = seg.as_dict()
@@ -301,7 +301,7 @@ def test_contradicting_clocks_give_negative_holds_kept_and_flagged() -> None:
     and a clock_skew_suspect finding counts them by what they are."""
     inner = record("origin", 1000.001, steady(5, 0.05, 0.2))
     outer = record("edge", 1000.0, steady(5, 0.05, 0.1))
-    seg = align(HopView.from_record(outer), HopView.from_record(inner))
+    seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert seg.skew_basis == SkewBasis.REQUEST_ORDER
     assert sum(h < 0 for h in seg.holds_s) == 5
     (f,) = seg.findings

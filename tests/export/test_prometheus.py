@@ -559,11 +559,11 @@ def test_holds_are_observed_per_token(registry: CollectorRegistry) -> None:
 def test_a_segment_observes_its_holds_and_counts_its_findings(registry: CollectorRegistry) -> None:
     """observe_segment: one hold per token, one count per finding the segment introduced, and
     every finding kind's series for the segment from 0."""
-    from hopmeter.core.hops import HopView, align
+    from hopmeter.core.hops import HopFlow, align
 
-    def view(hop: str, first: float, kinds: frozenset[str]) -> HopView:
+    def view(hop: str, first: float, kinds: frozenset[str]) -> HopFlow:
         events = [[first + i * 0.05, 1, 4 * (i + 1)] for i in range(4)]
-        return HopView(
+        return HopFlow(
             hop=hop, t_start=10.0, t_first_byte=None, events=events, ttft_s=first,
             itl_p50_s=0.05, finding_kinds=kinds,
         )  # fmt: skip
@@ -897,10 +897,10 @@ def test_negative_durations_are_counted_by_what_they_were(registry: CollectorReg
 
 def test_an_unordered_pair_observes_no_hold(registry: CollectorRegistry) -> None:
     """Two hops whose order nothing told: their finding is counted, no hold series is made."""
-    from hopmeter.core.hops import HopView, unordered
+    from hopmeter.core.hops import HopFlow, unordered
 
-    def view(hop: str) -> HopView:
-        return HopView(
+    def view(hop: str) -> HopFlow:
+        return HopFlow(
             hop=hop, t_start=10.0, t_first_byte=None, events=[[0.1, 1, 4]], ttft_s=0.1,
             itl_p50_s=None, finding_kinds=frozenset(),
         )  # fmt: skip

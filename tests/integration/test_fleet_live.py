@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from hopmeter.core.hops import HopView, align, chain
+from hopmeter.core.hops import HopFlow, align, chain
 from tests.harness.nginx import NginxServer
 from tests.harness.otlp import JoinServe, TraceRouter, join_serve
 from tests.harness.procs import free_port, hopmeter, read_records, wait_for
@@ -263,7 +263,7 @@ def test_an_instrumented_client_s_traces_join_linked_whatever_the_origin_s_clock
         assert outer["parent_span_id"] == f"{sent[int(line['trace_id'], 16)]:016x}"
         assert inner["parent_span_id"] == outer["span_id"]  # hopmeter's own span, forwarded
         shift = (shift_s, shift_s)
-        one_clock = align(HopView.from_record(outer), HopView.from_record(inner), shift)
+        one_clock = align(HopFlow.from_record(outer), HopFlow.from_record(inner), shift)
         _within_bounds(seg, shift_s, one_clock.as_dict())
     assert metrics['hopmeter_join_segment_orders_total{order="link"}'] == requests
     assert metrics['hopmeter_negative_durations_total{what="hold"}'] == 0

@@ -34,7 +34,7 @@ from hopmeter.core.client import (
 )
 from hopmeter.core.detectors import Finding
 from hopmeter.core.figures import weighted_quantiles
-from hopmeter.core.hops import HopView, Segment, align, with_suspects
+from hopmeter.core.hops import HopFlow, Segment, align, with_suspects
 from hopmeter.core.record import FlowResult
 from hopmeter.core.vocab import BROWSER, SCREEN, FindingKind
 
@@ -61,8 +61,8 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _view(hop: str, t_start: float, events: Sequence[Sequence[float]]) -> HopView:
-    return HopView(
+def _view(hop: str, t_start: float, events: Sequence[Sequence[float]]) -> HopFlow:
+    return HopFlow(
         hop=hop,
         t_start=t_start,
         t_first_byte=None,
@@ -167,7 +167,7 @@ def join_beacon(
     `received_s` is when the beacon reached this hop (epoch seconds, this hop's clock).
     """
     tokens = _Tokens(record.get("events") or [])
-    edge = HopView.from_record(record)
+    edge = HopFlow.from_record(record)
     t0 = b.t0_ms / 1000
     reads = _read_events(b, tokens)
     browser_seg = align(_view(BROWSER, t0, reads), edge, _skew_limits(record, b, received_s))

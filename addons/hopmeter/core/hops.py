@@ -90,7 +90,7 @@ SUSPECT_SEVERITY = "warning"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HopView:
+class HopFlow:
     """What alignment needs of one flow record."""
 
     hop: str
@@ -106,7 +106,7 @@ class HopView:
     token_span_s: float | None = None
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> HopView:
+    def from_record(cls, rec: Mapping[str, Any]) -> HopFlow:
         """The view of a `hopmeter.flow/1` record."""
         fig = rec.get("figures") or {}
         resp = rec.get("response") or {}
@@ -295,14 +295,14 @@ def median_or_none(values: Sequence[float]) -> float | None:
     return median(values) if values else None
 
 
-def _token_times(v: HopView) -> list[tuple[float, int, int]]:
+def _token_times(v: HopFlow) -> list[tuple[float, int, int]]:
     """(absolute time, tokens, content offset) of each token-carrying event (indexed, not
     unpacked with a starred target: that builds a list per event, twice as slow)."""
     t0 = v.t_start
     return [(t0 + float(e[0]), int(e[1]), int(e[2])) for e in v.events if e[1] > 0]
 
 
-def _token_outs(v: HopView) -> list[float | None]:
+def _token_outs(v: HopFlow) -> list[float | None]:
     """When each token-carrying event left the hop (absolute), aligned with `_token_times`."""
     if not v.out_s:
         return []
@@ -335,13 +335,13 @@ def _reaching(
 
 
 def _bounds(
-    outer: HopView, inner: HopView, reached: Sequence[tuple[float, float, int, int]]
+    outer: HopFlow, inner: HopFlow, reached: Sequence[tuple[float, float, int, int]]
 ) -> tuple[float | None, float | None]:
     lower = max((t_in - t_out for t_in, t_out, _, _ in reached), default=None)
     return lower, inner.t_start - outer.t_start
 
 
-def skew_bounds(outer: HopView, inner: HopView) -> tuple[float | None, float | None]:
+def skew_bounds(outer: HopFlow, inner: HopFlow) -> tuple[float | None, float | None]:
     """Bounds on (inner clock - outer clock) that causality allows.
 
     Upper: the request reached the outer hop first, so inner.t_start - skew >= outer.t_start.
@@ -372,8 +372,8 @@ def estimate_skew(lower: float | None, upper: float | None) -> tuple[float, Skew
 
 
 def align(
-    outer: HopView,
-    inner: HopView,
+    outer: HopFlow,
+    inner: HopFlow,
     skew_limits: tuple[float | None, float | None] = (None, None),
 ) -> Segment:
     """Per-token holds of the segment between `outer` and `inner` (outer saw the stream later).
@@ -463,7 +463,7 @@ def with_suspects(seg: Segment) -> Segment:
     return dataclasses.replace(seg, findings=kept)
 
 
-def unordered(a: HopView, b: HopView) -> Segment:
+def unordered(a: HopFlow, b: HopFlow) -> Segment:
     """Two neighbouring hops whose order nothing told: named `a~b` by hop name, no holds, a
     `segment_unordered` finding."""
     first, second = sorted((a.hop, b.hop))
@@ -489,7 +489,7 @@ def unordered(a: HopView, b: HopView) -> Segment:
 
 
 def _segment_findings(
-    outer: HopView, inner: HopView, whole: bool, first_hold: float | None
+    outer: HopFlow, inner: HopFlow, whole: bool, first_hold: float | None
 ) -> Iterable[dict[str, Any]]:
     """Findings present at the outer hop but not the inner one belong to this segment."""
     for kind in PACING_KINDS:
@@ -540,7 +540,7 @@ def chained(
     `records`), each with its links' segments outermost first: by parent link, else by `order`
     (hopmeter.core.order). A link to a record without events has no segment. `one_clock`: the
     records were written by one process, so the skew between them is known to be 0."""
-    views = [HopView.from_record(r) if r.get("events") is not None else None for r in records]
+    views = [HopFlow.from_record(r) if r.get("events") is not None else None for r in records]
     limits = (0.0, 0.0) if one_clock else (None, None)
     out = []
     for c in chains([node(r) for r in records], order):

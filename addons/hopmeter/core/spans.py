@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core import timeline
-from hopmeter.core.hops import HopView
+from hopmeter.core.hops import HopFlow
 from hopmeter.core.record import SCHEMA
 from hopmeter.core.vocab import SpanOutcome
 from hopmeter.errors import TimelineError
@@ -70,10 +70,10 @@ class HopSpan:
     itl_p50_s: float | None
     finding_kinds: frozenset[str]
 
-    def view(self) -> HopView:
+    def view(self) -> HopFlow:
         """The view alignment reads (hopmeter.core.hops)."""
         span_us = self.timeline.span_us
-        return HopView(
+        return HopFlow(
             hop=self.hop,
             t_start=self.start_ns / 1e9,
             t_first_byte=None,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopmeter.core.detectors import DEFAULT_STALL_THRESHOLD_S
-from hopmeter.core.hops import HopView, align, events_out, node, unordered
+from hopmeter.core.hops import HopFlow, align, events_out, node, unordered
 from hopmeter.core.matching import JOIN_SLACK_S, match_records
 from hopmeter.core.order import HopOrder, chains
 from hopmeter.core.vocab import (
@@ -321,14 +321,14 @@ def _lane(rec: Record, t0: float, shift: float, threshold_s: float) -> Lane:
 
 def _unordered(a: Record, b: Record) -> Band:
     """The band between two lanes whose order nothing told: no runs, its unordered segment."""
-    seg = unordered(HopView.from_record(a), HopView.from_record(b))
+    seg = unordered(HopFlow.from_record(a), HopFlow.from_record(b))
     return Band(segment=seg.segment, runs=(), summary=seg.as_dict(), live=False)
 
 
-def _offsets_only(rec: Record) -> HopView:
+def _offsets_only(rec: Record) -> HopFlow:
     """The alignment view of a record, keeping only events that carry a content offset."""
     events = [e for e in rec.get("events") or [] if len(e) >= 3]
-    return HopView.from_record({**rec, "events": events})
+    return HopFlow.from_record({**rec, "events": events})
 
 
 def _band(outer: Record, inner: Record, t0: float, shift: float) -> tuple[Band, float]:

@@ -11,15 +11,15 @@ import pytest
 
 from hopmeter.core.ledger import FLAG_SENT
 from hopmeter.proxy.delivery.conn import POLL_IDLE_MAX_S
-from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, WAIT_MAX_S, Delivery, FlowOut, LoopLog
+from hopmeter.proxy.delivery.lane import STEP_FLOOR_S, WAIT_MAX_S, DeliveryLane, FlowOut, LoopLog
 from hopmeter.testing import ManualClock
 from tests.harness.live_client import flow_of, live_client, run, unread
 
 
-def delivery(errors: list[str] | None = None) -> Delivery:
-    """A Delivery whose internal errors are collected."""
+def delivery(errors: list[str] | None = None) -> DeliveryLane:
+    """A DeliveryLane whose internal errors are collected."""
     seen = errors if errors is not None else []
-    return Delivery(lambda where, exc: seen.append(where))
+    return DeliveryLane(lambda where, exc: seen.append(where))
 
 
 @pytest.mark.loopback  # mitmproxy's connection handler around a real socket
@@ -142,7 +142,7 @@ class TestFinish:
         async def test() -> None:
             async with live_client(rcvbuf=4096) as live:
                 now = ManualClock()
-                d = Delivery(lambda where, exc: None, clock=now, timers=now)
+                d = DeliveryLane(lambda where, exc: None, clock=now, timers=now)
                 out = d.attach(flow_of(live), chaos=False)
                 out.chunk(256 * 1024, now())
                 live.writer.write(b"z" * (256 * 1024))
@@ -167,7 +167,7 @@ class TestFinish:
             async with live_client(rcvbuf=4096) as live:
                 now = ManualClock()
                 errors: list[str] = []
-                d = Delivery(lambda where, exc: errors.append(where), clock=now, timers=now)
+                d = DeliveryLane(lambda where, exc: errors.append(where), clock=now, timers=now)
                 out = d.attach(flow_of(live), chaos=False)
                 out.chunk(256 * 1024, now())
                 live.writer.write(b"z" * (256 * 1024))
@@ -244,7 +244,7 @@ class TestFinish:
 
 
 class TestTake:
-    """Delivery as the first wait of a flow's end (hopmeter.proxy.addon.ending)."""
+    """DeliveryLane as the first wait of a flow's end (hopmeter.proxy.addon.ending)."""
 
     class End:
         """An item of a flow's end: what the wait reads of it."""

@@ -3,7 +3,7 @@
 When HopMeter's `response` or `error` hook ends a flow it stamps the end (`FlowEnd`) and hands
 it to `Ending.end`. From there the flow goes down one chain, top to bottom (`Ending.chain`):
 
-1. **delivery** (`Delivery`, hopmeter.proxy.delivery.lane): wait until the kernel has sent the
+1. **delivery** (`DeliveryLane`, hopmeter.proxy.delivery.lane): wait until the kernel has sent the
    flow's last chunk to the client (or the connection closed, or WAIT_MAX_S passed); a flow whose
    bytes were not followed goes on on the loop's next turn, after the hook has returned.
 2. **seen** (`Ending._seen`): what was seen, taken once: the chunks still queued are measured,
@@ -57,7 +57,7 @@ from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.pairing import LiveFlow, Pairing
 from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap, header_map
 from hopmeter.proxy.addon.tokenizer_load import Vocabulary
-from hopmeter.proxy.delivery.lane import Delivery, FlowOut, LoopLog
+from hopmeter.proxy.delivery.lane import DeliveryLane, FlowOut, LoopLog
 
 # A record takes ~5 µs of CPU an event (a character of its kept text ~a sixteenth of that): one
 # that would take longer than the interpreter's switch interval, the longest the worker can hold
@@ -148,7 +148,7 @@ class Ending:
     def __init__(
         self,
         observers: Observers,
-        delivery: Delivery,
+        delivery: DeliveryLane,
         queue: MeasureQueue,
         *,
         live: Live,

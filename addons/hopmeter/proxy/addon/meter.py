@@ -53,7 +53,7 @@ from hopmeter.proxy.addon.tap import (
     start_trace,
 )
 from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
-from hopmeter.proxy.delivery.lane import Delivery
+from hopmeter.proxy.delivery.lane import DeliveryLane
 
 log = get_logger()
 
@@ -75,7 +75,7 @@ class HopMeter:
         self.observers = Observers()
         self.internal_error = self.observers.internal_error
         # follows each chunk to the client, and logs what hopmeter's own steps cost the loop
-        self.delivery = Delivery(self.internal_error, clock=clock, timers=timers)
+        self.delivery = DeliveryLane(self.internal_error, clock=clock, timers=timers)
         self.queue = MeasureQueue(self.delivery.log, clock=clock, timers=timers)
         # a flow's end: the waits between the last hook and the observers, in one chain
         self.ending = Ending(

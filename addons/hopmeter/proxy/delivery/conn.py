@@ -139,7 +139,8 @@ def rwnd_limited_us(sock: Sock) -> int | None:
 class ConnTracker:
     """One client connection: its writer's write and close wrapped, its chunks followed.
 
-    `poll` is called by hopmeter.proxy.delivery.lane.Delivery (the poller); the rest by mitmproxy.
+    `poll` is called by hopmeter.proxy.delivery.lane.DeliveryLane (the poller); the rest by
+    mitmproxy.
     """
 
     def __init__(

@@ -1,13 +1,13 @@
 """Following every flow's bytes to its client: a tracker per client connection, one poller for all.
 
-HopMeter owns one `Delivery`. In `responseheaders` it attaches a `FlowOut` to the flow's tap; the
-tap hands it each chunk as it stamps it (`FlowOut.chunk`, the hot path: a list built and armed);
-the connection's `ConnTracker` (hopmeter.proxy.delivery.conn) counts the write that carries it. One
-loop timer looks at the queues of every connection with bytes on their way: 1 ms after a write
-that left bytes waiting and every 1 ms while they move, backing off to 8 ms while they do not move
-and to 64 ms while nothing waits. When a flow ends, its record waits until the kernel has sent its
-last chunk, the connection closes, or `WAIT_MAX_S` passes: `Delivery` is the first wait of a
-flow's end (`take` and `drain`, hopmeter.proxy.addon.ending). Its clock and timers are the
+HopMeter owns one `DeliveryLane`. In `responseheaders` it attaches a `FlowOut` to the flow's tap;
+the tap hands it each chunk as it stamps it (`FlowOut.chunk`, the hot path: a list built and
+armed); the connection's `ConnTracker` (hopmeter.proxy.delivery.conn) counts the write that carries
+it. One loop timer looks at the queues of every connection with bytes on their way: 1 ms after a
+write that left bytes waiting and every 1 ms while they move, backing off to 8 ms while they do not
+move and to 64 ms while nothing waits. When a flow ends, its record waits until the kernel has sent
+its last chunk, the connection closes, or `WAIT_MAX_S` passes: `DeliveryLane` is the first wait of
+a flow's end (`take` and `drain`, hopmeter.proxy.addon.ending). Its clock and timers are the
 constructor's (hopmeter.clock: the monotonic clock and the running loop by default).
 
 `LoopLog` keeps what hopmeter's own work cost the event loop it shares with every stream: each of
@@ -215,7 +215,7 @@ class Followed(Protocol):
     def out(self) -> FlowOut | None: ...
 
 
-class Delivery:
+class DeliveryLane:
     """Every client connection's tracker, the one poller, and the loop's log."""
 
     def __init__(
