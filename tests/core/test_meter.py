@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopmeter.core import meter as meter_module
-from hopmeter.core.meter import PLAIN_MISSES_MAX, TEXT_BLOCK_EVENTS, FlowMeter
+from hopmeter.core.meter import MAX_ERRORS_KEPT, PLAIN_MISSES_MAX, TEXT_BLOCK_EVENTS, FlowMeter
 from hopmeter.core.sse import SseDecoder
 from hopmeter.testing import split_at
 from tests.harness.corpus import CORPUS
@@ -508,3 +508,15 @@ def test_declines_between_plain_chunks_never_add_up_to_turning_the_plain_path_of
     chunks = [chunk("a"), *([chunk("b"), chunk("c"), finish] * (3 * PLAIN_MISSES_MAX))]
     _, taken = measure(chunks, "openai.chat", plain=True)
     assert taken == 2 * 3 * PLAIN_MISSES_MAX  # every plain chunk but the first (the head's)
+
+
+def test_error_events_are_kept_up_to_a_bound_and_all_counted() -> None:
+    """A stream of error events keeps the first MAX_ERRORS_KEPT (memory per flow is bounded)
+    and counts every one in errors_seen."""
+    doc = {"error": {"type": "overloaded_error", "message": "try later"}}
+    body = b"".join(b"data: " + json.dumps(doc).encode() + b"\n\n" for _ in range(40))
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    meter.feed(body, 0.01)
+    meter.close(0.02)
+    assert meter.facts.errors == ["overloaded_error\ntry later"] * MAX_ERRORS_KEPT
+    assert meter.facts.errors_seen == 40

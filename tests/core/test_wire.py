@@ -8,6 +8,7 @@ from hopmeter.core.ndjson import NdjsonDecoder
 from hopmeter.core.packed_ids import PackedIdDecoder
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.wire import (
+    credential_values,
     detect_api,
     is_document,
     lower_headers,
@@ -211,3 +212,27 @@ def test_sniff_request_reads_a_whole_body(head: bytes, model: str | None, stream
 def test_sniff_request_reads_a_head_cut_short(head: bytes, model: str | None, stream: bool | None):
     """A body cut at the sniffing bound still gives the fields that arrived whole."""
     assert sniff_request(head) == (model, stream)
+
+
+def test_a_requests_credentials_are_its_keys_tokens_cookies_and_query_values() -> None:
+    """What an upstream could echo of a request's secrets: each credential header whole and
+    after its scheme, each cookie's value, each query value (decoded and as sent); short values
+    and other headers are not secrets."""
+    headers = [
+        ("Authorization", "Bearer tok-123456"),
+        ("X-Api-Key", "xkey-abcdef"),
+        ("Cookie", "sid=cookie-9876; theme=dark"),
+        ("User-Agent", "openai-python/1.0"),
+        ("api-key", "1"),
+    ]
+    hidden = set(credential_values(headers, "/v1/x?key=AIza%2Bq1234&stream=true"))
+    assert hidden == {
+        "Bearer tok-123456",
+        "tok-123456",
+        "xkey-abcdef",
+        "sid=cookie-9876; theme=dark",
+        "cookie-9876",
+        "AIza+q1234",
+        "AIza%2Bq1234",
+    }
+    assert credential_values([], "/v1/chat/completions") == ()

@@ -37,6 +37,21 @@ async def _serve(ex: Exchange) -> None:
         "cache-control": "no-cache",
         "set-cookie": f"session={SET_COOKIE}; HttpOnly",
     }
+    if ex.path.startswith("/v1/chat/completions/echo"):  # errors that quote the request
+        await ex.head(headers)
+        await ex.chunk(_event("Sure. "))
+        for error in (
+            # a gateway's 401 that quotes the key it got, and a validator that quotes the prompt
+            {"type": "auth_error", "code": 401, "message": f"Invalid key {BEARER} ({X_API_KEY})"},
+            {
+                "type": "invalid_request_error",
+                "message": f"extra field in {{'content': '{PROMPT}'}}",
+            },
+            {"param": X_API_KEY, "detail": f"expired; cookie {COOKIE}"},  # no kind, no message
+        ):
+            await ex.chunk(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+        await ex.end()
+        return
     if ex.path.startswith("/v1/chat/completions/cut"):  # an error path logs too
         await ex.head(headers)
         await ex.chunk(_event(REPLY))
@@ -62,6 +77,10 @@ def _send_secrets(port: int) -> None:
         assert REPLY.encode() in r.content and r.headers["set-cookie"].startswith("session=")
         with pytest.raises(httpx.RemoteProtocolError):
             c.post(f"/v1/chat/completions/cut?key={QUERY_KEY}", json=body)
+        assert (
+            BEARER.encode()
+            in c.post(f"/v1/chat/completions/echo?key={QUERY_KEY}", json=body).content
+        )
 
 
 def _run(tmp: Path, *extra: str) -> tuple[str, str, str]:
@@ -78,7 +97,7 @@ def _run(tmp: Path, *extra: str) -> tuple[str, str, str]:
     ):
         proxy, records = running.proc, running.records
         _send_secrets(running.port)
-        read_records(records, 2)
+        read_records(records, 3)
 
         def scraped() -> str | None:
             text = httpx.get(f"http://127.0.0.1:{metrics}/metrics").text
@@ -97,6 +116,10 @@ def test_no_secret_or_content_anywhere_by_default(tmp_path: Path) -> None:
         assert secret not in logs, secret
         assert secret not in metrics, secret
     assert '"/v1/chat/completions"' in records  # the path is kept, its query is not
+    (echoed,) = [r for r in map(orjson.loads, records.splitlines()) if r["stream"]["errors"]]
+    # the upstream's error messages quoted the key, the prompt and a cookie: their kinds only
+    assert echoed["stream"]["errors"] == ["auth_error: 401", "invalid_request_error", "error"]
+    assert echoed["stream"]["errors_seen"] == 3
     assert "client connect" in logs  # the console did speak about these flows
 
 
@@ -113,11 +136,15 @@ def test_log_content_adds_the_reply_and_never_a_key(tmp_path: Path) -> None:
     records, logs, metrics = _run(tmp_path, "--log-content", "--verbose")
     assert REPLY in records
     for rec in map(orjson.loads, records.splitlines()):
-        assert REPLY in rec["content"]
+        assert REPLY in rec["content"] or rec["request"]["path"].endswith("/echo")
     for secret in KEYS:
         assert secret not in records, secret
         assert secret not in logs, secret
         assert secret not in metrics, secret
+    (echoed,) = [r for r in map(orjson.loads, records.splitlines()) if r["stream"]["errors"]]
+    # the messages now, the request's own key, x-api-key and cookie taken out of them
+    assert echoed["stream"]["errors"][0] == "auth_error: 401: Invalid key [redacted] ([redacted])"
+    assert PROMPT in echoed["stream"]["errors"][1]  # the prompt is content: --log-content asked
     for secret in (PROMPT, REPLY):
         assert secret not in logs, secret
         assert secret not in metrics, secret

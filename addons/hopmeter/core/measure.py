@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from hopmeter.core.apis import shown_error
 from hopmeter.core.delivery import Delivery, DeliverySeen, summarize
 from hopmeter.core.detectors import Finding, StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
@@ -90,6 +91,9 @@ class Seen:
     bytes_out: int
     stall_threshold_s: float
     log_content: bool = False
+    # with log_content: the request's own credentials (its keys, tokens, cookies and query
+    # values), taken out of any upstream text a record shows (an error that echoes the key)
+    hidden: tuple[str, ...] = ()
     measuring_error: str | None = None
     delivery: DeliverySeen | None = None
     failure: UpstreamFailure | None = None
@@ -156,6 +160,8 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
             stall_threshold_s=seen.stall_threshold_s,
             stream_requested=seen.request.stream_requested,
             delivery=out,
+            log_content=seen.log_content,
+            hidden=seen.hidden,
         )
         findings += diagnose(view)
     if seen.passage is not None:
@@ -232,8 +238,11 @@ def stream_view(
     stall_threshold_s: float,
     stream_requested: bool | None,
     delivery: Delivery | None = None,
+    log_content: bool = False,
+    hidden: tuple[str, ...] = (),
 ) -> StreamView:
-    """The detectors' input for one measured flow."""
+    """The detectors' input for one measured flow (its errors as a record shows them: their
+    messages only with `log_content`, without the `hidden` values)."""
     framer = meter.framer
     facts = meter.facts
     n = len(meter.events.t_s)
@@ -254,7 +263,7 @@ def stream_view(
         stalls=f.stalls,
         stall_threshold_s=stall_threshold_s,
         terminal_seen=facts.terminal_seen,
-        errors=facts.errors,
+        errors=[shown_error(e, with_message=log_content, hidden=hidden) for e in facts.errors],
         replacement_chars=facts.replacement_chars,
         invalid_utf8=meter.utf8.replacement_chars,
         events_incomplete_utf8=facts.events_incomplete_utf8,

@@ -39,6 +39,8 @@ MAX_TEXT_CHARS = 256 * 1024
 TEXT_BLOCK_EVENTS = 32
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
+# Error events kept per flow (each up to ~500 characters); the rest are counted in errors_seen.
+MAX_ERRORS_KEPT = 5
 # Chunks in a row the plain chat path may read and decline before a flow stops trying it (its
 # role, finish and usage chunks decline one at a time; some vendors' every chunk declines).
 PLAIN_MISSES_MAX = 8
@@ -85,7 +87,8 @@ class StreamFacts:
     first_content_s: float | None = None
     first_event_s: float | None = None
     terminal_seen: bool = False
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the first MAX_ERRORS_KEPT, as kept
+    errors_seen: int = 0
     model: str | None = None
     usage_output_tokens: int | None = None
     usage_input_tokens: int | None = None
@@ -525,7 +528,9 @@ class FlowMeter:
         if terminal:
             facts.terminal_seen = True
         if error:
-            facts.errors.append(error[:200])
+            facts.errors_seen += 1
+            if len(facts.errors) < MAX_ERRORS_KEPT:
+                facts.errors.append(error)
         text = content + reasoning + tool_args if reasoning or tool_args else content
         if text or delta.visible:
             if facts.first_visible_s is None:

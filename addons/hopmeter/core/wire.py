@@ -11,8 +11,9 @@ core/apis/, which reads what each event says).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final, Protocol
+from urllib.parse import unquote_plus
 
 import orjson
 
@@ -239,3 +240,37 @@ def _sniff_partial(head: bytes) -> tuple[str | None, bool | None]:
         model.group(1).decode("utf-8", "replace") if model else None,
         (stream.group(1) == b"true") if stream else None,
     )
+
+
+# Request headers that carry a credential, whole or after an auth scheme's name.
+CREDENTIAL_HEADERS: Final = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "anthropic-api-key",
+        "cookie",
+    }
+)
+MIN_HIDDEN_CHARS: Final = 6  # shorter values ("1", "true") are no secret and would hide words
+
+
+def credential_values(headers: Iterable[tuple[str, str]], path: str) -> tuple[str, ...]:
+    """A request's own secrets, as an upstream may echo them: each credential header's value
+    (and what follows its auth scheme, and each cookie's value) and each query value."""
+    found: set[str] = set()
+    for given, value in headers:
+        name = given.lower()
+        if name not in CREDENTIAL_HEADERS:
+            continue
+        found.add(value.strip())
+        if name == "cookie":
+            found.update(part.partition("=")[2].strip() for part in value.split(";"))
+        else:
+            found.add(value.strip().partition(" ")[2].strip())  # "Bearer KEY": KEY
+    query = path.partition("?")[2]
+    found.update(unquote_plus(pair.partition("=")[2]) for pair in query.split("&"))
+    found.update(pair.partition("=")[2] for pair in query.split("&"))  # and as sent
+    return tuple(v for v in found if len(v) >= MIN_HIDDEN_CHARS)

@@ -6,10 +6,12 @@ import pytest
 
 from hopmeter.core.apis._json import (
     MAX_ERROR_CHARS,
+    MAX_SHOWN_ERROR_CHARS,
     _error_text,
     _int,
     _int_list,
     _json_object,
+    shown_error,
 )
 
 
@@ -34,19 +36,49 @@ def test_int_list_reads_arrays_of_integers_only():
         (False, None),
         ("", None),
         ({}, None),
-        ("overloaded", "overloaded"),
-        ({"type": "error", "message": "boom"}, "boom"),
+        ("overloaded", "\noverloaded"),  # a string is all message
+        ({"type": "error", "message": "boom"}, "error\nboom"),
+        ({"type": "error", "code": "overloaded"}, "overloaded"),  # a whole event's type: dropped
         (
             {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "quota"},
-            "429: RESOURCE_EXHAUSTED: quota",
+            "429: RESOURCE_EXHAUSTED\nquota",
         ),
-        ({"detail": "x"}, '{"detail":"x"}'),
-        ("e" * 600, "e" * MAX_ERROR_CHARS),
+        ({"detail": "x"}, '\n{"detail":"x"}'),  # no kind, no message: its JSON, as message
+        ({"type": "auth", "param": "sk-x"}, "auth"),  # a kind and no message: the kind
+        ("e" * 600, "\n" + "e" * MAX_ERROR_CHARS),
+        # a kind part that is no short word, number or phrase is left out of the kind
+        ({"type": "a\nb", "code": "x" * 65, "status": 401, "message": "m"}, "401\nm"),
+        ({"type": "sk-proj-abcdefghijkl", "message": "m"}, "\nm"),
     ],
 )
-def test_error_text_is_one_bounded_line(value: object, text: str | None):
-    """An error object or string becomes one line of its type, code, status and message."""
+def test_error_text_keeps_the_kind_apart_from_the_message(value: object, text: str | None):
+    """An error object or string is kept as its kind (type, code, status: short words and
+    numbers) and, after a newline, its message (the upstream's text), bounded."""
     assert _error_text(value) == text
+
+
+@pytest.mark.parametrize(
+    ("kept", "bare", "whole"),
+    [
+        ("overloaded_error\nOverloaded", "overloaded_error", "overloaded_error: Overloaded"),
+        ("\nmodel not found", "error", "model not found"),
+        ("content_filter: finish_reason, hate", "content_filter: finish_reason, hate", None),
+        (
+            "401\nInvalid key sk-proj-SECRET1234567890, Bearer abcdefgh.ijk and AIza" + "B" * 30,
+            "401",
+            "401: Invalid key [redacted], Bearer [redacted] and [redacted]",
+        ),
+        ("\n" + "m" * 600, "error", "m" * MAX_SHOWN_ERROR_CHARS),
+    ],
+)
+def test_an_error_is_shown_by_its_kind_and_with_log_content_its_message(
+    kept: str, bare: str, whole: str | None
+) -> None:
+    """A record shows an error's kind ("error" when it has none): its message is the upstream's
+    text (which may quote the prompt or a key), shown only with --log-content, keys and bearer
+    tokens taken out, bounded after that."""
+    assert shown_error(kept, with_message=False) == bare
+    assert shown_error(kept, with_message=True) == (whole if whole is not None else bare)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +94,12 @@ def test_error_text_is_one_bounded_line(value: object, text: str | None):
 def test_json_object_reads_objects_only(raw: bytes, doc: dict[str, object] | None):
     """The plain paths' reader accepts a payload that is one valid UTF-8 JSON object, else None."""
     assert _json_object(raw) == doc
+
+
+def test_the_requests_own_credentials_are_kept_out_of_a_shown_message() -> None:
+    """An error that echoes the request's key in a shape no pattern knows: with its message
+    shown, the request's own credentials (longest first) are taken out."""
+    kept = "auth_error\nInvalid proxy token CUSTOMkey42xyz (prefix CUSTOMkey)"
+    shown = shown_error(kept, with_message=True, hidden=("CUSTOMkey", "CUSTOMkey42xyz"))
+    assert shown == "auth_error: Invalid proxy token [redacted] (prefix [redacted])"
+    assert shown_error(kept, with_message=False, hidden=("CUSTOMkey",)) == "auth_error"

@@ -28,7 +28,7 @@ def test_anthropic_error_event_and_signature():
         {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
         kind="error",
     )
-    assert err.error == "overloaded_error: Overloaded"
+    assert err.error == "overloaded_error\nOverloaded"
     sig = {"type": "content_block_delta", "delta": {"type": "signature_delta", "signature": "x"}}
     assert not parse("anthropic.messages", sig).visible
     assert parse("anthropic.messages", {"type": "ping"}) == Delta()

@@ -29,7 +29,7 @@ def test_gemini_errors_and_json_array_form():
         parse(
             "gemini", {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "quota"}}
         ).error
-        == "429: RESOURCE_EXHAUSTED: quota"
+        == "429: RESOURCE_EXHAUSTED\nquota"
     )
     assert parse("gemini", {"promptFeedback": {"blockReason": "SAFETY"}}).error == (
         "prompt blocked: SAFETY"

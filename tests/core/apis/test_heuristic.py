@@ -17,7 +17,7 @@ def test_unknown_json_text_found_under_common_keys():
     assert parse("sse", {"choices": [{"delta": {"content": "a"}}]}).content == "a"
     assert parse("sse", {"token": {"text": "b"}}).content == "b"
     assert parse("sse", {"response": "c", "done": True}).terminal
-    assert parse("sse", {"error": {"message": "boom"}}).error == "boom"
+    assert parse("sse", {"error": {"message": "boom"}}).error == "\nboom"
     assert parse("sse", {"id": 3}).content == ""
 
 

@@ -30,5 +30,5 @@ def test_ollama_chat_thinking_tool_calls_and_error():
     )
     assert (d.reasoning, d.tool_args, d.output_tokens_total) == ("hm", 'f{"x":1}', None)
     assert parse("ollama", {"error": "model runner has unexpectedly stopped"}).error == (
-        "model runner has unexpectedly stopped"
+        "\nmodel runner has unexpectedly stopped"
     )

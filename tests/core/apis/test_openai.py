@@ -51,7 +51,7 @@ def test_groq_error_event_and_openrouter_error_chunk():
     groq = parse_all("openai.chat", corpus_frames("groq/chat-error-event-tool-use-failed.sse"))
     assert groq[-1].error is not None and "tool_use_failed" in groq[-1].error
     router = parse_all("openai.chat", corpus_frames("openrouter/chat-stream-error-comments.sse"))
-    assert [d.error for d in router if d.error] == ["400: Token limit reached"]
+    assert [d.error for d in router if d.error] == ["400\nToken limit reached"]
 
 
 def test_openai_document_reply():
@@ -119,7 +119,7 @@ def test_role_prelude_is_not_visible():
 def test_responses_error_and_failed():
     """The Responses `error` event and `response.failed` are errors; failed ends the stream."""
     err = parse("openai.responses", {"type": "error", "code": "server_error", "message": "m"})
-    assert err.error == "server_error: m" and not err.terminal
+    assert err.error == "server_error\nm" and not err.terminal
     failed = parse(
         "openai.responses",
         {
@@ -127,7 +127,7 @@ def test_responses_error_and_failed():
             "response": {"error": {"code": "rate_limit", "message": "slow down"}, "usage": None},
         },
     )
-    assert failed.terminal and failed.error == "rate_limit: slow down"
+    assert failed.terminal and failed.error == "rate_limit\nslow down"
 
 
 def test_responses_reasoning_and_tool_name():

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Final
 
 from hopmeter.core.apis._base import DONE, EMPTY, ApiParser, Delta, content_delta
+from hopmeter.core.apis._json import shown_error
 from hopmeter.core.apis.anthropic import AnthropicParser
 from hopmeter.core.apis.gemini import GeminiParser
 from hopmeter.core.apis.heuristic import HeuristicParser
@@ -28,7 +29,7 @@ from hopmeter.core.apis.tgi import TgiParser
 from hopmeter.core.apis.token_ids import TokenIdsParser
 from hopmeter.core.vocab import UNKNOWN_APIS, Api
 
-__all__ = ["DONE", "EMPTY", "ApiParser", "Delta", "content_delta", "make_parser"]
+__all__ = ["DONE", "EMPTY", "ApiParser", "Delta", "content_delta", "make_parser", "shown_error"]
 
 _PARSERS: Final[dict[str, type[ApiParser]]] = {
     Api.OPENAI_CHAT: OpenAIChatParser,

@@ -6,11 +6,25 @@ empty value of it: a parser reads a malformed or unexpected field as absent, nev
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Final
 
 import orjson
 
 MAX_ERROR_CHARS: Final = 500  # an error message is evidence, not a payload store
+MAX_SHOWN_ERROR_CHARS: Final = 200
+# An error's kind (its type, code and status) is shown where its message is not: a word, a
+# number, a short phrase ("overloaded_error", 429, "Too Many Requests"); anything else is dropped.
+_KIND_PART = re.compile(r"[A-Za-z0-9_.: -]{1,64}")
+# What an API key or a bearer token looks like (OpenAI, Anthropic, Groq, xAI, Hugging Face,
+# Replicate, NVIDIA, Google): taken out of any error text hopmeter shows, even with the message.
+SECRET = re.compile(
+    r"\b(?:sk|pk|rk|gsk|xai|hf|r8|nvapi|csk)[-_][A-Za-z0-9_-]{8,}"
+    r"|\bAIza[0-9A-Za-z_-]{20,}"
+    r"|(?P<scheme>(?i:\b(?:bearer|basic)\s+))[A-Za-z0-9._~+/=-]{8,}"
+)
+REDACTED: Final = "[redacted]"
 
 
 def _is_int(value: object) -> bool:
@@ -51,17 +65,50 @@ def _dumps(value: object) -> str:
 
 
 def _error_text(value: object) -> str | None:
-    """A one-line description of an error object or string, or None when there is none."""
+    """An error object or string as hopmeter keeps it, or None when there is none: its kind
+    (type, code and status, each a short word or number) and, after a newline, its message (the
+    upstream's own text, which may quote the prompt or a key: `shown_error` says it only when
+    asked to). A string is all message; an object with no kind and no message is its JSON."""
     if value is None or value is False or value in ("", {}):
         return None
     if isinstance(value, str):
-        return value[:MAX_ERROR_CHARS]
+        return "\n" + value[:MAX_ERROR_CHARS]
     err = _dict(value)
-    parts = [str(err[k]) for k in ("type", "code", "status", "message") if err.get(k) is not None]
+    parts = [_kind_part(err[k]) for k in ("type", "code", "status") if err.get(k) is not None]
     if parts[:1] == ["error"] and len(parts) > 1:
         parts = parts[1:]  # a whole event {"type": "error", ...}: its type says nothing more
-    text = ": ".join(parts) if parts else _dumps(value)
-    return text[:MAX_ERROR_CHARS]
+    kind = ": ".join(p for p in parts if p)
+    message = err.get("message")
+    if message is None and not parts:
+        message = _dumps(value)
+    if message is None or message == "":
+        return kind or "\n" + _dumps(value)[:MAX_ERROR_CHARS]
+    return f"{kind}\n{str(message)[:MAX_ERROR_CHARS]}"
+
+
+def _kind_part(value: object) -> str:
+    """One part of an error's kind as shown: a short word, number or phrase, else ''."""
+    text = str(value)
+    if not _KIND_PART.fullmatch(text) or SECRET.search(text):
+        return ""
+    return text
+
+
+def shown_error(kept: str, *, with_message: bool, hidden: Iterable[str] = ()) -> str:
+    """An error as a record shows it: its kind ("error" when it has none), and with
+    `with_message` (--log-content) its message too, without the `hidden` values (the request's
+    own credentials) and anything shaped like a key or a bearer token."""
+    kind, _, message = kept.partition("\n")
+    if not with_message or not message:
+        return kind or "error"
+    text = f"{kind}: {message}" if kind else message
+    for value in sorted(hidden, key=len, reverse=True):  # a value that holds another: first
+        text = text.replace(value, REDACTED)
+    return SECRET.sub(_redacted, text)[:MAX_SHOWN_ERROR_CHARS]
+
+
+def _redacted(found: re.Match[str]) -> str:
+    return (found.group("scheme") or "") + REDACTED
 
 
 def _json_object(raw: bytes) -> dict[str, object] | None:

@@ -50,7 +50,7 @@ from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
 from hopmeter.core.passage import H2_PRIOR_KNOWLEDGE
 from hopmeter.core.record import FlowResult, finish
 from hopmeter.core.vocab import Api, Ended
-from hopmeter.core.wire import detect_api, model_from_path
+from hopmeter.core.wire import credential_values, detect_api, model_from_path
 from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.aside import Aside
 from hopmeter.proxy.addon.observers import Observers
@@ -302,6 +302,7 @@ class Ending:
             bytes_out=tap.bytes_out if tap is not None else 0,
             stall_threshold_s=options.stall_threshold_s,
             log_content=options.log_content,
+            hidden=_hidden(flow) if options.log_content else (),
             measuring_error=tap.error if tap is not None else None,
             delivery=self._delivered(end),
             failure=state.failure,
@@ -432,6 +433,11 @@ def _request(flow: http.HTTPFlow, state: FlowState, *, measured: bool) -> Reques
         stream_requested=state.stream_requested,
         api=None if measured else _request_api(flow),
     )
+
+
+def _hidden(flow: http.HTTPFlow) -> tuple[str, ...]:
+    """The request's own credentials, to be kept out of the upstream text a record shows."""
+    return credential_values(flow.request.headers.items(multi=True), flow.request.path)
 
 
 def _request_api(flow: http.HTTPFlow) -> str | None:
