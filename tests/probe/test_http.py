@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -98,8 +99,9 @@ class Seen:
     body: bytes = b""
 
 
-async def _exchange(reply: Reply, **kwargs: object) -> tuple[Received, Seen]:
-    """Serve one request on 127.0.0.1:0 with `reply`, and POST DOC to it with post_stream."""
+async def _exchange(reply: Reply, userinfo: str = "", **kwargs: object) -> tuple[Received, Seen]:
+    """Serve one request on 127.0.0.1:0 with `reply`, and POST DOC to it with post_stream (the
+    URL with `userinfo` when given)."""
     seen = Seen()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -118,7 +120,7 @@ async def _exchange(reply: Reply, **kwargs: object) -> tuple[Received, Seen]:
     async with server:
         port = server.sockets[0].getsockname()[1]
         got = await post_stream(
-            f"http://127.0.0.1:{port}/v1/chat/completions?x=1",
+            f"http://{userinfo}127.0.0.1:{port}/v1/chat/completions?x=1",
             DOC,
             {"x-hopmeter-scenario": "tokens=2"},
             **kwargs,  # type: ignore[arg-type]
@@ -126,8 +128,8 @@ async def _exchange(reply: Reply, **kwargs: object) -> tuple[Received, Seen]:
     return got, seen
 
 
-def _serve(reply: Reply, **kwargs: object) -> tuple[Received, Seen]:
-    return asyncio.run(_exchange(reply, **kwargs))
+def _serve(reply: Reply, userinfo: str = "", **kwargs: object) -> tuple[Received, Seen]:
+    return asyncio.run(_exchange(reply, userinfo, **kwargs))
 
 
 async def _raw_chunked(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -158,6 +160,15 @@ def test_the_request_is_a_json_post_with_the_callers_headers() -> None:
         ]
     )
     assert orjson.loads(seen.body) == DOC
+
+
+def test_a_user_and_password_in_the_url_are_basic_auth_never_the_host() -> None:
+    """http://user:pass@host/: the Host header names the host alone (a password there reached
+    the upstream, and its logs, in the clear); the pair is sent as Basic auth."""
+    _got, seen = _serve(_raw_chunked, "me:p%40ss@")
+    headers = seen.head[1:]
+    assert headers[0].startswith("host: 127.0.0.1:") and "p%40ss" not in headers[0]
+    assert f"authorization: Basic {base64.b64encode(b'me:p@ss').decode()}" in headers
 
 
 def test_a_chunked_body_is_one_stamped_chunk_per_chunk() -> None:

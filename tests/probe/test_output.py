@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from hopmeter.probe.judge import Verdict
-from hopmeter.probe.output import Run, document, emit, stream_line, text
+from hopmeter.probe.output import Run, document, emit, secrets_of, shown_url, stream_line, text
 
 TIMED = Verdict(
     line_ending="lf",
@@ -78,9 +78,46 @@ def test_json_document_and_redaction(capsys: pytest.CaptureFixture[str]) -> None
     run = Run(url="u", model="m", seed=1, verdicts=[TIMED], reason="lf: status 401: bad key sk-9")
     doc = document(run)
     assert doc["schema"] == "hopmeter.probe/1" and doc["notes"] == [TIMED.figures["check_note"]]
-    emit(run, as_json=True, key="sk-9")
+    emit(run, as_json=True, secrets=("sk-9",))
     out, err = capsys.readouterr()
     assert "sk-9" not in out + err and "[key redacted]" in out and "[key redacted]" in err
     assert orjson.loads(out)["ok"] is False
-    emit(run, as_json=False, key="sk-9")
+    emit(run, as_json=False, secrets=("sk-9",))
     assert "sk-9" not in capsys.readouterr().out
+
+
+def test_every_secret_the_probe_was_given_is_kept_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """The key, every --header value (whole and after its scheme), the URL's user, password and
+    query values, as given and as an upstream may encode them; never the probe's own headers.
+    A secret JSON would escape is redacted before encoding; the URL is shown without them."""
+    headers = {
+        "accept": "text/event-stream",
+        "authorization": "Bearer sk-live-1",
+        "x-goog-api-key": 'AIza"quoted\\key',
+    }
+    url = "https://me:p%40ss-word@host:8443/v1/chat/completions?key=q+1234&v=1"
+    secrets = secrets_of(headers, url)
+    assert set(secrets) == {
+        "Bearer sk-live-1",
+        "sk-live-1",
+        'AIza"quoted\\key',
+        "p%40ss-word",
+        "p@ss-word",
+        "q 1234",
+        "q+1234",
+        "q%201234",
+    }  # the user "me" and the value "1" are under the minimum: ordinary words stay readable
+    assert "text/event-stream" not in secrets
+    assert shown_url(url) == (
+        "https://host:8443/v1/chat/completions?key=[key redacted]&v=[key redacted]"
+    )
+    echoed = 'bad key AIza"quoted\\key and sk-live-1 from p@ss-word, q+1234'
+    run = Run(url=url, model="m", seed=1, verdicts=[TIMED], reason=echoed)
+    emit(run, as_json=True, secrets=secrets)
+    out, err = capsys.readouterr()
+    for secret in ("quoted", "sk-live-1", "ss-word", "1234"):
+        assert secret not in out + err, secret
+    assert orjson.loads(out)["url"] == shown_url(url)
+    emit(run, as_json=False, secrets=secrets)
+    shown = capsys.readouterr().out
+    assert "quoted" not in shown and "ss-word" not in shown and shown_url(url) in shown

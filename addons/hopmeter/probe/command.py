@@ -162,8 +162,9 @@ async def probe_one(
         t_wall_start=got.wall_start,
         t_headers_s=got.t_headers_s,
     )
-    if got.status != 200:
-        verdict.problems[-1] += f": {got.body[:160].decode('utf-8', 'replace').strip()}"
+    if got.status != 200:  # the endpoint's answer, which may echo a secret: redacted, then cut
+        said = output.redact(got.body.decode("utf-8", "replace"), output.secrets_of(headers, url))
+        verdict.problems[-1] += f": {said[:160].strip()}"
     first = verdict.figures.get("first_word_s")
     limit = args.max_first_word
     if limit is not None and first is not None and first > limit:
@@ -301,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         **_auth_headers(args.api, key),
         **_extra_headers(args.header),
     }
+    secrets = output.secrets_of(headers, url)
     model, asked = args.model, url
     try:
         if not model:
@@ -311,27 +313,27 @@ def run(args: argparse.Namespace) -> int:
         specs = [replace(s, model=model) for s in specs]
         verdicts = asyncio.run(_probe_all(specs, url, headers, args))
     except UsageError as exc:
-        raise UsageError(output.redact(str(exc), key)) from None
+        raise UsageError(output.redact(str(exc), secrets)) from None
     except _PATH_ERRORS as exc:
         timed_out = isinstance(exc, TimeoutError) and not str(exc)
         tls = "SSL" in type(exc).__name__ or "WRONG_VERSION_NUMBER" in str(exc)
         if asked != url:  # the list of models, asked first: no stream was asked for yet
             detail = f"no answer within {args.timeout}s" if timed_out else str(exc)
-            reason = f"no list of models from {asked}: {detail}"
+            reason = f"no list of models from {output.shown_url(asked)}: {detail}"
         else:
             detail = (
                 f"the stream had not ended {args.timeout}s after it was asked for"
                 if timed_out
                 else str(exc)
             )
-            reason = f"no stream from {url}: {detail}"
+            reason = f"no stream from {output.shown_url(url)}: {detail}"
         if url.startswith("https:") and (timed_out or tls):
             reason += " (if that port speaks plain HTTP, probe http://...)"
         done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=[], reason=reason)
-        output.emit(done, as_json=args.json, key=key)
+        output.emit(done, as_json=args.json, secrets=secrets)
         return 1
     failed = [v for v in verdicts if not v.ok]
     reason = f"{failed[0].line_ending}: {failed[0].problems[0]}" if failed else ""
     done = output.Run(url=url, model=model, seed=specs[0].seed, verdicts=verdicts, reason=reason)
-    output.emit(done, as_json=args.json, key=key)
+    output.emit(done, as_json=args.json, secrets=secrets)
     return 1 if failed else 0

@@ -8,11 +8,12 @@ decodes and frames it with the core's decoders, as the proxy does). Every buffer
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -66,8 +67,15 @@ async def request(
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if tls else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    head = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
-    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    # the Host header names the host alone: a user and password in the URL are credentials,
+    # sent as Basic auth (unless an Authorization header is given), never in the clear as a name
+    head = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc.rpartition('@')[2]}"]
+    head.append("connection: close")
+    given = {k.lower(): v for k, v in (headers or {}).items()}
+    if parts.username is not None and "authorization" not in given:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        given["authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    head += [f"{k}: {v}" for k, v in given.items()]
     if body:
         head += ["content-type: application/json", f"content-length: {len(body)}"]
     out = Received(t_start=time.monotonic(), wall_start=time.time())

@@ -1,15 +1,18 @@
 """What `hopmeter probe` prints: a line per stream and the verdict, or one JSON document.
 
-The API key never appears: should an endpoint echo it in an error body, it is replaced before
-anything is written.
+No secret the probe was given appears: the API key, every `--header` value, the URL's password
+and query values (`secrets_of`). Should an endpoint echo one in an error body, it is replaced
+before the body is clipped (`redact`), and again in every string of the output before it is
+encoded; the URL is shown without its password and with its query values redacted (`shown_url`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit, urlunsplit
 
 import orjson
 
@@ -31,9 +34,53 @@ class Run:
     reason: str  # "" when every stream passed
 
 
-def redact(text: str, key: str) -> str:
-    """`text` without the API key."""
-    return text.replace(key, REDACTED) if key else text
+# Headers the probe sets itself, none of them secret.
+OWN_HEADERS = frozenset({"accept", "accept-encoding", "anthropic-version"})
+MIN_SECRET_CHARS = 4  # a shorter value would hide ordinary words, and hides no secret
+
+
+def secrets_of(headers: Mapping[str, str], url: str) -> tuple[str, ...]:
+    """What the probe was given that must never be shown: each header value but its own
+    (whole and after an auth scheme), the URL's password and user, its query values."""
+    found: set[str] = set()
+    for name, value in headers.items():
+        if name.lower() not in OWN_HEADERS:
+            found.update((value.strip(), value.strip().partition(" ")[2].strip()))
+    parts = urlsplit(url)
+    for given in (parts.password or "", parts.username or ""):
+        found.update((given, unquote(given)))  # as written in the URL, and as it means
+    for _, value in parse_qsl(parts.query, keep_blank_values=True):
+        found.update((value, quote_plus(value), quote(value, safe="")))
+    return tuple(sorted((v for v in found if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True))
+
+
+def redact(text: str, secrets: Sequence[str]) -> str:
+    """`text` without any of `secrets` (longest first, so none leaves a part of another)."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def shown_url(url: str) -> str:
+    """`url` as output shows it: no user or password, each query value redacted."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    query = "&".join(
+        f"{name}={REDACTED if value else ''}"
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _scrubbed(value: Any, secrets: Sequence[str]) -> Any:
+    """Every string in a JSON value redacted (before encoding: an escaped secret would slip)."""
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    if isinstance(value, dict):
+        return {k: _scrubbed(v, secrets) for k, v in value.items()}
+    return value
 
 
 def ms(x: object) -> str:
@@ -101,7 +148,7 @@ def text(run: Run) -> str:
     """The whole text output."""
     # no model when the endpoint's list of them did not answer
     model = f" model {run.model}" if run.model else ""
-    lines = [f"hopmeter probe {run.url}{model} (seed {run.seed})"]
+    lines = [f"hopmeter probe {shown_url(run.url)}{model} (seed {run.seed})"]
     lines += notes(run.verdicts)
     lines += [stream_line(v) for v in run.verdicts]
     return "\n".join([*lines, verdict_line(run)])
@@ -111,7 +158,7 @@ def document(run: Run) -> dict[str, Any]:
     """The `--json` document."""
     return {
         "schema": SCHEMA,
-        "url": run.url,
+        "url": shown_url(run.url),
         "model": run.model,  # "" when the endpoint's list of models did not answer
         "seed": run.seed,
         "ok": not run.reason,
@@ -121,11 +168,12 @@ def document(run: Run) -> dict[str, Any]:
     }
 
 
-def emit(run: Run, *, as_json: bool, key: str) -> None:
-    """Write the run to stdout (and, with --json, a failure's reason to stderr)."""
+def emit(run: Run, *, as_json: bool, secrets: Sequence[str]) -> None:
+    """Write the run to stdout (and, with --json, a failure's reason to stderr), without any
+    of `secrets`."""
     if not as_json:
-        print(redact(text(run), key))
+        print(redact(text(run), secrets))
         return
-    sys.stdout.write(redact(orjson.dumps(document(run)).decode(), key) + "\n")
+    sys.stdout.write(orjson.dumps(_scrubbed(document(run), secrets)).decode() + "\n")
     if run.reason:
-        print(redact(f"hopmeter probe: FAIL {run.reason}", key), file=sys.stderr)
+        print(redact(f"hopmeter probe: FAIL {run.reason}", secrets), file=sys.stderr)
