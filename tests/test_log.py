@@ -40,6 +40,23 @@ def test_measurements_are_left_as_they_are() -> None:
     assert redact(None, "info", dict(event)) == event
 
 
+def test_text_values_are_scrubbed_of_keys_and_url_credentials() -> None:
+    """A field that is no credential by its name may still quote one (an exception's text with
+    the URL it failed on): its keys, bearer tokens, URL password and query values go."""
+    event = {
+        "event": "export failed",
+        "reason": "ConnectionError: url /v1/traces?token=S3cret (http://u:pw@h/)",
+        "detail": "401: bad key sk-live-abcdefgh123",
+        "hop": "edge",
+    }
+    assert redact(None, "warning", event) == {
+        "event": "export failed",
+        "reason": "ConnectionError: url /v1/traces?token=[redacted] (http://[redacted]@h/)",
+        "detail": "401: bad key [redacted]",
+        "hop": "edge",
+    }
+
+
 def test_render_puts_the_message_first() -> None:
     """A line is the message, then key=value in the order given; nothing trails a bare message."""
     assert render(None, "info", {"event": "flow", "hop": "edge", "n": 3}) == "flow hop=edge n=3"

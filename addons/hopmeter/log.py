@@ -1,7 +1,9 @@
 """Structured logs through the standard library (so mitmproxy's console shows them), redacted.
 
 Nothing hopmeter logs should carry a secret or a prompt, but a redaction processor makes sure:
-any field whose name looks like a credential or like content is replaced before rendering.
+any field whose name looks like a credential or like content is replaced before rendering, and
+every other text value is scrubbed of what looks like a key, a bearer token or a URL's password
+and query values (an exception's text that quotes the URL it failed on: hopmeter.core.secrets).
 
 structlog is imported at the first call of a logger `get_logger` gave, not before: ~0.7 MiB of
 an idle proxy's memory (bench/idle_memory.py) for lines that come with a fault, a signal or a
@@ -17,6 +19,8 @@ import re
 from collections.abc import MutableMapping
 from typing import Any
 
+from hopmeter.core.secrets import scrub
+
 NAME = "hopmeter"  # the standard library's logger every hopmeter line goes through
 
 # Field names that may carry keys, cookies or user text. Matched against the key, not the value.
@@ -29,10 +33,13 @@ REDACTED = "[redacted]"
 
 
 def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Replace the value of every field whose name looks like a secret or content."""
-    for key in list(event):
+    """Replace the value of every field whose name looks like a secret or content; scrub the
+    others' text."""
+    for key, value in list(event.items()):
         if key != "event" and _SECRET_KEYS.search(key):
             event[key] = REDACTED
+        elif isinstance(value, str):
+            event[key] = scrub(value)
     return event
 
 

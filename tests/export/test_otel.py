@@ -565,3 +565,20 @@ def test_exporters_install_the_logging_filter_once(memory: InMemorySpanExporter)
     finally:
         first.close()
         second.close()
+
+
+def test_a_failed_exports_reason_never_says_the_endpoints_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The exporter's own errors quote the URL it posted to: the failure's log line says the
+    reason without the endpoint's user, password, query or query values."""
+    caplog.set_level(logging.INFO, logger="hopmeter")
+    url = "http://otel:S3cretPW@127.0.0.1:4318/v1/traces?token=S3cretQ%2Bx"
+    quoting = RuntimeError(f"Max retries exceeded with url: /v1/traces?token=S3cretQ%2Bx ({url})")
+    ex = OtelExporter(url, exporter=Scripted([quoting]))
+    ex.observe(SimpleNamespace(record=record()))
+    ex.flush(10)
+    ex.close()
+    (failed,) = [r for r in caplog.records if "export failed" in r.getMessage()]
+    said = failed.getMessage() + repr(vars(failed))  # the line and every field it carries
+    assert "S3cret" not in said and "[redacted]" in said

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -109,6 +109,16 @@ def traces_url(endpoint: str) -> str:
     return urlunsplit(parts._replace(path=path))
 
 
+def _secrets(url: str) -> tuple[str, ...]:
+    """What of `url` a log line must not say: its user, password, query and query values (the
+    exporter's own errors quote the URL it posted to), longest first."""
+    parts = urlsplit(url)
+    found = {parts.username or "", parts.password or "", parts.query}
+    found.update(pair.partition("=")[2] for pair in parts.query.split("&"))
+    found.update(unquote(v) for v in list(found))
+    return tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))
+
+
 def _shown(url: str) -> str:
     """`url` without user:password, for logs."""
     parts = urlsplit(url)
@@ -140,7 +150,7 @@ class OtelExporter:
         self.timeline = timeline
         _quiet_library_logs()
         inner = exporter or OTLPSpanExporter(endpoint=self.url, headers=headers, timeout=timeout_s)
-        self._guard = _GuardedExporter(inner, _shown(self.url))
+        self._guard = _GuardedExporter(inner, _shown(self.url), _secrets(self.url))
         self._ids = _RecordIds()
         self._provider = TracerProvider(
             resource=Resource.create(
@@ -458,9 +468,10 @@ def _quiet_library_logs() -> None:
 class _GuardedExporter(SpanExporter):
     """Counts queued spans and exports them; a failure is logged once per outage, never raised."""
 
-    def __init__(self, inner: SpanExporter, shown_url: str) -> None:
+    def __init__(self, inner: SpanExporter, shown_url: str, secrets: Sequence[str] = ()) -> None:
         self._inner = inner
         self._shown_url = shown_url
+        self._secrets = secrets  # of the endpoint's URL, kept out of the failure's reason
         self._lock = threading.Lock()
         self._queued = 0
         self.failing = False
@@ -497,10 +508,13 @@ class _GuardedExporter(SpanExporter):
                 log.info("hopmeter: OpenTelemetry export works again", endpoint=self._shown_url)
         elif not self.failing:
             self.failing = True
+            reason = _QUIET.local.reason or "unknown"
+            for secret in self._secrets:
+                reason = reason.replace(secret, "[redacted]")
             log.warning(
                 "hopmeter: OpenTelemetry export failed; spans are dropped until it works",
                 endpoint=self._shown_url,
-                reason=_QUIET.local.reason or "unknown",
+                reason=reason,
             )
         return result
 

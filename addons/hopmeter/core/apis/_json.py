@@ -12,19 +12,13 @@ from typing import Final
 
 import orjson
 
+from hopmeter.core.secrets import REDACTED, has_key, scrub
+
 MAX_ERROR_CHARS: Final = 500  # an error message is evidence, not a payload store
 MAX_SHOWN_ERROR_CHARS: Final = 200
 # An error's kind (its type, code and status) is shown where its message is not: a word, a
 # number, a short phrase ("overloaded_error", 429, "Too Many Requests"); anything else is dropped.
 _KIND_PART = re.compile(r"[A-Za-z0-9_.: -]{1,64}")
-# What an API key or a bearer token looks like (OpenAI, Anthropic, Groq, xAI, Hugging Face,
-# Replicate, NVIDIA, Google): taken out of any error text hopmeter shows, even with the message.
-SECRET = re.compile(
-    r"\b(?:sk|pk|rk|gsk|xai|hf|r8|nvapi|csk)[-_][A-Za-z0-9_-]{8,}"
-    r"|\bAIza[0-9A-Za-z_-]{20,}"
-    r"|(?P<scheme>(?i:\b(?:bearer|basic)\s+))[A-Za-z0-9._~+/=-]{8,}"
-)
-REDACTED: Final = "[redacted]"
 
 
 def _is_int(value: object) -> bool:
@@ -89,7 +83,7 @@ def _error_text(value: object) -> str | None:
 def _kind_part(value: object) -> str:
     """One part of an error's kind as shown: a short word, number or phrase, else ''."""
     text = str(value)
-    if not _KIND_PART.fullmatch(text) or SECRET.search(text):
+    if not _KIND_PART.fullmatch(text) or has_key(text):
         return ""
     return text
 
@@ -97,18 +91,14 @@ def _kind_part(value: object) -> str:
 def shown_error(kept: str, *, with_message: bool, hidden: Iterable[str] = ()) -> str:
     """An error as a record shows it: its kind ("error" when it has none), and with
     `with_message` (--log-content) its message too, without the `hidden` values (the request's
-    own credentials) and anything shaped like a key or a bearer token."""
+    own credentials) and anything shaped like a key, a bearer token or a URL's credentials."""
     kind, _, message = kept.partition("\n")
     if not with_message or not message:
         return kind or "error"
     text = f"{kind}: {message}" if kind else message
     for value in sorted(hidden, key=len, reverse=True):  # a value that holds another: first
         text = text.replace(value, REDACTED)
-    return SECRET.sub(_redacted, text)[:MAX_SHOWN_ERROR_CHARS]
-
-
-def _redacted(found: re.Match[str]) -> str:
-    return (found.group("scheme") or "") + REDACTED
+    return scrub(text)[:MAX_SHOWN_ERROR_CHARS]
 
 
 def _json_object(raw: bytes) -> dict[str, object] | None:
