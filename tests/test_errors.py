@@ -102,3 +102,17 @@ def test_said_names_an_exception_and_never_raises() -> None:
     assert said(ValueError("bad byte")) == "ValueError: bad byte"
     assert said(ValueError("x" * 500)) == ("ValueError: " + "x" * 500)[:300]
     assert said(Unprintable()) == "Unprintable"
+
+
+def test_an_error_line_never_says_a_password_or_key_it_quotes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A usage error quotes the value the user gave; in a container that line goes to a log
+    store: a URL's password and query values, and key-shaped strings, are redacted in it."""
+    assert main(["run", "ftp://admin:S3cretPW@host/?key=S3cretQ", "--metrics", "off"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "S3cret" not in line
+    assert line == (
+        "hopmeter: upstream 'ftp://[redacted]@host/?key=[redacted]': expected an http:// or "
+        "https:// URL"
+    )

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hopmeter import __version__, env
+from hopmeter.core.secrets import scrub
 from hopmeter.errors import HopmeterError
 
 # The modules of the commands, in the order `--help` lists them; "run" is the first's.
@@ -70,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except HopmeterError as exc:
-        print(f"hopmeter: {env.as_given(str(exc), args)}", file=sys.stderr)
+        # the one line may quote a URL or a value the user gave: never its password or key
+        print(f"hopmeter: {scrub(env.as_given(str(exc), args))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

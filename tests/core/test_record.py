@@ -231,3 +231,22 @@ def test_the_summary_line_says_what_the_page_saw() -> None:
     missing = summary_line({**base, "browser": {"joined": False, "reason": "no beacon"}})
     assert missing.endswith("browser=no-beacon")
     assert "painted" not in summary_line(base) and "browser" not in summary_line(base)
+
+
+def test_the_summary_line_is_one_line_whatever_the_model_says() -> None:
+    """The model comes from the client's body or the upstream's reply: a newline in it would
+    start a forged log line, an escape would colour the terminal. Written as escapes, clipped."""
+    from hopmeter.core.record import MAX_LINE_MODEL_CHARS, summary_line
+
+    rec: dict[str, Any] = {
+        "hop": "edge",
+        "request": {"method": "POST", "path": "/v1/chat/completions"},
+        "response": {"status": 401, "ended": "complete"},
+        "model": "gpt-4o\n[01:41:59.000] hopmeter: FORGED \x1b[31mRED",
+    }
+    line = summary_line(rec)
+    assert "\n" not in line and "\x1b" not in line
+    assert "gpt-4o\\n[01:41:59.000] hopmeter: FORGED \\x1b[31mRED" in line
+    long = summary_line({**rec, "model": "m" * 500})
+    assert "m" * MAX_LINE_MODEL_CHARS in long and "m" * (MAX_LINE_MODEL_CHARS + 1) not in long
+    assert "Qwen/通义千问-7B" in summary_line({**rec, "model": "Qwen/通义千问-7B"})  # printable

@@ -23,6 +23,14 @@ from hopmeter.core.secrets import has_key, scrub
             "POST https://me:pw@host:443/v1?key=K1",
             "POST https://[redacted]@host:443/v1?key=[redacted]",
         ),
+        (
+            "reverse:http://127.0.0.1:8000@127.0.0.1:8081",
+            "reverse:http://127.0.0.1:8000@127.0.0.1:8081",
+        ),
+        (
+            "reverse:http://u:pw@h:80@127.0.0.1:8081",
+            "reverse:http://[redacted]@h:80@127.0.0.1:8081",
+        ),
         ("overloaded_error: 529", "overloaded_error: 529"),  # no secret: as it was
         ("a task (skipped) ran", "a task (skipped) ran"),
         ("/v1/chat/completions", "/v1/chat/completions"),

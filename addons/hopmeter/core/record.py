@@ -248,6 +248,16 @@ def _stream_facts(meter: FlowMeter, seen: Seen) -> dict[str, Any]:
     return out
 
 
+MAX_LINE_MODEL_CHARS = 100  # a model name the client or upstream chose, on the console line
+
+
+def _printable(text: str, limit: int = 1000) -> str:
+    """`text` as one line on a terminal: control characters (a newline that would start a
+    forged line, an escape sequence) written as escapes, and clipped."""
+    text = text[:limit]
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 def summary_line(rec: Mapping[str, Any]) -> str:
     """One human line per flow: hop, api, model, status, the key figures and findings."""
     resp = rec.get("response") or {}
@@ -259,10 +269,10 @@ def summary_line(rec: Mapping[str, Any]) -> str:
 
     parts = [
         f"[{rec['hop']}]",
-        f"{rec['request']['method']} {rec['request']['path']}",
+        f"{rec['request']['method']} {_printable(rec['request']['path'])}",
         str(resp.get("status", "-")),
         rec.get("api", "other"),
-        rec.get("model") or "-",
+        _printable(rec.get("model") or "-", MAX_LINE_MODEL_CHARS),
         f"ttfb={ms('ttfb_s')} ttft={ms('ttft_s')}",
         f"itl p50={ms('itl_p50_s')} p99={ms('itl_p99_s')} max_gap={ms('max_gap_s')}",
         f"tokens={fig.get('tokens', 0)}({fig.get('tokens_source', '-')})",

@@ -18,8 +18,12 @@ _KEY: Final = re.compile(
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|(?P<scheme>(?i:\b(?:bearer|basic)\s+))[A-Za-z0-9._~+/=-]{8,}"
 )
-# A URL's user:password@ and each query value (a `?key=` or `?token=` is a credential).
-_USERINFO: Final = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)[^/\s@?#]+@", re.IGNORECASE)
+# A URL's user:password@ and each query value (a `?key=` or `?token=` is a credential). Not a
+# HOST:PORT@ (mitmproxy's modes write reverse:http://HOST:PORT@LISTEN) nor a user alone.
+_USERINFO: Final = re.compile(
+    r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?![^/\s@?#:]*:\d{1,5}@)[^/\s@?#:]*:[^/\s@?#]+@",
+    re.IGNORECASE,
+)
 _QUERY_VALUE: Final = re.compile(r"(?P<name>[?&][^=\s&#?]+=)[^&\s#'\")\]]+")
 
 
