@@ -55,6 +55,7 @@ class ScriptedUpstream:
         self.port = 0
         self.loop = asyncio.new_event_loop()
         self.requests: list[Exchange] = []
+        self.open_connections = 0  # accepted and not yet closed, by either side
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
         self._server: asyncio.Server | None = None
@@ -98,11 +99,13 @@ class ScriptedUpstream:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: `_serve`, then its socket closed however that ended (the stop too)."""
+        self.open_connections += 1
         try:
             await self._serve(reader, writer)
         except asyncio.CancelledError:
             pass  # the upstream is stopping; its loop waits for this task
         finally:
+            self.open_connections -= 1
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
