@@ -967,3 +967,14 @@ def test_values_given_sorted_count_as_values_sorted_here(values: list[float]) ->
     given_sorted.observe_columns(("a",), values, ones, None, ordered=sorted(values))
     sorted_here.observe_columns(("a",), values, ones, None)
     assert samples(ours) == samples(theirs)
+
+
+def test_a_registry_carries_the_processs_descriptors_and_memory() -> None:
+    """A sidecar is watched for descriptors and memory as any exporter is: the process's own
+    standard series are on every hopmeter registry."""
+    from hopmeter.export.prometheus import new_registry
+
+    registry = new_registry()
+    fds = registry.get_sample_value("process_open_fds")
+    assert fds is not None and fds > 0
+    assert (registry.get_sample_value("process_resident_memory_bytes") or 0) > 0

@@ -23,7 +23,7 @@ from itertools import pairwise, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -163,8 +163,13 @@ class OutputFamilies:
 
 
 def new_registry() -> CollectorRegistry:
-    """A fresh registry for one hopmeter process (never prometheus_client's global one)."""
-    return CollectorRegistry(auto_describe=True)
+    """A fresh registry for one hopmeter process (never prometheus_client's global one), with
+    the process's own standard series (`process_open_fds`, `process_resident_memory_bytes`,
+    `process_cpu_seconds_total`, ...: read from /proc at each scrape, where there is one): a
+    sidecar that runs for weeks is watched for descriptors and memory as any exporter is."""
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    return registry
 
 
 def _exemplar(trace_id: object) -> dict[str, str] | None:
