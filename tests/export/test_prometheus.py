@@ -978,3 +978,30 @@ def test_a_registry_carries_the_processs_descriptors_and_memory() -> None:
     fds = registry.get_sample_value("process_open_fds")
     assert fds is not None and fds > 0
     assert (registry.get_sample_value("process_resident_memory_bytes") or 0) > 0
+
+
+def test_label_sets_past_the_bound_are_said_as_other_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Clients choose the model and the route: every family on every route would be thousands
+    of label sets. Past MAX_FLOW_LABEL_SETS, a new set's model and route are said as other (the
+    flow still observed), counted by hop and api; sets already in use keep their labels."""
+    from hopmeter.export import prometheus
+
+    monkeypatch.setattr(prometheus, "MAX_FLOW_LABEL_SETS", 2)
+    metrics = Metrics(CollectorRegistry())
+    for model in ("gpt-4o", "claude-3-5-sonnet", "llama-3.1", "gpt-4o", "mistral-large"):
+        metrics.observe_flow(flow_record(model=model))
+    flows = "hopmeter_flows_total"
+    base = {"hop": "edge", "api": "openai.chat", "status_class": "2xx", "ended": "complete"}
+    route = "/v1/chat/completions"
+
+    def count(model: str, on: str = route) -> float | None:
+        return metrics.registry.get_sample_value(flows, {**base, "model": model, "route": on})
+
+    assert count("gpt-4o") == 2  # a set in use keeps its labels
+    assert count("claude-3-5-sonnet") == 1
+    assert count("llama-3.1") is None and count("mistral-large") is None
+    assert count("other", "other") == 2  # both flows still observed
+    collapsed = "hopmeter_label_sets_collapsed_total"
+    assert metrics.registry.get_sample_value(collapsed, {"hop": "edge", "api": "openai.chat"}) == 2

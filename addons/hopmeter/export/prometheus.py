@@ -83,6 +83,11 @@ EVENT_TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512)
 # fmt: on
 
 FLOW_LABELS = ("hop", "api", "model", "route")
+# Each label is bounded alone (hops, model families, route templates), but a client chooses the
+# model and the route of its requests: every family on every route would be ~2,000 sets of ~170
+# series each. Past this many sets, a new set's model and route are said as "other" (counted in
+# hopmeter_label_sets_collapsed_total): a real deployment has a few dozen.
+MAX_FLOW_LABEL_SETS = 128
 # What a negative duration was (`hopmeter_negative_durations_total{what}`): never observed into
 # its histogram, counted here; the record says why (core.hops' suspect findings, the screen's
 # and the delivery's counts).
@@ -201,6 +206,7 @@ class Metrics:
         self.segments = NameLabels()
         self.sites = NameLabels()  # where an internal error was caught
         self._initialised: set[str] = set()
+        self._label_sets: set[tuple[str, ...]] = set()  # FLOW_LABELS values seen, bounded
         # Labelled children by (metric, label values): prometheus_client's labels() validates and
         # locks on every call, ~4 µs each, a dozen or more per flow. Bounded like the label sets.
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
@@ -317,6 +323,12 @@ class Metrics:
         self._beacons_initialised = False
         self.flows = counter(
             "flows_total", "Finished flows.", (*FLOW_LABELS, "status_class", "ended")
+        )
+        self.collapsed = counter(
+            "label_sets_collapsed_total",
+            f"Flows whose model and route were said as other: {MAX_FLOW_LABEL_SETS} label "
+            "sets of hop, api, model and route were in use already.",
+            ("hop", "api"),
         )
         self.tokens = counter(
             "tokens_total",
@@ -454,6 +466,12 @@ class Metrics:
         hop = self.hops.label(facts.hop)
         model = self.models.label(facts.model)
         labels = (hop, api, model, self.routes.label(facts.path))  # FLOW_LABELS
+        if labels not in self._label_sets:
+            if len(self._label_sets) >= MAX_FLOW_LABEL_SETS:
+                self._child(self.collapsed, (hop, api)).inc()
+                model = OTHER
+                labels = (hop, api, OTHER, OTHER)
+            self._label_sets.add(labels)  # (the collapsed sets: one per hop and api at most)
         child = self._child
         exemplar = _exemplar(facts.trace_id)
         for hist, timing in zip(self._timings, facts.timings, strict=True):
