@@ -629,6 +629,20 @@ STREAM_HEALTH = [
             )
         ],
     ),
+    Panel(
+        "Label sets collapsed",
+        "Flows per second observed with model and route said as other: the metrics already "
+        "held 128 sets of hop, api, model and route (clients choosing many models and routes). "
+        "The flows are in every figure, under other.",
+        "short",
+        [
+            Target(
+                "sum by (hop, api) "
+                f'(rate(hopmeter_label_sets_collapsed_total{{hop=~"$hop"}}[{RI}]))',
+                "{{hop}} {{api}}",
+            )
+        ],
+    ),
 ]
 
 
