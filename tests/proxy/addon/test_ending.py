@@ -198,3 +198,32 @@ def test_a_step_inside_a_step_is_timed_once(
     assert len(log.steps) == 1
     stream_through(meter, sse_flow(), [SSE, DONE])  # no loop: the end's steps run as one
     assert len(log.steps) == 2
+
+
+def test_a_finished_flows_taps_let_go_of_its_state() -> None:
+    """mitmproxy keeps a finished flow, and the callables on it, as long as it keeps the flow
+    (an HTTP/2 connection: every request until it closes). Once its record is taken, the taps
+    hold none of hopmeter's per-flow state; called again they hand bytes on, nothing counted."""
+    meter = HopMeter()
+    with taddons.context(meter) as tctx:
+        tctx.configure(meter, hopmeter_hop="edge", hopmeter_stream="all")  # as `hopmeter run`
+        _finish_and_forget(meter)
+
+
+def _finish_and_forget(meter: HopMeter) -> None:
+    rec = Recorder()
+    meter.add_observer(rec)
+    flow = sse_flow()
+    meter.requestheaders(flow)
+    request_tap = flow.request.stream
+    assert callable(request_tap) and request_tap(b'{"model": "m"}') == b'{"model": "m"}'
+    assert request_tap(b"") == b""
+    meter.responseheaders(flow)
+    tap = flow.response.stream
+    assert callable(tap) and [tap(c) for c in (SSE, DONE, b"")] == [SSE, DONE, b""]
+    meter.response(flow)
+    assert len(rec.results) == 1 and rec.results[0].record["request"]["bytes"] == 14
+    assert (tap.state, tap.meter, tap.out, tap.chaos) == (None, None, None, None)
+    assert request_tap.state is None
+    assert tap(SSE) == SSE and request_tap(b"x") == b"x"
+    assert meter.observers.internal_errors == 0

@@ -55,7 +55,7 @@ from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.aside import Aside
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.pairing import LiveFlow, Pairing
-from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, ResponseTap, header_map
+from hopmeter.proxy.addon.tap import FlowState, MeasureQueue, RequestTap, ResponseTap, header_map
 from hopmeter.proxy.addon.tokenizer_load import Vocabulary
 from hopmeter.proxy.delivery.lane import DeliveryLane, FlowOut, LoopLog
 
@@ -259,7 +259,14 @@ class Ending:
 
     # -- the steps -----------------------------------------------------------------------------
     def _seen(self, end: FlowEnd) -> tuple[http.HTTPFlow, Seen]:
-        """Everything the record says but its token counts, as it is when the flow ends."""
+        """Everything the record says but its token counts, as it is when the flow ends; then
+        the flow's taps let go of what only this needed (`_forget`)."""
+        try:
+            return self._seen_now(end)
+        finally:
+            _forget(end.flow, end.state)
+
+    def _seen_now(self, end: FlowEnd) -> tuple[http.HTTPFlow, Seen]:
         flow, state, ended = end.flow, end.state, end.ended
         tap, p = state.tap, state.passage
         self.queue.measure()  # this flow's last chunks may still be queued
@@ -417,6 +424,22 @@ def _flow_id(item: Any) -> str | None:
         if isinstance(item, FlowResult):
             return str(item.record.get("flow_id"))
     return None
+
+
+def _forget(flow: http.HTTPFlow, state: FlowState) -> None:
+    """The flow's taps let go of its state, meter and chunk follower once its Seen is made.
+
+    mitmproxy keeps a finished flow, and the stream callables on it, as long as it keeps the
+    flow: an HTTP/2 connection keeps every one of its requests until it closes (~5.6 KiB each of
+    mitmproxy's own, on a connection a gateway's pool holds open for days). Through the taps
+    every one of them also kept hopmeter's per-flow state (its passage, trace context, meter):
+    as much again. A tap called after this hands its bytes on unmeasured, as after a failure."""
+    tap = state.tap
+    if tap is not None:
+        tap.state = tap.meter = tap.out = tap.chaos = None
+    request_tap = flow.request.stream
+    if isinstance(request_tap, RequestTap):
+        request_tap.state = None
 
 
 def _request(flow: http.HTTPFlow, state: FlowState, *, measured: bool) -> RequestInfo:

@@ -155,12 +155,14 @@ class RequestTap:
     __slots__ = ("on_error", "state")
 
     def __init__(self, state: FlowState, on_error: OnError) -> None:
-        self.state = state
+        self.state: FlowState | None = state
         self.on_error = on_error
 
     def __call__(self, data: bytes) -> bytes:
+        st = self.state
+        if st is None:  # the flow ended (hopmeter.proxy.addon.ending._forget)
+            return data
         try:
-            st = self.state
             st.request_bytes += len(data)
             room = REQUEST_SNIFF_BYTES - len(st.request_head)
             if room > 0 and data:
