@@ -100,6 +100,35 @@ def test_what_the_first_flow_compiled_is_frozen_once_no_flow_is_in_flight() -> N
     assert frozen_on == [threading.main_thread().name]
 
 
+@pytest.mark.usefixtures("unfrozen")
+def test_a_client_connection_open_is_never_frozen() -> None:
+    """A frozen object is never collected: a connection frozen open (a pooled HTTP/2 one)
+    would keep all it ever referenced once closed. The second freeze waits for no flow in
+    flight and no client connection open; never quiet in time, it does not freeze at all."""
+    meter = HopMeter()
+    freeze = FreezeAtStart(meter)
+
+    async def scenario() -> None:
+        freeze.running()
+        gc.unfreeze()
+        freeze.client_connected(object())  # a keep-alive connection between its requests
+        thread = threading.Thread(target=freeze.freeze_when_quiet, name="patterns")
+        thread.start()
+        await asyncio.sleep(0.3)
+        assert not meter.live and gc.get_freeze_count() == 0  # no flow, but a connection open
+        freeze.client_disconnected(object())
+        await until(gc.get_freeze_count, what="the heap frozen once the connection closed")
+        thread.join(10)
+        gc.unfreeze()
+        freeze.client_connected(object())  # open past the deadline: never frozen
+        freeze.deadline = 0.0
+        freeze._freeze()
+        await asyncio.sleep(0.1)
+        assert gc.get_freeze_count() == 0
+
+    asyncio.run(scenario())
+
+
 NAMES = ("", "asyncio", "hpack", "mitmproxy.proxy.server", "mitmproxy.proxy.layers", "hopmeter")
 
 

@@ -74,8 +74,11 @@ class FreezeAtStart:
     A full collection over it takes ~25 ms, a pause every stream on the loop would feel, at a
     rate set by allocation, not by load; and every object in reach is visited again by each
     one: a tokenizer's compiled patterns, left in reach, cost instructions per event (the
-    `regex` module's once cost ~3 kIr, ~1%, callgrind). Freezing while no flow is in flight
-    keeps flows' own objects collectable.
+    `regex` module's once cost ~3 kIr, ~1%, callgrind). The second freeze waits until no flow
+    is in flight and no client connection is open: a frozen object is never collected, so a
+    connection frozen open (a gateway's pooled HTTP/2 connection) would keep, once closed, all
+    it ever referenced (its every flow, in mitmproxy). A connection that stays open past
+    QUIET_WAIT_MAX_S leaves the patterns in reach: ~1% per event rather than memory for good.
     Each time, the C heap's free pages then go back to the system (`trim_heap`).
     It changes the whole interpreter, so the addon list that users load into their own mitmdump
     (`default_addons`) does not include it.
@@ -85,7 +88,18 @@ class FreezeAtStart:
         self.meter = meter
         self.loop: asyncio.AbstractEventLoop | None = None
         self.deadline = 0.0
+        self.clients = 0  # client connections open now
         meter.after_patterns = self.freeze_when_quiet  # set before any flow can start
+
+    def client_connected(self, client: Any) -> None:
+        self.clients += 1
+
+    def client_disconnected(self, client: Any) -> None:
+        self.clients = max(0, self.clients - 1)
+
+    def quiet(self) -> bool:
+        """No flow in flight and no client connection open: nothing of a connection to freeze."""
+        return not self.meter.live and not self.clients
 
     def running(self) -> None:
         with contextlib.suppress(RuntimeError):
@@ -95,19 +109,20 @@ class FreezeAtStart:
         trim_heap()
 
     def freeze_when_quiet(self) -> None:
-        """From the thread that compiled the patterns: once no flow is in flight (or after
-        QUIET_WAIT_MAX_S anyway), collect and freeze on the loop's thread, where the finalizers
-        of what a collection frees (asyncio's transports, streams) may run."""
+        """From the thread that compiled the patterns: once `quiet` (within QUIET_WAIT_MAX_S,
+        else never), collect and freeze on the loop's thread, where the finalizers of what a
+        collection frees (asyncio's transports, streams) may run."""
         self.deadline = time.monotonic() + QUIET_WAIT_MAX_S
-        wait_for_quiet(lambda: not self.meter.live)
+        wait_for_quiet(self.quiet)
         if self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to freeze for
                 self.loop.call_soon_threadsafe(self._freeze)
 
     def _freeze(self) -> None:
-        if self.meter.live and time.monotonic() < self.deadline and self.loop is not None:
-            self.loop.call_later(QUIET_POLL_S, self._freeze)  # a flow started meanwhile
-            return
+        if not self.quiet():
+            if time.monotonic() < self.deadline and self.loop is not None:
+                self.loop.call_later(QUIET_POLL_S, self._freeze)  # traffic came meanwhile
+            return  # never quiet in time: the patterns stay in reach, no connection is frozen
         gc.collect()
         gc.freeze()
         trim_heap()
