@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopmeter.core.decoding import (
+    DECODE_STEP_BYTES,
     BrotliDecoder,
     Decoder,
     DeflateDecoder,
@@ -160,6 +161,16 @@ def test_bomb_stops_at_the_cap_with_bounded_memory(encoding: str):
         tracemalloc.stop()
     assert peak < 4 * 1024 * 1024
     assert isinstance(DecodedSizeError("x"), StreamLimitError)
+
+
+@pytest.mark.parametrize("encoding", sorted(BOMBS))
+def test_a_bombs_steps_are_each_a_bounded_piece(encoding: str):
+    """However much one chunk decodes to, each step handed on is about DECODE_STEP_BYTES (a
+    zstd slice of a bomb was one piece of megabytes, copied and split by the framer; brotli's
+    output limit has a grain of its own, ~1.5 times the step)."""
+    decoder = DECODERS[encoding](max_bytes=32 * 1024 * 1024)
+    sizes = [len(piece) for piece in decoder.steps(BOMBS[encoding]())]
+    assert sum(sizes) == len(BOMB) and max(sizes) <= 2 * DECODE_STEP_BYTES
 
 
 def test_body_at_the_cap_is_decoded():

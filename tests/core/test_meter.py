@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopmeter.core import meter as meter_module
-from hopmeter.core.meter import MAX_ERRORS_KEPT, PLAIN_MISSES_MAX, TEXT_BLOCK_EVENTS, FlowMeter
+from hopmeter.core.meter import (
+    MAX_ERRORS_KEPT,
+    MAX_EVENTS_PER_READ,
+    PLAIN_MISSES_MAX,
+    TEXT_BLOCK_EVENTS,
+    FlowMeter,
+)
 from hopmeter.core.sse import SseDecoder
 from hopmeter.testing import split_at
 from tests.harness.corpus import CORPUS
@@ -520,3 +526,54 @@ def test_error_events_are_kept_up_to_a_bound_and_all_counted() -> None:
     meter.close(0.02)
     assert meter.facts.errors == ["overloaded_error\ntry later"] * MAX_ERRORS_KEPT
     assert meter.facts.errors_seen == 40
+
+
+def test_a_compressed_body_of_millions_of_events_is_read_within_its_budgets() -> None:
+    """1.4 KB of brotli decoding to millions of tiny events cost ~26 s of CPU in one feed on the
+    loop every stream shares. One chunk's events are read up to MAX_EVENTS_PER_READ and a flow's
+    up to MAX_EVENTS_READ; what is left is forwarded unread and its chunks' bytes counted."""
+    import brotli
+
+    body = b"data: hello\n\n" * 5_000_000
+    wire = brotli.compress(body)
+    meter = FlowMeter(api="other", content_type="text/event-stream", content_encoding="br")
+    meter.feed(wire, 0.01)
+    assert MAX_EVENTS_PER_READ <= meter.events_seen < MAX_EVENTS_PER_READ + 10_000
+    assert meter.unread_bytes == len(wire)
+    assert len(meter.events.t_s) == meter_module.MAX_EVENTS  # the listed ones, as ever
+    meter.close(0.02)
+
+
+def test_a_large_plain_chunk_is_read_in_steps_within_the_flows_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body measured whole (one chunk of megabytes) is read a step at a time: past the flow's
+    budget the rest is unread, counted; later chunks are not read at all, counted too."""
+    monkeypatch.setattr(meter_module, "MAX_EVENTS_READ", 1000)
+    meter = FlowMeter(api="other", content_type="text/event-stream", content_encoding=None)
+    whole = b"data: x\n\n" * 200_000  # 1.8 MB
+    meter.feed(whole, 0.01)
+    assert 1000 <= meter.events_seen < 1000 + meter_module.READ_STEP_BYTES // 9 + 1
+    assert meter.unread_bytes == len(whole)
+    meter.feed(b"data: y\n\n", 0.02)
+    assert meter.unread_bytes == len(whole) + 9
+
+
+def test_content_offsets_past_32_bits_are_clamped_never_half_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An event's content offset lives in a 32-bit column: past 2**31 - 1 visible characters (a
+    hostile reply) it is said as MAX_OFFSET, and the event is listed whole (its time too)."""
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    meter.feed(chunk("hi"), 0.01)
+    meter._visible_chars = 2**31 + 5  # as after two billion characters
+    meter.feed(chunk("there"), 0.02)
+    meter.feed(
+        b"data: "
+        + json.dumps({"choices": [{"delta": {"content": "x"}}], "u": 1}).encode()
+        + b"\n\n",
+        0.03,
+    )
+    marks = meter.events
+    assert len(marks.t_s) == len(marks.content_offset) == 3
+    assert list(marks.content_offset)[1:] == [meter_module.MAX_OFFSET] * 2

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopmeter.core.frames import Frame
-from hopmeter.core.sse import MAX_EVENT_BYTES, MAX_LINE_BYTES, SseDecoder
+from hopmeter.core.sse import DATA_LINE_COST, MAX_EVENT_BYTES, MAX_LINE_BYTES, SseDecoder
 from hopmeter.errors import HopmeterError
 from hopmeter.testing import feed_all, split_at, split_every_way
 from tests.harness.corpus import CORPUS
@@ -287,9 +287,27 @@ def test_event_data_is_capped():
     frames, decoder = parse(line * 6 + b"\n")
     assert len(frames) == 1
     assert frames[0].data_bytes <= MAX_EVENT_BYTES
-    assert frames[0].data_bytes == 4 * (MAX_LINE_BYTES - 6) + 3
+    assert frames[0].data_bytes == 3 * (MAX_LINE_BYTES - 6) + 2  # the fourth: not with its cost
     assert frames[0].wire_bytes == 6 * len(line) + 1
     assert decoder.overflows == 1
+
+
+def test_many_short_data_lines_are_held_to_the_cap_with_their_cost():
+    """Each held data line costs more than its bytes (its bytes object, its slot): 2-byte lines
+    held ~15 times MAX_EVENT_BYTES until each line's DATA_LINE_COST counted against it."""
+    decoder = SseDecoder()
+    decoder.feed(b"data:xy\n" * 2_000_000, 0.0)  # one event that never ends
+    held = len(decoder._data)
+    assert held * (2 + DATA_LINE_COST) <= MAX_EVENT_BYTES + DATA_LINE_COST
+    assert decoder.overflows == 1
+
+
+def test_a_retry_field_too_long_for_a_number_is_ignored():
+    """`retry:` with thousands of digits is no reconnection time (int() refuses past 4,300
+    digits, an exception out of the meter): ignored, as a value that is not digits is."""
+    decoder = SseDecoder()
+    decoder.feed(b"retry: " + b"9" * 5000 + b"\nretry: 3000\n\n", 0.0)
+    assert decoder.retry_ms == 3000
 
 
 def test_feed_after_close_raises():

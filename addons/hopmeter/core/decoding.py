@@ -213,6 +213,11 @@ class _BoundedSink:
         self.parts.clear()
         return out
 
+    def pieces(self) -> list[bytes]:
+        """What was written since, as written (each at most the writer's write_size)."""
+        out, self.parts = self.parts, []
+        return out
+
 
 class ZstdDecoder:
     """Content-Encoding zstd (RFC 8878), via the optional `zstandard` package.
@@ -245,9 +250,9 @@ class ZstdDecoder:
                 self._writer.write(data[start : start + ZSTD_SLICE_BYTES])
             except self._error as exc:
                 raise DecodingError(f"zstd body is corrupt: {exc}") from exc
-            piece = self._sink.take()
-            if piece:
-                yield piece
+            # each piece as the writer wrote it (DECODE_STEP_BYTES at most): one slice of a
+            # bomb is megabytes, never one piece for the framer to copy and split
+            yield from self._sink.pieces()
 
     def flush(self) -> bytes:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -39,6 +39,19 @@ MAX_TEXT_CHARS = 256 * 1024
 TEXT_BLOCK_EVENTS = 32
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
+# Events read per flow. Reading an event costs a few microseconds; a compressed body can decode
+# to millions of tiny ones in one read (1.4 KB of brotli: 64 MiB of `data: x`, ~26 s of CPU on
+# the loop every stream shares). Past this many (16 times the events a record lists, ~0.5 s of
+# reading at most) the rest of the body is forwarded unread and its bytes counted in
+# `unread_bytes`. A chunk larger than READ_STEP_BYTES (a body measured whole) is read in steps
+# of that size, the budget looked at between them.
+MAX_EVENTS_READ = 16 * MAX_EVENTS
+READ_STEP_BYTES = 64 * 1024
+# Events read of one chunk (no read off a socket holds this many: a bomb, or a body measured
+# whole), so that one chunk never holds the loop for more than a few tenths of a second.
+MAX_EVENTS_PER_READ = 2 * MAX_EVENTS
+# The largest content offset an event's 32-bit column holds; a later one is said as this.
+MAX_OFFSET = 2**31 - 1
 # Error events kept per flow (each up to ~500 characters); the rest are counted in errors_seen.
 MAX_ERRORS_KEPT = 5
 # Chunks in a row the plain chat path may read and decline before a flow stops trying it (its
@@ -142,6 +155,7 @@ class FlowMeter:
         "last_byte_s",
         "text_chars",
         "text_overflow_chars",
+        "unread_bytes",
     )
 
     def __init__(
@@ -184,6 +198,7 @@ class FlowMeter:
         # an SSE body's bytes before its first event (bounded); None once there is no need
         self._head: bytearray | None = None
         self._decoder = make_decoder(content_encoding) if content_encoding else None
+        self.unread_bytes = 0  # of the chunks not read in full once MAX_EVENTS_READ were read
         self._utf8 = Utf8Decoder()
         self._framer = make_framer(content_type, api, headers, stream_requested)
         if isinstance(self._framer, SseDecoder):
@@ -276,6 +291,9 @@ class FlowMeter:
             if times is not None:
                 times.append(now_s)
         try:
+            if self.events_seen >= MAX_EVENTS_READ:  # the read budget is spent: counted, unread
+                self.unread_bytes += n
+                return
             chat = self._chat
             if chat is not None:
                 # a chat stream's usual chunk, one plain event (`_take`'s plain path for it, with
@@ -297,21 +315,39 @@ class FlowMeter:
                     chat.took_plain_event(data)
                     self._on_content(now_s, *said)
                     return
-            if self._decoder is None:  # (a decoding error needs a decoder)
+            if self._decoder is None and n <= READ_STEP_BYTES:
                 self._take(data, now_s)
-            elif self.facts.decode_error is None:
-                try:
-                    # one bounded step at a time: a compression bomb never sits decoded
-                    for piece in self._decoder.steps(data):
-                        self._take(piece, now_s)
-                except DecodingError as exc:
-                    self.facts.decode_error = str(exc)
+            else:
+                self._take_in_steps(data, n, now_s)
         finally:  # the chunk is listed whatever reading it did
             if shared:
                 t_s = self.events.t_s
                 if len(t_s) <= k or t_s[k] != now_s:  # this chunk's time is not the k-th event's
                     self._chunk_t = times = t_s[:k]  # the chunks before it each had theirs
                     times.append(now_s)
+
+    def _take_in_steps(self, data: bytes, n: int, now_s: float) -> None:
+        """A chunk to decode, or a large one, a bounded step at a time (a compression bomb never
+        sits decoded), while the read budgets last: MAX_EVENTS_READ for the flow,
+        MAX_EVENTS_PER_READ for this chunk. A chunk not read in full counts in unread_bytes."""
+        if self._decoder is None:
+            view = memoryview(data)
+            steps: Iterable[bytes] = (
+                bytes(view[i : i + READ_STEP_BYTES]) for i in range(0, n, READ_STEP_BYTES)
+            )
+        elif self.facts.decode_error is None:
+            steps = self._decoder.steps(data)
+        else:
+            return  # (a decoding error needs a decoder)
+        limit = min(MAX_EVENTS_READ, self.events_seen + MAX_EVENTS_PER_READ)
+        try:
+            for piece in steps:
+                if self.events_seen >= limit:
+                    self.unread_bytes += n
+                    return
+                self._take(piece, now_s)
+        except DecodingError as exc:
+            self.facts.decode_error = str(exc)
 
     def close(self, now_s: float) -> None:
         """End of body: flush the decoders; an unterminated last event is not dispatched."""
@@ -561,7 +597,7 @@ class FlowMeter:
         marks.t_s.append(t)
         if stream_tokens is not None or token_ids is not None or marks.tokens_said is not None:
             marks.said(stream_tokens, token_ids)  # (most streams never say: no call)
-        marks.content_offset.append(self._visible_chars)
+        _append_offset(marks.content_offset, self._visible_chars)
 
     def _on_content(self, t: float, content: str, model: str | None, terminal: bool) -> None:
         """`_on_delta` of a Delta that says only its content, model and end (the plain chat
@@ -610,7 +646,19 @@ class FlowMeter:
         t_s.append(t)
         if marks.tokens_said is not None:
             marks.said(None, None)
-        marks.content_offset.append(visible)
+        try:  # (a `try` costs nothing unless it catches)
+            marks.content_offset.append(visible)
+        except OverflowError:  # past 2**31 - 1 characters: a hostile reply, clamped
+            marks.content_offset.append(MAX_OFFSET)
+
+
+def _append_offset(column: array[int], visible: int) -> None:
+    """An event's content offset into its 32-bit column, clamped at MAX_OFFSET (a reply of two
+    billion characters is a hostile one): never an event half listed."""
+    try:
+        column.append(visible)
+    except OverflowError:
+        column.append(MAX_OFFSET)
 
 
 def _is_json_document(body: bytes | bytearray) -> bool:

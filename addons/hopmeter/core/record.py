@@ -240,6 +240,8 @@ def _stream_facts(meter: FlowMeter, seen: Seen) -> dict[str, Any]:
         "events_incomplete_utf8": facts.events_incomplete_utf8,
         "decode_error": facts.decode_error,
         "malformed_events": meter.malformed_events,
+        # bytes of the chunks not read in full once the flow's read budget was spent (meter)
+        "unread_bytes": meter.unread_bytes,
     }
     if framer is not None:
         out["line_endings"] = dict(getattr(framer, "line_endings", {}))

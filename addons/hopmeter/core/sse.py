@@ -21,9 +21,15 @@ from hopmeter.errors import HopmeterError
 # The longest line in the recorded corpus is ~35 KB (an Anthropic web-search result); 1 MiB is
 # 30 times that and keeps a hostile or broken stream (no line end at all) from growing a buffer.
 MAX_LINE_BYTES = 1024 * 1024
-# An event whose data would grow past this keeps the data lines that fit; the rest are dropped
-# and the event counts once in `overflows`. Four maximal lines, far above any token event.
+# An event whose data would grow past this (its bytes, and DATA_LINE_COST per held line) keeps
+# the data lines that fit; the rest are dropped and the event counts once in `overflows`. Three
+# maximal lines and most of a fourth, far above any token event.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
+# What one held data line costs beyond its bytes (the bytes object and its slot in the buffer),
+# charged against MAX_EVENT_BYTES: 2-byte lines would otherwise hold ~15 times the bound.
+DATA_LINE_COST = 48
+# A `retry:` value longer than this is no reconnection time (and int() refuses past 4,300 digits).
+MAX_RETRY_DIGITS = 15
 
 # A chunk up to this size that holds exactly one whole event takes a shorter path (`_whole_event`).
 _WHOLE_EVENT_MAX = 64 * 1024
@@ -329,13 +335,13 @@ class SseDecoder:
         elif name == b"id":
             if b"\x00" not in value:
                 self.last_event_id = value.decode("utf-8", "replace")
-        elif name == b"retry" and value.isdigit():  # bytes.isdigit(): ASCII digits only, not ""
-            self.retry_ms = int(value)
+        elif name == b"retry" and value.isdigit() and len(value) <= MAX_RETRY_DIGITS:
+            self.retry_ms = int(value)  # bytes.isdigit(): ASCII digits only, not ""
         # any other field name is ignored
 
     def _append_data(self, value: bytes) -> None:
         size = self._data_size + len(value) + (1 if self._data else 0)
-        if size > MAX_EVENT_BYTES:
+        if size + DATA_LINE_COST * len(self._data) > MAX_EVENT_BYTES:
             if not self._data_overflowed:
                 self._data_overflowed = True
                 self.overflows += 1

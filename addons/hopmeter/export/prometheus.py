@@ -99,7 +99,7 @@ _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 
 # what `hopmeter_measure_dropped_total` counts, in the order _observe_dropped reads them
-MEASURE_DROPPED = ("events", "chunks", "oversized_events")
+MEASURE_DROPPED = ("events", "chunks", "oversized_events", "unread_bytes")
 
 
 class ProcessCounters:
@@ -390,7 +390,8 @@ class Metrics:
             "measure_dropped_total",
             "What of a stream its record does not list, each counted in it: `events` past the "
             "timeline's cap (their tokens still counted), `chunks` past the chunk list's cap, "
-            "`oversized_events` too large to read (their bytes still forwarded).",
+            "`oversized_events` too large to read (their bytes still forwarded), "
+            "`unread_bytes` of a body forwarded unread once its events to read ran out.",
             ("hop", "what"),
         )
         self.outputs = OutputFamilies(registry)
@@ -522,10 +523,15 @@ class Metrics:
         """Count what of the stream the record says it does not list (its `*_dropped` counts,
         its stream's `overflows`)."""
         stream = record.get("stream")
-        overflows = stream.get("overflows") if isinstance(stream, Mapping) else None
+        stream = stream if isinstance(stream, Mapping) else {}
         for what, n in zip(
             MEASURE_DROPPED,
-            (record.get("events_dropped"), record.get("chunks_dropped"), overflows),
+            (
+                record.get("events_dropped"),
+                record.get("chunks_dropped"),
+                stream.get("overflows"),
+                stream.get("unread_bytes"),
+            ),
             strict=True,
         ):
             count = _num(n)
@@ -630,6 +636,7 @@ class Metrics:
             self.bodies_clipped.labels(hop=hop, reason=reason)
         for what in MEASURE_DROPPED:
             self.measure_dropped.labels(hop=hop, what=what)
+        self.collapsed.labels(hop=hop, api=api)
 
     def _observe_events(
         self,

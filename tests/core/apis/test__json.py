@@ -15,9 +15,13 @@ from hopmeter.core.apis._json import (
 )
 
 
-@pytest.mark.parametrize(("value", "read"), [(3, 3), (0, 0), (-1, None), (True, None), (2.0, None)])
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [(3, 3), (0, 0), (-1, None), (True, None), (2.0, None), (2**31 - 1, 2**31 - 1), (2**62, None)],
+)
 def test_int_reads_counts_only(value: object, read: int | None):
-    """A count is a non-negative integer: booleans, negatives and floats read as absent."""
+    """A count is a non-negative integer up to 2**31 - 1: booleans, negatives, floats and
+    numbers no reply has (2**62 made a record orjson cannot write) read as absent."""
     assert _int(value) == read
 
 

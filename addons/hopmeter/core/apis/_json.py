@@ -25,8 +25,16 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# A count a payload says (tokens, usage) above this is no count: records keep counts in 32-bit
+# columns and as JSON integers, and no reply is two billion tokens long.
+MAX_COUNT: Final = 2**31 - 1
+
+
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A count: a non-negative integer up to MAX_COUNT, else absent."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
 
 
 def _str(value: object) -> str:
