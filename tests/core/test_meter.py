@@ -577,3 +577,17 @@ def test_content_offsets_past_32_bits_are_clamped_never_half_listed(
     marks = meter.events
     assert len(marks.t_s) == len(marks.content_offset) == 3
     assert list(marks.content_offset)[1:] == [meter_module.MAX_OFFSET] * 2
+
+
+def test_a_body_in_an_encoding_hopmeter_cannot_undo_is_timed_and_flagged() -> None:
+    """Content-Encoding: compress (or any unknown one): the flow is timed, its chunks listed and
+    decode_error says why nothing was read; the meter is made, never an exception."""
+    meter = FlowMeter(
+        api="openai.chat", content_type="text/event-stream", content_encoding="compress"
+    )
+    meter.feed(b"\x1f\x9d\x90garbled", 0.01)
+    meter.close(0.02)
+    assert (
+        meter.facts.decode_error == "unknown Content-Encoding 'compress'; cannot measure this body"
+    )
+    assert meter.chunks_seen == 1 and meter.events_seen == 0 and meter.first_byte_s == 0.01

@@ -18,7 +18,7 @@ import orjson
 from hopmeter.core.apis import Delta, make_parser
 from hopmeter.core.apis.anthropic import AnthropicParser, plain_anthropic_delta
 from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload, plain_chat_said
-from hopmeter.core.decoding import Utf8Decoder, make_decoder
+from hopmeter.core.decoding import IdentityDecoder, Utf8Decoder, make_decoder
 from hopmeter.core.frames import Frame
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.vocab import UNKNOWN_APIS, Api
@@ -197,7 +197,11 @@ class FlowMeter:
         self._document_overflow = False
         # an SSE body's bytes before its first event (bounded); None once there is no need
         self._head: bytearray | None = None
-        self._decoder = make_decoder(content_encoding) if content_encoding else None
+        try:
+            self._decoder = make_decoder(content_encoding) if content_encoding else None
+        except DecodingError as exc:  # an encoding hopmeter cannot undo: timed, never read
+            self._decoder = IdentityDecoder()
+            self.facts.decode_error = str(exc)
         self.unread_bytes = 0  # of the chunks not read in full once MAX_EVENTS_READ were read
         self._utf8 = Utf8Decoder()
         self._framer = make_framer(content_type, api, headers, stream_requested)

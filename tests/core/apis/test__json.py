@@ -107,3 +107,11 @@ def test_the_requests_own_credentials_are_kept_out_of_a_shown_message() -> None:
     shown = shown_error(kept, with_message=True, hidden=("CUSTOMkey", "CUSTOMkey42xyz"))
     assert shown == "auth_error: Invalid proxy token [redacted] (prefix [redacted])"
     assert shown_error(kept, with_message=False, hidden=("CUSTOMkey",)) == "auth_error"
+
+
+def test_a_model_name_is_clipped() -> None:
+    """A model id goes into every record: a 3 MB one (an NDJSON line's worth) is clipped."""
+    from hopmeter.core.apis._json import MAX_MODEL_CHARS, _model
+
+    assert _model("gpt-4o") == "gpt-4o" and _model("") is None and _model(7) is None
+    assert _model("m" * 3_000_000) == "m" * MAX_MODEL_CHARS

@@ -55,8 +55,13 @@ def _int_list(value: object) -> tuple[int, ...] | None:
     return None
 
 
+# A model name is an id (the longest in the corpus: ~60 characters); a longer one is clipped.
+MAX_MODEL_CHARS: Final = 256
+
+
 def _model(value: object) -> str | None:
-    return value if isinstance(value, str) and value else None
+    """A model id a payload names, clipped to MAX_MODEL_CHARS (it goes into every record)."""
+    return value[:MAX_MODEL_CHARS] if isinstance(value, str) and value else None
 
 
 def _dumps(value: object) -> str:
