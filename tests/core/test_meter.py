@@ -548,15 +548,19 @@ def test_a_large_plain_chunk_is_read_in_steps_within_the_flows_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A body measured whole (one chunk of megabytes) is read a step at a time: past the flow's
-    budget the rest is unread, counted; later chunks are not read at all, counted too."""
+    budget the rest is unread, counted; a later large chunk is not read at all, counted too (one
+    of an ordinary size is read: it cannot hold the loop)."""
     monkeypatch.setattr(meter_module, "MAX_EVENTS_READ", 1000)
     meter = FlowMeter(api="other", content_type="text/event-stream", content_encoding=None)
     whole = b"data: x\n\n" * 200_000  # 1.8 MB
     meter.feed(whole, 0.01)
     assert 1000 <= meter.events_seen < 1000 + meter_module.READ_STEP_BYTES // 9 + 1
     assert meter.unread_bytes == len(whole)
-    meter.feed(b"data: y\n\n", 0.02)
-    assert meter.unread_bytes == len(whole) + 9
+    meter.feed(whole, 0.02)
+    assert meter.unread_bytes == 2 * len(whole)
+    seen = meter.events_seen
+    meter.feed(b"data: y\n\n", 0.03)
+    assert meter.events_seen == seen + 1 and meter.unread_bytes == 2 * len(whole)
 
 
 def test_content_offsets_past_32_bits_are_clamped_never_half_listed(

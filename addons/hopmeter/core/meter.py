@@ -39,16 +39,16 @@ MAX_TEXT_CHARS = 256 * 1024
 TEXT_BLOCK_EVENTS = 32
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
-# Events read per flow. Reading an event costs a few microseconds; a compressed body can decode
-# to millions of tiny ones in one read (1.4 KB of brotli: 64 MiB of `data: x`, ~26 s of CPU on
-# the loop every stream shares). Past this many (16 times the events a record lists, ~0.5 s of
-# reading at most) the rest of the body is forwarded unread and its bytes counted in
-# `unread_bytes`. A chunk larger than READ_STEP_BYTES (a body measured whole) is read in steps
-# of that size, the budget looked at between them.
+# Reading an event costs a few microseconds, and a read off a socket holds a bounded number of
+# them; but a compressed body can decode to millions in one read (1.4 KB of brotli: 64 MiB of
+# `data: x`, ~26 s of CPU on the loop every stream shares), and a body measured whole is one
+# chunk. Such a chunk (to decode, or larger than READ_STEP_BYTES) is read in steps, while the
+# flow has read fewer than MAX_EVENTS_READ events (16 times the events a record lists) and the
+# chunk fewer than MAX_EVENTS_PER_READ (a few tenths of a second of the loop at most); the rest
+# is forwarded unread, its chunks' bytes counted in `unread_bytes`. Reads of an ordinary size
+# are read whole, and look at no budget.
 MAX_EVENTS_READ = 16 * MAX_EVENTS
 READ_STEP_BYTES = 64 * 1024
-# Events read of one chunk (no read off a socket holds this many: a bomb, or a body measured
-# whole), so that one chunk never holds the loop for more than a few tenths of a second.
 MAX_EVENTS_PER_READ = 2 * MAX_EVENTS
 # The largest content offset an event's 32-bit column holds; a later one is said as this.
 MAX_OFFSET = 2**31 - 1
@@ -295,9 +295,6 @@ class FlowMeter:
             if times is not None:
                 times.append(now_s)
         try:
-            if self.events_seen >= MAX_EVENTS_READ:  # the read budget is spent: counted, unread
-                self.unread_bytes += n
-                return
             chat = self._chat
             if chat is not None:
                 # a chat stream's usual chunk, one plain event (`_take`'s plain path for it, with
