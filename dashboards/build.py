@@ -620,13 +620,26 @@ STREAM_HEALTH = [
         "Measured in part",
         "What of the streams their records do not list, per second: events past the "
         "timeline's cap (their tokens still counted), chunks past the chunk list's cap, events "
-        "too large to read (their bytes still forwarded), bytes forwarded unread once a flow's "
-        "events to read ran out (a compression bomb). Each record says its own counts.",
+        "too large to read (their bytes still forwarded). Each record says its own counts.",
         "short",
         [
             Target(
                 f'sum by (hop, what) (rate(hopmeter_measure_dropped_total{{hop=~"$hop"}}[{RI}]))',
                 "{{hop}} {{what}}",
+            )
+        ],
+    ),
+    Panel(
+        "Read in part",
+        "Bytes per second forwarded unread: a chunk to decode gave more events than its read "
+        "budget (a compression bomb: millions of tiny events from a few kilobytes), and the "
+        "rest of its flow went unread so that the loop every stream shares was not held. The "
+        "clients got every byte; the record says stream.unread_bytes.",
+        "bytes",
+        [
+            Target(
+                f'sum by (hop) (rate(hopmeter_measure_unread_bytes_total{{hop=~"$hop"}}[{RI}]))',
+                "{{hop}}",
             )
         ],
     ),

@@ -130,6 +130,15 @@ def test_truncated_stream_reasons() -> None:
     assert f[0].evidence["reasons"] == ["error event in a 200 stream"]
 
 
+def test_a_stream_read_in_part_claims_no_missing_end() -> None:
+    """Past its read budget the meter stops reading (a compression bomb): the end it never read
+    is not "missing", nor its last event "not terminated"; a reset or an error still counts."""
+    part = {"terminal_seen": False, "unterminated_bytes": 12, "read_in_part": True}
+    assert not [f for f in diagnose(view(clock(20, 50), **part)) if f.kind == "truncated"]
+    f = diagnose(view(clock(20, 50), ended="upstream_reset", **part))
+    assert f[0].evidence["reasons"] == ["upstream reset the connection"]
+
+
 def test_not_streamed_document() -> None:
     """A chat reply as one document is not_streamed, an error when a stream was asked for."""
     v = view([3.0], [0], event_stream=False, document_tokens=200, stream_requested=True)

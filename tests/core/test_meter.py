@@ -528,39 +528,49 @@ def test_error_events_are_kept_up_to_a_bound_and_all_counted() -> None:
     assert meter.facts.errors_seen == 40
 
 
-def test_a_compressed_body_of_millions_of_events_is_read_within_its_budgets() -> None:
+def test_a_compressed_body_of_millions_of_events_is_read_within_its_budget() -> None:
     """1.4 KB of brotli decoding to millions of tiny events cost ~26 s of CPU in one feed on the
-    loop every stream shares. One chunk's events are read up to MAX_EVENTS_PER_READ and a flow's
-    up to MAX_EVENTS_READ; what is left is forwarded unread and its chunks' bytes counted."""
+    loop every stream shares. A chunk to decode is read up to MAX_EVENTS_PER_READ events (or one
+    per few of its bytes); past it the flow is read in part: that chunk and the later ones are
+    forwarded unread, counted, and nothing is read of them (the decoder stopped mid-chunk)."""
     import brotli
 
-    body = b"data: hello\n\n" * 5_000_000
-    wire = brotli.compress(body)
+    wire = brotli.compress(b"data: hello\n\n" * 5_000_000)
     meter = FlowMeter(api="other", content_type="text/event-stream", content_encoding="br")
     meter.feed(wire, 0.01)
     assert MAX_EVENTS_PER_READ <= meter.events_seen < MAX_EVENTS_PER_READ + 10_000
     assert meter.unread_bytes == len(wire)
-    assert len(meter.events.t_s) == meter_module.MAX_EVENTS  # the listed ones, as ever
-    meter.close(0.02)
-
-
-def test_a_large_plain_chunk_is_read_in_steps_within_the_flows_budget(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A body measured whole (one chunk of megabytes) is read a step at a time: past the flow's
-    budget the rest is unread, counted; a later large chunk is not read at all, counted too (one
-    of an ordinary size is read: it cannot hold the loop)."""
-    monkeypatch.setattr(meter_module, "MAX_EVENTS_READ", 1000)
-    meter = FlowMeter(api="other", content_type="text/event-stream", content_encoding=None)
-    whole = b"data: x\n\n" * 200_000  # 1.8 MB
-    meter.feed(whole, 0.01)
-    assert 1000 <= meter.events_seen < 1000 + meter_module.READ_STEP_BYTES // 9 + 1
-    assert meter.unread_bytes == len(whole)
-    meter.feed(whole, 0.02)
-    assert meter.unread_bytes == 2 * len(whole)
     seen = meter.events_seen
-    meter.feed(b"data: y\n\n", 0.03)
-    assert meter.events_seen == seen + 1 and meter.unread_bytes == 2 * len(whole)
+    meter.feed(brotli.compress(b"data: more\n\n"), 0.02)  # whatever comes next: not read
+    meter.close(0.03)
+    assert meter.events_seen == seen and meter.unread_bytes > len(wire)
+    assert meter.facts.decode_error is None  # no decoder fed past its stop: no false corruption
+
+
+def test_a_whole_compressed_body_of_many_events_is_read_in_full() -> None:
+    """A body measured whole (one chunk) of 20,000 events, compressed as a real stream is: each
+    event is many wire bytes, so the chunk's budget allows them all; the end is seen."""
+    import gzip
+
+    events = (
+        b"".join(chunk(f" tok{i}") for i in range(20_000))
+        + b'data: {"choices": [], "usage": {"completion_tokens": 20000}}\n\ndata: [DONE]\n\n'
+    )
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding="gzip")
+    meter.feed(gzip.compress(events), 0.01)
+    meter.close(0.02)
+    assert meter.unread_bytes == 0 and meter.events_seen == 20_002
+    assert meter.facts.terminal_seen and meter.facts.usage_output_tokens == 20_000
+
+
+def test_a_large_plain_chunk_is_read_in_full() -> None:
+    """A body measured whole that is not compressed is read whole, however many events: its
+    bytes came off the socket, so reading them costs in proportion to what was sent."""
+    meter = FlowMeter(api="openai.chat", content_type="text/event-stream", content_encoding=None)
+    whole = b"".join(chunk("x") for _ in range(40_000)) + b"data: [DONE]\n\n"
+    meter.feed(whole, 0.01)
+    meter.close(0.02)
+    assert meter.events_seen == 40_001 and meter.unread_bytes == 0 and meter.facts.terminal_seen
 
 
 def test_content_offsets_past_32_bits_are_clamped_never_half_listed(

@@ -225,6 +225,7 @@ class StreamView:
     chunks_split_utf8: int = 0
     line_endings: Mapping[str, int] = field(default_factory=dict)
     unterminated_bytes: int = 0
+    read_in_part: bool = False  # the meter stopped reading (its read budget): no end to look for
     document_tokens: int = 0  # visible tokens of a reply that came as one JSON document
     stream_requested: bool | None = None
     has_terminal: bool = True  # whether this API defines a terminal event
@@ -559,10 +560,10 @@ def detect_truncated(v: StreamView) -> Finding | None:
         reasons.append("upstream reset the connection")
     if v.errors:
         reasons.append("error event in a 200 stream")
-    if v.unterminated_bytes:
+    if v.unterminated_bytes and not v.read_in_part:
         reasons.append("last event not terminated")
-    if v.has_terminal and not v.terminal_seen and v.ended == Ended.COMPLETE:
-        reasons.append("no terminal event")
+    if v.has_terminal and not v.terminal_seen and v.ended == Ended.COMPLETE and not v.read_in_part:
+        reasons.append("no terminal event")  # (unread, its end may well have been there)
     if not reasons:
         return None
     return _finding(

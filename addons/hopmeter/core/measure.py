@@ -270,6 +270,7 @@ def stream_view(
         chunks_split_utf8=meter.utf8.split_sequences,
         line_endings=dict(getattr(framer, "line_endings", {})) if framer is not None else {},
         unterminated_bytes=getattr(framer, "unterminated_bytes", 0) if framer is not None else 0,
+        read_in_part=meter.unread_bytes > 0,
         document_tokens=0 if meter.event_stream else f.tokens,
         stream_requested=stream_requested,
         has_terminal=meter.api in TERMINATED_APIS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -39,17 +39,17 @@ MAX_TEXT_CHARS = 256 * 1024
 TEXT_BLOCK_EVENTS = 32
 # A non-streamed JSON reply is parsed at the end for its usage and text; bigger ones are timed only.
 MAX_DOCUMENT_BYTES = 1024 * 1024
-# Reading an event costs a few microseconds, and a read off a socket holds a bounded number of
-# them; but a compressed body can decode to millions in one read (1.4 KB of brotli: 64 MiB of
-# `data: x`, ~26 s of CPU on the loop every stream shares), and a body measured whole is one
-# chunk. Such a chunk (to decode, or larger than READ_STEP_BYTES) is read in steps, while the
-# flow has read fewer than MAX_EVENTS_READ events (16 times the events a record lists) and the
-# chunk fewer than MAX_EVENTS_PER_READ (a few tenths of a second of the loop at most); the rest
-# is forwarded unread, its chunks' bytes counted in `unread_bytes`. Reads of an ordinary size
-# are read whole, and look at no budget.
-MAX_EVENTS_READ = 16 * MAX_EVENTS
-READ_STEP_BYTES = 64 * 1024
+# Reading an event costs a few microseconds, and what comes off a socket is read in proportion to
+# the bytes sent; but a compressed body can decode to millions of events in one read (1.4 KB of
+# brotli: 64 MiB of `data: x`, ~26 s of CPU on the loop every stream shares). A chunk to decode is
+# read while it has given fewer than MAX_EVENTS_PER_READ events, or one per
+# MIN_WIRE_BYTES_PER_EVENT of its own bytes if that allows more (a compressed chat stream sends a
+# few per event, a whole body measured at once included; a bomb, a thousandth); past that the flow
+# is read in part: this chunk and every later one are forwarded unread (a decoder stopped
+# mid-chunk cannot go on), their bytes counted in `unread_bytes`, and the detectors claim no
+# missing end.
 MAX_EVENTS_PER_READ = 2 * MAX_EVENTS
+MIN_WIRE_BYTES_PER_EVENT = 1
 # The largest content offset an event's 32-bit column holds; a later one is said as this.
 MAX_OFFSET = 2**31 - 1
 # Error events kept per flow (each up to ~500 characters); the rest are counted in errors_seen.
@@ -202,7 +202,7 @@ class FlowMeter:
         except DecodingError as exc:  # an encoding hopmeter cannot undo: timed, never read
             self._decoder = IdentityDecoder()
             self.facts.decode_error = str(exc)
-        self.unread_bytes = 0  # of the chunks not read in full once MAX_EVENTS_READ were read
+        self.unread_bytes = 0  # of the chunks not read in full (MAX_EVENTS_PER_READ), and after
         self._utf8 = Utf8Decoder()
         self._framer = make_framer(content_type, api, headers, stream_requested)
         if isinstance(self._framer, SseDecoder):
@@ -316,10 +316,10 @@ class FlowMeter:
                     chat.took_plain_event(data)
                     self._on_content(now_s, *said)
                     return
-            if self._decoder is None and n <= READ_STEP_BYTES:
+            if self._decoder is None:
                 self._take(data, now_s)
-            else:
-                self._take_in_steps(data, n, now_s)
+            elif self.facts.decode_error is None:
+                self._take_decoded(data, n, now_s)
         finally:  # the chunk is listed whatever reading it did
             if shared:
                 t_s = self.events.t_s
@@ -327,22 +327,16 @@ class FlowMeter:
                     self._chunk_t = times = t_s[:k]  # the chunks before it each had theirs
                     times.append(now_s)
 
-    def _take_in_steps(self, data: bytes, n: int, now_s: float) -> None:
-        """A chunk to decode, or a large one, a bounded step at a time (a compression bomb never
-        sits decoded), while the read budgets last: MAX_EVENTS_READ for the flow,
-        MAX_EVENTS_PER_READ for this chunk. A chunk not read in full counts in unread_bytes."""
-        if self._decoder is None:
-            view = memoryview(data)
-            steps: Iterable[bytes] = (
-                bytes(view[i : i + READ_STEP_BYTES]) for i in range(0, n, READ_STEP_BYTES)
-            )
-        elif self.facts.decode_error is None:
-            steps = self._decoder.steps(data)
-        else:
-            return  # (a decoding error needs a decoder)
-        limit = min(MAX_EVENTS_READ, self.events_seen + MAX_EVENTS_PER_READ)
+    def _take_decoded(self, data: bytes, n: int, now_s: float) -> None:
+        """A chunk to decode, one bounded step at a time (a compression bomb never sits
+        decoded), while its events to read last; a chunk not read in full, and every one after
+        it, counts in unread_bytes."""
+        if self.unread_bytes:  # read in part: the decoder stopped mid-chunk
+            self.unread_bytes += n
+            return
+        limit = self.events_seen + max(MAX_EVENTS_PER_READ, n // MIN_WIRE_BYTES_PER_EVENT)
         try:
-            for piece in steps:
+            for piece in self._decoder.steps(data):  # type: ignore[union-attr]
                 if self.events_seen >= limit:
                     self.unread_bytes += n
                     return
@@ -352,7 +346,7 @@ class FlowMeter:
 
     def close(self, now_s: float) -> None:
         """End of body: flush the decoders; an unterminated last event is not dispatched."""
-        if self.facts.decode_error is None and self._decoder is not None:
+        if self.facts.decode_error is None and self._decoder is not None and not self.unread_bytes:
             try:
                 self._take(self._decoder.flush(), now_s)
             except DecodingError as exc:
@@ -655,7 +649,8 @@ class FlowMeter:
 
 def _append_offset(column: array[int], visible: int) -> None:
     """An event's content offset into its 32-bit column, clamped at MAX_OFFSET (a reply of two
-    billion characters is a hostile one): never an event half listed."""
+    billion characters is a hostile one): never an event half listed. (The plain path's
+    `_on_content` does the same inline.)"""
     try:
         column.append(visible)
     except OverflowError:

@@ -99,7 +99,7 @@ _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 
 # what `hopmeter_measure_dropped_total` counts, in the order _observe_dropped reads them
-MEASURE_DROPPED = ("events", "chunks", "oversized_events", "unread_bytes")
+MEASURE_DROPPED = ("events", "chunks", "oversized_events")
 
 
 class ProcessCounters:
@@ -390,9 +390,14 @@ class Metrics:
             "measure_dropped_total",
             "What of a stream its record does not list, each counted in it: `events` past the "
             "timeline's cap (their tokens still counted), `chunks` past the chunk list's cap, "
-            "`oversized_events` too large to read (their bytes still forwarded), "
-            "`unread_bytes` of a body forwarded unread once its events to read ran out.",
+            "`oversized_events` too large to read (their bytes still forwarded).",
             ("hop", "what"),
+        )
+        self.measure_unread = counter(
+            "measure_unread_bytes_total",
+            "Bytes of streams forwarded unread: a chunk to decode gave more events than its "
+            "read budget (a compression bomb), and the rest of its flow went unread.",
+            ("hop",),
         )
         self.outputs = OutputFamilies(registry)
 
@@ -526,17 +531,15 @@ class Metrics:
         stream = stream if isinstance(stream, Mapping) else {}
         for what, n in zip(
             MEASURE_DROPPED,
-            (
-                record.get("events_dropped"),
-                record.get("chunks_dropped"),
-                stream.get("overflows"),
-                stream.get("unread_bytes"),
-            ),
+            (record.get("events_dropped"), record.get("chunks_dropped"), stream.get("overflows")),
             strict=True,
         ):
             count = _num(n)
             if count:
                 self._child(self.measure_dropped, (hop, what)).inc(count)
+        unread = _num(stream.get("unread_bytes"))
+        if unread:
+            self._child(self.measure_unread, (hop,)).inc(unread)
 
     def _observe_screen(
         self,
@@ -636,6 +639,7 @@ class Metrics:
             self.bodies_clipped.labels(hop=hop, reason=reason)
         for what in MEASURE_DROPPED:
             self.measure_dropped.labels(hop=hop, what=what)
+        self.measure_unread.labels(hop=hop)
         self.collapsed.labels(hop=hop, api=api)
 
     def _observe_events(
