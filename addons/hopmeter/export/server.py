@@ -85,6 +85,10 @@ MAX_PENDING = 256
 MAX_HEAD_BYTES = 16 * 1024  # a request head past this is answered 431
 # A connection that has not sent its request, or not read its answer, this long is closed.
 CONNECTION_TIMEOUT_S = 10.0
+# With no descriptor free, accept() fails and the listener stays readable: it is left alone
+# this long (as asyncio's own servers do) rather than tried again at once, a busy loop.
+ACCEPT_PAUSE_S = 1.0
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -227,18 +231,23 @@ def _serve(server: _Server, wake: socket.socket) -> None:
     """
     server.socket.setblocking(False)
     pending: dict[socket.socket, _Pending] = {}  # oldest first
+    resume_s: float | None = None  # accepting paused until then: no descriptor was free
     with wake, selectors.DefaultSelector() as sel:
         sel.register(server.socket, selectors.EVENT_READ)
         sel.register(wake, selectors.EVENT_READ)
         try:
             while True:
-                due = min((p.due_s for p in pending.values()), default=None)
-                wait = None if due is None else max(due - time.monotonic(), 0.0)
+                dues = [p.due_s for p in pending.values()]
+                if resume_s is not None:
+                    dues.append(resume_s)
+                wait = max(min(dues) - time.monotonic(), 0.0) if dues else None
                 for key, _ in sel.select(wait):
                     if key.fileobj is wake:
                         return
                     if key.fileobj is server.socket:
-                        _accept(server, sel, pending)
+                        if not _accept(server, sel, pending):  # the listener stays readable:
+                            sel.unregister(server.socket)  # away a while, not a busy loop
+                            resume_s = time.monotonic() + ACCEPT_PAUSE_S
                         continue
                     conn: socket.socket = key.fileobj  # type: ignore[assignment]
                     try:
@@ -248,6 +257,9 @@ def _serve(server: _Server, wake: socket.socket) -> None:
                 now = time.monotonic()
                 for conn in [c for c, p in pending.items() if p.due_s <= now]:
                     _drop(server, sel, pending, conn)  # silent, as it was
+                if resume_s is not None and now >= resume_s:
+                    sel.register(server.socket, selectors.EVENT_READ)
+                    resume_s = None
         finally:
             for conn in list(pending):
                 _drop(server, sel, pending, conn)
@@ -255,15 +267,16 @@ def _serve(server: _Server, wake: socket.socket) -> None:
 
 def _accept(
     server: _Server, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]
-) -> None:
-    """Every connection waiting to be accepted, each to wait for its request's head."""
+) -> bool:
+    """Every connection waiting to be accepted, each to wait for its request's head; False
+    when the process (or the system) has no descriptor free for one."""
     while True:
         try:
             conn, address = server.socket.accept()
         except (BlockingIOError, InterruptedError):
-            return
-        except OSError:  # the client left before it was accepted, or no descriptor is free
-            return
+            return True
+        except OSError as exc:  # the client left before it was accepted, or no descriptor
+            return exc.errno not in _OUT_OF_DESCRIPTORS
         if len(pending) >= MAX_PENDING:  # the one waiting longest makes room
             server.refused.count += 1
             _drop(server, sel, pending, next(iter(pending)))
