@@ -31,6 +31,8 @@ from hopmeter.core.secrets import has_key, scrub
             "reverse:http://u:pw@h:80@127.0.0.1:8081",
             "reverse:http://[redacted]@h:80@127.0.0.1:8081",
         ),
+        ("http://admin:12345@host/v1", "http://[redacted]@host/v1"),  # a numeric password
+        ("upstream:https://h:8443@8080", "upstream:https://h:8443@8080"),
         ("overloaded_error: 529", "overloaded_error: 529"),  # no secret: as it was
         ("a task (skipped) ran", "a task (skipped) ran"),
         ("/v1/chat/completions", "/v1/chat/completions"),

@@ -119,6 +119,9 @@ class Measurement:
     # the reply's first visible characters, in memory only (never written): live pairing tells
     # a flow still in flight that cannot be this reply from one that may be (proxy.pairing)
     opening: str = ""
+    # the stream's error events as the record shows them (`shown_error`: their messages only
+    # with --log-content), for the record and the detectors alike
+    errors: tuple[str, ...] = ()
 
 
 class CounterSource(Protocol):
@@ -136,7 +139,12 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
     out: Delivery | None = None
     fp: Fingerprint | None = None
     opening = ""
+    errors: tuple[str, ...] = ()
     if response is not None and meter is not None:
+        errors = tuple(
+            shown_error(e, with_message=seen.log_content, hidden=seen.hidden)
+            for e in meter.facts.errors
+        )
         api = meter.api
         model = meter.facts.model or model
         account = _account(meter, counters.for_model(model))
@@ -160,8 +168,7 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
             stall_threshold_s=seen.stall_threshold_s,
             stream_requested=seen.request.stream_requested,
             delivery=out,
-            log_content=seen.log_content,
-            hidden=seen.hidden,
+            errors=errors,
         )
         findings += diagnose(view)
     if seen.passage is not None:
@@ -177,6 +184,7 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
         findings=tuple(findings),
         fingerprint=fp,
         opening=opening,
+        errors=errors,
     )
 
 
@@ -238,11 +246,9 @@ def stream_view(
     stall_threshold_s: float,
     stream_requested: bool | None,
     delivery: Delivery | None = None,
-    log_content: bool = False,
-    hidden: tuple[str, ...] = (),
+    errors: Sequence[str] = (),
 ) -> StreamView:
-    """The detectors' input for one measured flow (its errors as a record shows them: their
-    messages only with `log_content`, without the `hidden` values)."""
+    """The detectors' input for one measured flow (`errors` as the record shows them)."""
     framer = meter.framer
     facts = meter.facts
     n = len(meter.events.t_s)
@@ -263,7 +269,7 @@ def stream_view(
         stalls=f.stalls,
         stall_threshold_s=stall_threshold_s,
         terminal_seen=facts.terminal_seen,
-        errors=[shown_error(e, with_message=log_content, hidden=hidden) for e in facts.errors],
+        errors=errors,
         replacement_chars=facts.replacement_chars,
         invalid_utf8=meter.utf8.replacement_chars,
         events_incomplete_utf8=facts.events_incomplete_utf8,

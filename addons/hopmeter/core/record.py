@@ -6,13 +6,12 @@ A record is written from a typed `Measurement` (hopmeter.core.measure), never co
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import mul, truediv
 from typing import Any
 
-from hopmeter.core.apis import shown_error
 from hopmeter.core.delivery import Delivery
 from hopmeter.core.figures import Figures
 from hopmeter.core.measure import CounterSource, Measurement, ResponseInfo, Seen, measure
@@ -176,7 +175,7 @@ def _measured(rec: dict[str, Any], resp: dict[str, Any], m: Measurement, meter: 
     if m.delivery is not None and m.delivery.measured:
         rec["chunks_out"] = m.delivery.chunks_out
     rec["figures"] = _figures_dict(meter, figures, account)
-    rec["stream"] = _stream_facts(meter, m.seen)
+    rec["stream"] = _stream_facts(meter, m.errors)
     if m.fingerprint is not None:  # a digest of the opening, never the text (core.fingerprint)
         rec["fingerprint"] = m.fingerprint.as_dict()
     if m.seen.log_content:
@@ -225,14 +224,12 @@ def _figures_dict(meter: FlowMeter, f: Figures, account: TokenAccount) -> dict[s
     }
 
 
-def _stream_facts(meter: FlowMeter, seen: Seen) -> dict[str, Any]:
+def _stream_facts(meter: FlowMeter, errors: Sequence[str]) -> dict[str, Any]:
     facts = meter.facts
     framer = meter.framer
-    with_message, hidden = seen.log_content, seen.hidden
-    shown = [shown_error(e, with_message=with_message, hidden=hidden) for e in facts.errors]
     out: dict[str, Any] = {
         "terminal_seen": facts.terminal_seen,
-        "errors": shown,  # each error's kind; its message (upstream text) only with --log-content
+        "errors": list(errors),  # each error's kind; its message only with --log-content
         "errors_seen": facts.errors_seen,
         "replacement_chars": meter.utf8.replacement_chars,
         "literal_replacement_chars": meter.utf8.literal_replacement_chars,

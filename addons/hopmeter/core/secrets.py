@@ -19,9 +19,15 @@ _KEY: Final = re.compile(
     r"|(?P<scheme>(?i:\b(?:bearer|basic)\s+))[A-Za-z0-9._~+/=-]{8,}"
 )
 # A URL's user:password@ and each query value (a `?key=` or `?token=` is a credential). Not a
-# HOST:PORT@ (mitmproxy's modes write reverse:http://HOST:PORT@LISTEN) nor a user alone.
+# user alone, nor, in one of mitmproxy's modes, the HOST:PORT@ before the listen address
+# (reverse:http://HOST:PORT@LISTEN): a numeric password elsewhere is still one.
 _USERINFO: Final = re.compile(
-    r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?![^/\s@?#:]*:\d{1,5}@)[^/\s@?#:]*:[^/\s@?#]+@",
+    r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)"
+    r"(?!(?<=reverse:http://)[^/\s@?#:]*:\d{1,5}@)"
+    r"(?!(?<=reverse:https://)[^/\s@?#:]*:\d{1,5}@)"
+    r"(?!(?<=upstream:http://)[^/\s@?#:]*:\d{1,5}@)"
+    r"(?!(?<=upstream:https://)[^/\s@?#:]*:\d{1,5}@)"
+    r"[^/\s@?#:]*:[^/\s@?#]+@",
     re.IGNORECASE,
 )
 _QUERY_VALUE: Final = re.compile(r"(?P<name>[?&][^=\s&#?]+=)[^&\s#'\")\]]+")

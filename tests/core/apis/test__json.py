@@ -53,6 +53,7 @@ def test_int_list_reads_arrays_of_integers_only():
         # a kind part that is no short word, number or phrase is left out of the kind
         ({"type": "a\nb", "code": "x" * 65, "status": 401, "message": "m"}, "401\nm"),
         ({"type": "sk-proj-abcdefghijkl", "message": "m"}, "\nm"),
+        ({"code": "user prompt was rude", "status": 400, "message": "m"}, "400\nm"),  # a phrase
     ],
 )
 def test_error_text_keeps_the_kind_apart_from_the_message(value: object, text: str | None):

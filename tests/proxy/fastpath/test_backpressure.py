@@ -207,9 +207,11 @@ def test_install_puts_the_shortcut_in_front_and_uninstall_takes_it_away() -> Non
         backpressure.install(_unexpected)
         assert backpressure.installed()
         assert ConnectionHandler.drain_writers is not backpressure._MITMPROXY_DRAIN
+        assert ConnectionHandler.handle_connection is backpressure.handle_connection
     finally:
         backpressure.uninstall()
     assert ConnectionHandler.drain_writers is backpressure._MITMPROXY_DRAIN
+    assert ConnectionHandler.handle_connection is backpressure._MITMPROXY_HANDLE_CONNECTION
     assert not backpressure.installed()
 
 

@@ -16,9 +16,10 @@ from hopmeter.core.secrets import REDACTED, has_key, scrub
 
 MAX_ERROR_CHARS: Final = 500  # an error message is evidence, not a payload store
 MAX_SHOWN_ERROR_CHARS: Final = 200
-# An error's kind (its type, code and status) is shown where its message is not: a word, a
-# number, a short phrase ("overloaded_error", 429, "Too Many Requests"); anything else is dropped.
-_KIND_PART = re.compile(r"[A-Za-z0-9_.: -]{1,64}")
+# An error's kind (its type, code and status) is shown where its message is not: a word or a
+# number ("overloaded_error", 429, "RESOURCE_EXHAUSTED"); anything else, a phrase included (a
+# `code` may be free text, the user's own), is dropped.
+_KIND_PART = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def _is_int(value: object) -> bool:
