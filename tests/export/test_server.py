@@ -392,7 +392,7 @@ def test_with_no_descriptor_free_the_endpoint_waits_instead_of_spinning() -> Non
     assert not thread.is_alive()
     assert 1 <= len(calls) <= 3, len(calls)  # once, then once a second: never a busy loop
     gone = SimpleNamespace(socket=SimpleNamespace(accept=_raises(errno.ECONNABORTED)))
-    assert server_module._accept(gone, None, {}) is True  # type: ignore[arg-type]
+    assert server_module._Heads(gone, None).accept() is True  # type: ignore[arg-type]
 
 
 def _raises(code: int) -> Any:

@@ -219,121 +219,120 @@ class _Pending:
         self.head = bytearray()
 
 
-def _serve(server: _Server, wake: socket.socket) -> None:
-    """The endpoint's thread: accept, read each request's head without blocking, answer
-    /healthz and /readyz at once and hand a scrape to its own thread, until `wake` is readable.
+class _Heads:
+    """The endpoint's thread: accepts, reads each request's head without blocking, answers
+    /healthz and /readyz at once and hands a scrape to its own thread (`serve`).
 
     socketserver's `serve_forever` polls every 0.5 s for its shutdown flag: two wake-ups a second
     in an idle process, and a `shutdown()` that waits up to a poll on the thread calling it (the
     event loop, at exit). This blocks on the sockets and the wake socket together: no wake-up
-    while idle (the wait is bounded only while a connection's head is due), and
-    `MetricsServer.close` is heard at once.
+    while idle (the wait is bounded only while a connection's head is due, or accepting is
+    paused), and `MetricsServer.close` is heard at once.
     """
-    server.socket.setblocking(False)
-    pending: dict[socket.socket, _Pending] = {}  # oldest first
-    resume_s: float | None = None  # accepting paused until then: no descriptor was free
-    with wake, selectors.DefaultSelector() as sel:
+
+    def __init__(self, server: _Server, sel: selectors.BaseSelector) -> None:
+        self.server = server
+        self.sel = sel
+        self.pending: dict[socket.socket, _Pending] = {}  # oldest first
+        self.resume_s: float | None = None  # accepting paused until then: no descriptor free
+
+    def serve(self, wake: socket.socket) -> None:
+        """Until `wake` is readable."""
+        server, sel, pending = self.server, self.sel, self.pending
+        server.socket.setblocking(False)
         sel.register(server.socket, selectors.EVENT_READ)
         sel.register(wake, selectors.EVENT_READ)
         try:
             while True:
                 dues = [p.due_s for p in pending.values()]
-                if resume_s is not None:
-                    dues.append(resume_s)
+                if self.resume_s is not None:
+                    dues.append(self.resume_s)
                 wait = max(min(dues) - time.monotonic(), 0.0) if dues else None
                 for key, _ in sel.select(wait):
                     if key.fileobj is wake:
                         return
                     if key.fileobj is server.socket:
-                        if not _accept(server, sel, pending):  # the listener stays readable:
-                            sel.unregister(server.socket)  # away a while, not a busy loop
-                            resume_s = time.monotonic() + ACCEPT_PAUSE_S
+                        if not self.accept():  # the listener stays readable: away a while,
+                            sel.unregister(server.socket)  # not a busy loop
+                            self.resume_s = time.monotonic() + ACCEPT_PAUSE_S
                         continue
                     conn: socket.socket = key.fileobj  # type: ignore[assignment]
                     try:
-                        _read_head(server, sel, pending, conn)
+                        self.read_head(conn)
                     except Exception:  # one connection's fault never ends the endpoint
-                        _drop(server, sel, pending, conn)
+                        self.drop(conn)
                 now = time.monotonic()
                 for conn in [c for c, p in pending.items() if p.due_s <= now]:
-                    _drop(server, sel, pending, conn)  # silent, as it was
-                if resume_s is not None and now >= resume_s:
+                    self.drop(conn)  # silent, as it was
+                if self.resume_s is not None and now >= self.resume_s:
                     sel.register(server.socket, selectors.EVENT_READ)
-                    resume_s = None
+                    self.resume_s = None
         finally:
             for conn in list(pending):
-                _drop(server, sel, pending, conn)
+                self.drop(conn)
 
+    def accept(self) -> bool:
+        """Every connection waiting to be accepted, each to wait for its request's head; False
+        when the process (or the system) has no descriptor free for one."""
+        while True:
+            try:
+                conn, address = self.server.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as exc:  # the client left before it was accepted, or no descriptor
+                return exc.errno not in _OUT_OF_DESCRIPTORS
+            if len(self.pending) >= MAX_PENDING:  # the one waiting longest makes room
+                self.server.refused.count += 1
+                self.drop(next(iter(self.pending)))
+            conn.setblocking(False)
+            self.pending[conn] = _Pending(address, time.monotonic() + CONNECTION_TIMEOUT_S)
+            self.sel.register(conn, selectors.EVENT_READ)
 
-def _accept(
-    server: _Server, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]
-) -> bool:
-    """Every connection waiting to be accepted, each to wait for its request's head; False
-    when the process (or the system) has no descriptor free for one."""
-    while True:
+    def read_head(self, conn: socket.socket) -> None:
+        """Read what a connection sent; once its head is whole, answer it or hand it on."""
+        server, waiting = self.server, self.pending[conn]
         try:
-            conn, address = server.socket.accept()
+            data = conn.recv(MAX_HEAD_BYTES)
         except (BlockingIOError, InterruptedError):
-            return True
-        except OSError as exc:  # the client left before it was accepted, or no descriptor
-            return exc.errno not in _OUT_OF_DESCRIPTORS
-        if len(pending) >= MAX_PENDING:  # the one waiting longest makes room
-            server.refused.count += 1
-            _drop(server, sel, pending, next(iter(pending)))
-        conn.setblocking(False)
-        pending[conn] = _Pending(address, time.monotonic() + CONNECTION_TIMEOUT_S)
-        sel.register(conn, selectors.EVENT_READ)
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.drop(conn)
+            return
+        waiting.head += data
+        head = bytes(waiting.head)
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            if len(head) > MAX_HEAD_BYTES:
+                _answer(conn, "431 Request Header Fields Too Large", "request head too large\n")
+                self.drop(conn)
+            return
+        self.sel.unregister(conn)
+        del self.pending[conn]
+        try:
+            answer = _health(head, server.ready)
+        except Exception:  # the check is the proxy's: its fault is an answer, never our end
+            answer = "500 Internal Server Error", "the readiness check failed\n"
+        if answer is not None:
+            _answer(conn, *answer, head_only=head.startswith(b"HEAD "))
+            server.shutdown_request(conn)
+            return
+        conn.setblocking(True)
+        server.heads[conn] = head
+        server.process_request(conn, waiting.address)
+
+    def drop(self, conn: socket.socket) -> None:
+        """Close a connection still waiting for its head."""
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        self.pending.pop(conn, None)
+        self.server.shutdown_request(conn)
 
 
-def _read_head(
-    server: _Server,
-    sel: selectors.BaseSelector,
-    pending: dict[socket.socket, _Pending],
-    conn: socket.socket,
-) -> None:
-    """Read what a connection sent; once its head is whole, answer it or hand it on."""
-    waiting = pending[conn]
-    try:
-        data = conn.recv(MAX_HEAD_BYTES)
-    except (BlockingIOError, InterruptedError):
-        return
-    except OSError:
-        data = b""
-    if not data:
-        _drop(server, sel, pending, conn)
-        return
-    waiting.head += data
-    head = bytes(waiting.head)
-    if b"\r\n\r\n" not in head and b"\n\n" not in head:
-        if len(head) > MAX_HEAD_BYTES:
-            _answer(conn, "431 Request Header Fields Too Large", "request head too large\n")
-            _drop(server, sel, pending, conn)
-        return
-    sel.unregister(conn)
-    del pending[conn]
-    try:
-        answer = _health(head, server.ready)
-    except Exception:  # the check is the proxy's: its fault is an answer, never this thread's end
-        answer = "500 Internal Server Error", "the readiness check failed\n"
-    if answer is not None:
-        _answer(conn, *answer, head_only=head.startswith(b"HEAD "))
-        server.shutdown_request(conn)
-        return
-    conn.setblocking(True)
-    server.heads[conn] = head
-    server.process_request(conn, waiting.address)
-
-
-def _drop(
-    server: _Server,
-    sel: selectors.BaseSelector,
-    pending: dict[socket.socket, _Pending],
-    conn: socket.socket,
-) -> None:
-    with contextlib.suppress(KeyError, ValueError):
-        sel.unregister(conn)
-    pending.pop(conn, None)
-    server.shutdown_request(conn)
+def _serve(server: _Server, wake: socket.socket) -> None:
+    """The endpoint's thread (`_Heads.serve`)."""
+    with wake, selectors.DefaultSelector() as sel:
+        _Heads(server, sel).serve(wake)
 
 
 @dataclass(slots=True)
