@@ -605,3 +605,15 @@ def test_a_body_in_an_encoding_hopmeter_cannot_undo_is_timed_and_flagged() -> No
         meter.facts.decode_error == "unknown Content-Encoding 'compress'; cannot measure this body"
     )
     assert meter.chunks_seen == 1 and meter.events_seen == 0 and meter.first_byte_s == 0.01
+
+
+def test_a_token_id_body_of_a_width_hopmeter_does_not_read_is_timed_and_flagged() -> None:
+    """Packed token ids 7 bits wide: the flow is timed and decode_error says why it was not
+    read, rather than the meter failing to be made (the flow unmeasured)."""
+    meter = FlowMeter(
+        api="token_ids", content_type="application/x-token-ids; width=7", content_encoding=None
+    )
+    meter.feed(b"\x01\x02\x03", 0.01)
+    meter.close(0.02)
+    assert meter.facts.decode_error is not None and "7" in meter.facts.decode_error
+    assert meter.chunks_seen == 1 and meter.events_seen == 0 and not meter.event_stream

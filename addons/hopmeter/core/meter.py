@@ -23,7 +23,7 @@ from hopmeter.core.frames import Frame
 from hopmeter.core.sse import SseDecoder
 from hopmeter.core.vocab import UNKNOWN_APIS, Api
 from hopmeter.core.wire import Framer, is_document, make_framer, refine_api
-from hopmeter.errors import DecodingError
+from hopmeter.errors import DecodingError, HopmeterError
 
 # Bounds per flow (STYLE: every buffer has a bound). A record lists at most this many chunks and
 # events; the rest are counted in `chunks_dropped` / `events_dropped`. 4,096 events is a 4,000-token
@@ -204,7 +204,11 @@ class FlowMeter:
             self.facts.decode_error = str(exc)
         self.unread_bytes = 0  # of the chunks not read in full (MAX_EVENTS_PER_READ), and after
         self._utf8 = Utf8Decoder()
-        self._framer = make_framer(content_type, api, headers, stream_requested)
+        try:
+            self._framer = make_framer(content_type, api, headers, stream_requested)
+        except HopmeterError as exc:  # a framing hopmeter does not read (a token-id width)
+            self._framer, self._decoder = None, IdentityDecoder()  # timed, never read
+            self.facts.decode_error = str(exc)
         if isinstance(self._framer, SseDecoder):
             self._head = bytearray()
         # the body is read as text (UTF-8, events or one document) or only timed and counted
