@@ -154,7 +154,10 @@ def lost(
 class Proxy:
     """`hopmeter run` as a real process, its standard output and error where the test says."""
 
-    def __init__(self, upstream: int, *args: str, stdout: int | None = None) -> None:
+    def __init__(
+        self, upstream: int, *args: str, stdout: int | None = None, stderr: int | None = None
+    ) -> None:
+        """Standard error goes where standard output does unless `stderr` says otherwise."""
         self.port, self.metrics = free_port(), free_port()
         argv = [*HOPMETER, "run", f"http://127.0.0.1:{upstream}"]
         argv += ["--listen", f"127.0.0.1:{self.port}", "--metrics", f"127.0.0.1:{self.metrics}"]
@@ -162,7 +165,7 @@ class Proxy:
             [*argv, "--drain-timeout", "1", *args],
             stdin=subprocess.DEVNULL,
             stdout=stdout,
-            stderr=stdout,
+            stderr=stdout if stderr is None else stderr,
             start_new_session=True,
         )
         wait_for(lambda: self._up(self.port) and self._up(self.metrics), 30, "the proxy to listen")
@@ -234,7 +237,9 @@ def test_a_stdout_nobody_reads_holds_no_stream(upstream: int) -> None:
     with piped(read=False) as (stalled_out, _), piped(read=True) as (control_out, got):
         stalled = Proxy(upstream, "--records", "-", "--set", "hopmeter_output_queue=16KiB",
                         stdout=stalled_out)  # fmt: skip
-        control = Proxy(upstream, "--records", "-", stdout=control_out)
+        # the control's log apart: two writers' lines in one pipe interleave past PIPE_BUF
+        # (4 KiB), and a record line can be longer (docs/cli.md, --records -)
+        control = Proxy(upstream, "--records", "-", stdout=control_out, stderr=subprocess.DEVNULL)
         try:
             blocked, free = run_side_by_side([stalled.port, control.port], count)
             losses = {
