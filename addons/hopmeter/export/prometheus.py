@@ -99,7 +99,7 @@ _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 
 # what `hopmeter_measure_dropped_total` counts, in the order _observe_dropped reads them
-MEASURE_DROPPED = ("events", "chunks", "oversized_events")
+MEASURE_DROPPED = ("events", "chunks", "oversized_events", "errors")
 
 
 class ProcessCounters:
@@ -390,7 +390,8 @@ class Metrics:
             "measure_dropped_total",
             "What of a stream its record does not list, each counted in it: `events` past the "
             "timeline's cap (their tokens still counted), `chunks` past the chunk list's cap, "
-            "`oversized_events` too large to read (their bytes still forwarded).",
+            "`oversized_events` too large to read (their bytes still forwarded), `errors` "
+            "events past the five a record keeps (all counted in its stream.errors_seen).",
             ("hop", "what"),
         )
         self.measure_unread = counter(
@@ -529,9 +530,16 @@ class Metrics:
         its stream's `overflows`)."""
         stream = record.get("stream")
         stream = stream if isinstance(stream, Mapping) else {}
+        errors, seen = stream.get("errors"), _num(stream.get("errors_seen"))
+        errors_dropped = seen - len(errors) if seen and isinstance(errors, list) else None
         for what, n in zip(
             MEASURE_DROPPED,
-            (record.get("events_dropped"), record.get("chunks_dropped"), stream.get("overflows")),
+            (
+                record.get("events_dropped"),
+                record.get("chunks_dropped"),
+                stream.get("overflows"),
+                errors_dropped,
+            ),
             strict=True,
         ):
             count = _num(n)
