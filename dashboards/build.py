@@ -621,7 +621,7 @@ STREAM_HEALTH = [
         "What of the streams their records do not list, per second: events past the "
         "timeline's cap (their tokens still counted), chunks past the chunk list's cap, events "
         "too large to read (their bytes still forwarded), error events past the five a record "
-        "keeps. Each record says its own counts.",
+        "keeps, bodies timed but not decoded. Each record says its own counts.",
         "short",
         [
             Target(

@@ -412,16 +412,17 @@ def test_what_a_record_does_not_list_is_counted(registry: CollectorRegistry) -> 
     each record's counts add to its hop's series, all three there at 0 from the first flow."""
     metrics = Metrics(registry)
     metrics.observe_flow(flow_record())
-    for what in ("events", "chunks", "oversized_events", "errors"):
+    for what in ("events", "chunks", "oversized_events", "errors", "undecoded_bodies"):
         assert value(registry, "hopmeter_measure_dropped_total", what=what, hop="edge") == 0
     stream = {**(flow_record().get("stream") or {}), "overflows": 1, "unread_bytes": 1444}
-    stream |= {"errors": ["overloaded_error"] * 5, "errors_seen": 12}
+    stream |= {"errors": ["overloaded_error"] * 5, "errors_seen": 12, "decode_error": "x"}
     metrics.observe_flow(flow_record(events_dropped=51_799, chunks_dropped=55_895, stream=stream))
     assert value(registry, "hopmeter_measure_dropped_total", what="events") == 51_799
     assert value(registry, "hopmeter_measure_dropped_total", what="chunks") == 55_895
     assert value(registry, "hopmeter_measure_dropped_total", what="oversized_events") == 1
     assert value(registry, "hopmeter_measure_unread_bytes_total", hop="edge") == 1444
     assert value(registry, "hopmeter_measure_dropped_total", what="errors") == 7
+    assert value(registry, "hopmeter_measure_dropped_total", what="undecoded_bodies") == 1
     collapsed = "hopmeter_label_sets_collapsed_total"
     assert value(registry, collapsed, hop="edge", api="openai.chat") == 0  # there from 0
 

@@ -400,3 +400,22 @@ def _raises(code: int) -> Any:
         raise OSError(code, "")
 
     return accept
+
+
+@pytest.mark.loopback
+def test_a_request_head_too_large_is_answered_431_and_counted(metrics: Metrics) -> None:
+    """A head past MAX_HEAD_BYTES without its end is answered 431 and counted as refused."""
+    server = serve(metrics, port=0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+            conn.sendall(
+                b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (server_module.MAX_HEAD_BYTES + 10)
+            )
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.0 431 ")
+        refused = "hopmeter_metrics_connections_refused_total"
+        assert metrics.registry.get_sample_value(refused) == 1
+    finally:
+        server.close()

@@ -99,7 +99,7 @@ _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 
 # what `hopmeter_measure_dropped_total` counts, in the order _observe_dropped reads them
-MEASURE_DROPPED = ("events", "chunks", "oversized_events", "errors")
+MEASURE_DROPPED = ("events", "chunks", "oversized_events", "errors", "undecoded_bodies")
 
 
 class ProcessCounters:
@@ -391,7 +391,9 @@ class Metrics:
             "What of a stream its record does not list, each counted in it: `events` past the "
             "timeline's cap (their tokens still counted), `chunks` past the chunk list's cap, "
             "`oversized_events` too large to read (their bytes still forwarded), `errors` "
-            "events past the five a record keeps (all counted in its stream.errors_seen).",
+            "events past the five a record keeps (all counted in its stream.errors_seen), "
+            "`undecoded_bodies` timed but not read (stream.decode_error says why: a corrupt "
+            "or unknown encoding, past the decoded cap).",
             ("hop", "what"),
         )
         self.measure_unread = counter(
@@ -539,6 +541,7 @@ class Metrics:
                 record.get("chunks_dropped"),
                 stream.get("overflows"),
                 errors_dropped,
+                1 if stream.get("decode_error") else None,
             ),
             strict=True,
         ):

@@ -117,8 +117,8 @@ class _Refused:
         family = CounterMetricFamily(
             "hopmeter_metrics_connections_refused",
             f"Connections to the metrics endpoint refused: a scrape while {MAX_CONNECTIONS} were "
-            f"being answered (503), or the oldest of {MAX_PENDING} waiting for their request "
-            "(closed)",
+            f"being answered (503), the oldest of {MAX_PENDING} waiting for their request "
+            f"(closed), or a request head over {MAX_HEAD_BYTES} bytes (431)",
         )
         family.add_metric([], self.count)
         yield family
@@ -304,6 +304,7 @@ class _Heads:
         head = bytes(waiting.head)
         if b"\r\n\r\n" not in head and b"\n\n" not in head:
             if len(head) > MAX_HEAD_BYTES:
+                server.refused.count += 1
                 _answer(conn, "431 Request Header Fields Too Large", "request head too large\n")
                 self.drop(conn)
             return
