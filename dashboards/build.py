@@ -647,15 +647,20 @@ STREAM_HEALTH = [
     Panel(
         "Label sets collapsed",
         "Flows per second observed with model and route said as other: the metrics already "
-        "held 128 sets of hop, api, model and route (clients choosing many models and routes). "
-        "The flows are in every figure, under other.",
+        "held 128 sets of hop, api, model and route (clients choosing many models and routes); "
+        "and names said as other on every series: hop, segment or error site names past the "
+        "first 32 (limit) or not names (malformed). The flows are in every figure, under other.",
         "short",
         [
             Target(
                 "sum by (hop, api) "
                 f'(rate(hopmeter_label_sets_collapsed_total{{hop=~"$hop"}}[{RI}]))',
                 "{{hop}} {{api}}",
-            )
+            ),
+            Target(
+                f"sum by (label, why) (rate(hopmeter_label_values_folded_total[{RI}]))",
+                "{{label}} names: {{why}}",
+            ),
         ],
     ),
 ]

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
+
+from hopmeter.core.apis._json import MAX_MODEL_CHARS
 from hopmeter.core.delivery import DeliverySeen
 from hopmeter.core.ledger import FlowChunks, Ledger, new_chunk
 from hopmeter.core.measure import RequestInfo, ResponseInfo, Seen
@@ -250,3 +253,57 @@ def test_the_summary_line_is_one_line_whatever_the_model_says() -> None:
     long = summary_line({**rec, "model": "m" * 500})
     assert "m" * MAX_LINE_MODEL_CHARS in long and "m" * (MAX_LINE_MODEL_CHARS + 1) not in long
     assert "Qwen/通义千问-7B" in summary_line({**rec, "model": "Qwen/通义千问-7B"})  # printable
+
+
+def chat_chunk(model: str, content: str = "hi", **extra: object) -> bytes:
+    choice = {"index": 0, "delta": {"content": content}, "finish_reason": None, **extra}
+    doc = {"object": "chat.completion.chunk", "model": model, "choices": [choice]}
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def test_a_long_model_name_is_clipped_on_every_path_and_said() -> None:
+    """A reply naming a 10,000-character model: the record keeps 256 characters and says how
+    many went (model_clipped_chars) whichever reader read it: the plain chat chunk, the full
+    chat reader (a chunk with logprobs), Anthropic's message_start. A short name clips
+    nothing."""
+    long = "m" * 10_000
+    plain = record_of("openai.chat", [chat_chunk(long)] * 3 + [b"data: [DONE]\n\n"])
+    full = record_of("openai.chat", [chat_chunk(long, logprobs={"content": []})] * 2)
+    start = {"type": "message_start", "message": {"id": "m", "model": long, "content": []}}
+    anthropic = record_of(
+        "anthropic.messages", [b"event: message_start\ndata: " + orjson.dumps(start) + b"\n\n"]
+    )
+    for rec in (plain, full, anthropic):
+        assert rec["model"] == "m" * MAX_MODEL_CHARS
+        assert rec["model_clipped_chars"] == 10_000 - MAX_MODEL_CHARS
+    short = record_of("openai.chat", [chat_chunk("gpt-4o")] * 2)
+    assert short["model"] == "gpt-4o" and short["model_clipped_chars"] == 0
+
+
+def test_a_long_model_name_in_the_request_is_clipped_and_said() -> None:
+    """A reply that names no model: the record's model is the request's, clipped the same."""
+    rec = finish(
+        Seen(
+            flow_id="f",
+            trace_id=None,
+            hop="edge",
+            listener="edge",
+            request=RequestInfo(
+                method="POST",
+                scheme="http",
+                host="h",
+                path="/v1/chat/completions",
+                t_start=1.7e9,
+                t_end=1.7e9,
+                bytes=10,
+                model="q" * 300,
+            ),
+            response=None,
+            meter=None,
+            ended="connect_refused",
+            bytes_out=0,
+            stall_threshold_s=0.5,
+        ),
+        EstimateCounters(),
+    ).record
+    assert rec["model"] == "q" * MAX_MODEL_CHARS and rec["model_clipped_chars"] == 44

@@ -108,6 +108,23 @@ def test_names_are_capped_at_the_first_few_seen() -> None:
     assert names.label("hop0") == "hop0"  # a name already kept stays kept
 
 
+def test_a_name_said_as_other_is_reported_with_why() -> None:
+    """Each name folded into "other" is reported: past the cap ("limit", every time it comes),
+    not a name ("malformed"); a kept name and no name at all are not."""
+    why: list[str] = []
+    names = NameLabels(limit=1, folded=why.append)
+    assert [names.label(v) for v in ("a", "a", "b", "b", "has space", "", None)] == [
+        "a",
+        "a",
+        OTHER,
+        OTHER,
+        OTHER,
+        OTHER,
+        OTHER,
+    ]
+    assert why == ["limit", "limit", "malformed"]
+
+
 @pytest.mark.parametrize("name", ["", None, "has space", "x" * 65, "a/b", "é"])
 def test_malformed_names_are_other(name: object) -> None:
     """A name outside [A-Za-z0-9_.:>-]{1,64} is "other" and uses up no place under the cap."""

@@ -412,17 +412,23 @@ def test_what_a_record_does_not_list_is_counted(registry: CollectorRegistry) -> 
     each record's counts add to its hop's series, all three there at 0 from the first flow."""
     metrics = Metrics(registry)
     metrics.observe_flow(flow_record())
-    for what in ("events", "chunks", "oversized_events", "errors", "undecoded_bodies"):
+    whats = ("events", "chunks", "oversized_events", "errors", "undecoded_bodies", "model_names")
+    for what in whats:
         assert value(registry, "hopmeter_measure_dropped_total", what=what, hop="edge") == 0
     stream = {**(flow_record().get("stream") or {}), "overflows": 1, "unread_bytes": 1444}
     stream |= {"errors": ["overloaded_error"] * 5, "errors_seen": 12, "decode_error": "x"}
-    metrics.observe_flow(flow_record(events_dropped=51_799, chunks_dropped=55_895, stream=stream))
+    metrics.observe_flow(
+        flow_record(
+            events_dropped=51_799, chunks_dropped=55_895, stream=stream, model_clipped_chars=9
+        )
+    )
     assert value(registry, "hopmeter_measure_dropped_total", what="events") == 51_799
     assert value(registry, "hopmeter_measure_dropped_total", what="chunks") == 55_895
     assert value(registry, "hopmeter_measure_dropped_total", what="oversized_events") == 1
     assert value(registry, "hopmeter_measure_unread_bytes_total", hop="edge") == 1444
     assert value(registry, "hopmeter_measure_dropped_total", what="errors") == 7
     assert value(registry, "hopmeter_measure_dropped_total", what="undecoded_bodies") == 1
+    assert value(registry, "hopmeter_measure_dropped_total", what="model_names") == 1
     collapsed = "hopmeter_label_sets_collapsed_total"
     assert value(registry, collapsed, hop="edge", api="openai.chat") == 0  # there from 0
 
@@ -481,6 +487,12 @@ def test_label_values_are_bounded_under_random_traffic(registry: CollectorRegist
     assert series.keys() == before.keys()  # 5,000 more random requests added no series
     hops = {dict(ls).get("hop") for _, ls in series} - {None}
     assert len(hops) == MAX_NAMES_PER_LABEL + 1  # the first names seen, then "other"
+    folded = "hopmeter_label_values_folded_total"
+    # each said on /metrics: 68 of the 100 hop names came after the first 32 kept
+    assert value(registry, folded, label="hop", why="limit") > 6_000
+    assert value(registry, folded, label="hop", why="malformed") == 0  # there from 0
+    assert value(registry, folded, label="segment", why="limit") > 0
+    assert value(registry, folded, label="site", why="malformed") > 0  # "/" is not in a name
     assert {dict(ls).get("model") for _, ls in series} - {None} == {"other"}
     assert {dict(ls).get("route") for _, ls in series} - {None} == {"other"}
     assert {dict(ls).get("api") for _, ls in series} - {None} == {"other"}

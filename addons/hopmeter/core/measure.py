@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hopmeter.core.apis import shown_error
+from hopmeter.core.apis._json import clip_model
 from hopmeter.core.delivery import Delivery, DeliverySeen, summarize
 from hopmeter.core.detectors import Finding, StreamView, diagnose
 from hopmeter.core.figures import Figures, compute_figures
@@ -110,7 +111,7 @@ class Measurement:
 
     seen: Seen
     api: str  # the meter's API, "other" when the response was not measured
-    model: str | None  # the reply's own model name, else the request's
+    model: str | None  # the reply's own model name, else the request's (clipped)
     tokens: TokenAccount | None  # None: no measured response
     figures: Figures | None
     delivery: Delivery | None  # the bytes' way to the client, when the proxy followed them
@@ -122,6 +123,7 @@ class Measurement:
     # the stream's error events as the record shows them (`shown_error`: their messages only
     # with --log-content), for the record and the detectors alike
     errors: tuple[str, ...] = ()
+    model_clipped_chars: int = 0  # characters clipped off `model` (MAX_MODEL_CHARS)
 
 
 class CounterSource(Protocol):
@@ -134,6 +136,7 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
     """Count the tokens of what was seen, and compute the figures, the delivery and findings."""
     meter, response = seen.meter, seen.response
     api, model = str(seen.request.api or Api.OTHER), seen.request.model
+    clipped = 0  # characters clipped off the model name (MAX_MODEL_CHARS)
     account: TokenAccount | None = None
     figures: Figures | None = None
     out: Delivery | None = None
@@ -146,13 +149,16 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
             for e in meter.facts.errors
         )
         api = meter.api
-        model = meter.facts.model or model
+        if meter.facts.model:
+            model, clipped = meter.facts.model, meter.facts.model_clipped_chars
         account = _account(meter, counters.for_model(model))
         figures = _figures(meter, account, seen.stall_threshold_s)
         if seen.delivery is not None:
             out = summarize(seen.delivery, meter.chunk_t, meter.events.t_s, account.per_event)
         opening = meter.text_head(FINGERPRINT_CHARS)
         fp = fingerprint(opening, meter.visible_chars, seen.fingerprint_key)
+    if model and not clipped:  # the request's (the reply's is clipped as it is read)
+        model, clipped = clip_model(model)
     if response is not None and seen.delivery is not None and out is None:
         # no measured response: nothing to align the chunks with
         why = seen.delivery.reason or "the response was not measured"
@@ -178,6 +184,7 @@ def measure(seen: Seen, counters: CounterSource) -> Measurement:
         seen=seen,
         api=api,
         model=model,
+        model_clipped_chars=clipped,
         tokens=account,
         figures=figures,
         delivery=out,

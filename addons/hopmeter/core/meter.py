@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from hopmeter.core.apis import Delta, make_parser
+from hopmeter.core.apis._json import clip_model
 from hopmeter.core.apis.anthropic import AnthropicParser, plain_anthropic_delta
 from hopmeter.core.apis.openai import OpenAIChatParser, plain_chat_payload, plain_chat_said
 from hopmeter.core.decoding import IdentityDecoder, Utf8Decoder, make_decoder
@@ -102,7 +103,8 @@ class StreamFacts:
     terminal_seen: bool = False
     errors: list[str] = field(default_factory=list)  # the first MAX_ERRORS_KEPT, as kept
     errors_seen: int = 0
-    model: str | None = None
+    model: str | None = None  # the first the reply names, clipped (`clip_model`)
+    model_clipped_chars: int = 0
     usage_output_tokens: int | None = None
     usage_input_tokens: int | None = None
     usage_reasoning_tokens: int | None = None
@@ -555,7 +557,7 @@ class FlowMeter:
             ids_visible,
         ) = delta
         if model and facts.model is None:
-            facts.model = model
+            facts.model, facts.model_clipped_chars = clip_model(model)
         if out_total is not None or in_total is not None or reasoning_total is not None:
             self._on_usage(delta)
         if reasoning:
@@ -616,7 +618,7 @@ class FlowMeter:
                     facts.first_visible_s = t
                 facts.first_content_s = t
         if facts.model is None and model:
-            facts.model = model
+            facts.model, facts.model_clipped_chars = clip_model(model)
         if terminal:
             facts.terminal_seen = True
         visible = self._visible_chars

@@ -98,6 +98,7 @@ def to_record(m: Measurement) -> dict[str, Any]:
         rec["upstream_error"] = seen.failure.as_dict()
     rec["api"] = m.api
     rec["model"] = m.model
+    rec["model_clipped_chars"] = m.model_clipped_chars  # past MAX_MODEL_CHARS (a hostile name)
     rec["findings"] = [f.as_dict() for f in m.findings]
     if seen.measuring_error:
         rec["measuring_error"] = seen.measuring_error

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hopmeter.core.vocab import (
     Api,
@@ -87,26 +87,47 @@ DEFAULT_ROUTES: Sequence[tuple[str, str]] = (
 # fmt: on
 
 
-class NameLabels:
-    """Configured names (hops, segments, error sites) as label values: the first few kept."""
+# why a name was said as "other" (NameLabels' `folded` callback)
+FOLD_REASONS = ("limit", "malformed")
 
-    def __init__(self, limit: int = MAX_NAMES_PER_LABEL) -> None:
+
+class NameLabels:
+    """Configured names (hops, segments, error sites) as label values: the first few kept.
+
+    A name said as "other" is reported to `folded` with why (FOLD_REASONS): "limit" when
+    `limit` other names were kept first, "malformed" when it is not a name (`_NAME_RE`); no
+    name at all is neither.
+    """
+
+    def __init__(
+        self, limit: int = MAX_NAMES_PER_LABEL, folded: Callable[[str], None] | None = None
+    ) -> None:
         self._limit = limit
         self._seen: set[str] = set()
         self._lock = threading.Lock()  # the proxy's loop and the flow-end threads both label
+        self._folded = folded
 
     def label(self, value: object) -> str:
         """`value` if well formed and among the first `limit` names seen, else "other"."""
         text = str(value) if value is not None else ""
-        if not _NAME_RE.match(text):
-            return OTHER
         if text in self._seen:
             return text
+        if not _NAME_RE.match(text):
+            if text:
+                self._fold("malformed")
+            return OTHER
         with self._lock:
-            if len(self._seen) >= self._limit:
-                return OTHER
-            self._seen.add(text)
+            full = len(self._seen) >= self._limit
+            if not full:
+                self._seen.add(text)
+        if full:
+            self._fold("limit")
+            return OTHER
         return text
+
+    def _fold(self, why: str) -> None:
+        if self._folded is not None:
+            self._folded(why)
 
 
 def normalise_model(model: str) -> str:

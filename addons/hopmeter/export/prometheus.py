@@ -44,6 +44,8 @@ from hopmeter.export.labels import (
     DEFAULT_ROUTES,
     ENDINGS,
     FINDING_KINDS,
+    FOLD_REASONS,
+    MAX_NAMES_PER_LABEL,
     OTHER,
     PAIRED_BY,
     PAIRING_MATCHES,
@@ -99,7 +101,14 @@ _TRACE_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 
 
 # what `hopmeter_measure_dropped_total` counts, in the order _observe_dropped reads them
-MEASURE_DROPPED = ("events", "chunks", "oversized_events", "errors", "undecoded_bodies")
+MEASURE_DROPPED = (
+    "events",
+    "chunks",
+    "oversized_events",
+    "errors",
+    "undecoded_bodies",
+    "model_names",
+)
 
 
 class ProcessCounters:
@@ -202,9 +211,6 @@ class Metrics:
         self.registry = registry
         self.models = ModelLabels(DEFAULT_MODEL_FAMILIES if models is None else models)
         self.routes = RouteLabels(DEFAULT_ROUTES if routes is None else routes)
-        self.hops = NameLabels()
-        self.segments = NameLabels()
-        self.sites = NameLabels()  # where an internal error was caught
         self._initialised: set[str] = set()
         self._label_sets: set[tuple[str, ...]] = set()  # FLOW_LABELS values seen, bounded
         # Labelled children by (metric, label values): prometheus_client's labels() validates and
@@ -221,6 +227,22 @@ class Metrics:
 
         def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
             return Counter(f"hopmeter_{name}", doc, labels, registry=registry)
+
+        folded = counter(
+            "label_values_folded_total",
+            f"Names said as other on every metric: `limit` when {MAX_NAMES_PER_LABEL} other "
+            "names were in use already, `malformed` when not a name; by label: hop, segment "
+            "(a pair of hops), site (where an internal error was caught).",
+            ("label", "why"),
+        )
+
+        def names(label: str) -> NameLabels:
+            children = {why: folded.labels(label, why) for why in FOLD_REASONS}  # all from 0
+            return NameLabels(folded=lambda why: children[why].inc())
+
+        self.hops = names("hop")
+        self.segments = names("segment")
+        self.sites = names("site")  # where an internal error was caught
 
         self.ttfb = hist(
             "time_to_first_byte_seconds",
@@ -393,7 +415,8 @@ class Metrics:
             "`oversized_events` too large to read (their bytes still forwarded), `errors` "
             "events past the five a record keeps (all counted in its stream.errors_seen), "
             "`undecoded_bodies` timed but not read (stream.decode_error says why: a corrupt "
-            "or unknown encoding, past the decoded cap).",
+            "or unknown encoding, past the decoded cap), `model_names` clipped to 256 characters "
+            "(the record's model_clipped_chars says by how much).",
             ("hop", "what"),
         )
         self.measure_unread = counter(
@@ -542,6 +565,7 @@ class Metrics:
                 stream.get("overflows"),
                 errors_dropped,
                 1 if stream.get("decode_error") else None,
+                1 if _num(record.get("model_clipped_chars")) else None,  # clipped, not dropped
             ),
             strict=True,
         ):

@@ -110,9 +110,12 @@ def test_the_requests_own_credentials_are_kept_out_of_a_shown_message() -> None:
     assert shown_error(kept, with_message=False, hidden=("CUSTOMkey",)) == "auth_error"
 
 
-def test_a_model_name_is_clipped() -> None:
-    """A model id goes into every record: a 3 MB one (an NDJSON line's worth) is clipped."""
-    from hopmeter.core.apis._json import MAX_MODEL_CHARS, _model
+def test_a_model_name_is_clipped_and_says_by_how_much() -> None:
+    """A model id goes into every record: a 3 MB one (an NDJSON line's worth) is clipped, and
+    how much was clipped is said (the record's model_clipped_chars)."""
+    from hopmeter.core.apis._json import MAX_MODEL_CHARS, _model, clip_model
 
     assert _model("gpt-4o") == "gpt-4o" and _model("") is None and _model(7) is None
-    assert _model("m" * 3_000_000) == "m" * MAX_MODEL_CHARS
+    assert clip_model("gpt-4o") == ("gpt-4o", 0)
+    assert clip_model("m" * MAX_MODEL_CHARS) == ("m" * MAX_MODEL_CHARS, 0)
+    assert clip_model("m" * 3_000_000) == ("m" * MAX_MODEL_CHARS, 3_000_000 - MAX_MODEL_CHARS)

@@ -56,13 +56,21 @@ def _int_list(value: object) -> tuple[int, ...] | None:
     return None
 
 
-# A model name is an id (the longest in the corpus: ~60 characters); a longer one is clipped.
+# A model name is an id (the longest in the corpus: ~60 characters); a longer one is clipped
+# where a flow's model is set (`clip_model`), and the record says by how much.
 MAX_MODEL_CHARS: Final = 256
 
 
 def _model(value: object) -> str | None:
-    """A model id a payload names, clipped to MAX_MODEL_CHARS (it goes into every record)."""
-    return value[:MAX_MODEL_CHARS] if isinstance(value, str) and value else None
+    """A model id a payload names (a non-empty string), as named: `clip_model` bounds it."""
+    return value if isinstance(value, str) and value else None
+
+
+def clip_model(model: str) -> tuple[str, int]:
+    """`model` within MAX_MODEL_CHARS, and how many characters were clipped off it (it goes
+    into every record and the console line)."""
+    extra = len(model) - MAX_MODEL_CHARS
+    return (model, 0) if extra <= 0 else (model[:MAX_MODEL_CHARS], extra)
 
 
 def _dumps(value: object) -> str:
