@@ -31,7 +31,8 @@ BIN = Path(PY).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 30.0
 NICE = -20
-NGINX_CONNECTIONS = 4096  # tests/nginx.py allows 128; 200 streams need 400 (client + upstream)
+# tests/harness/nginx.py allows 128 connections; 200 streams need 400 (client + upstream)
+NGINX_CONNECTIONS = 4096
 
 
 def cpu_sets() -> tuple[list[str], list[str], str]:
@@ -291,7 +292,7 @@ class Direct(Topology):
 
 
 class BenchNginx(NginxServer):
-    """tests/nginx.py's server with room for a few hundred streams."""
+    """tests/harness/nginx.py's server with room for a few hundred streams."""
 
     def write_config(self, port: int) -> Path:
         path = super().write_config(port)
@@ -304,7 +305,9 @@ class BenchNginx(NginxServer):
 
 class Nginx(Topology):
     name, label = "nginx", "nginx (streaming)"
-    note = "nginx 'streaming' config from tests/nginx.py, 1 worker, worker_connections raised"
+    note = (
+        "nginx 'streaming' config from tests/harness/nginx.py, 1 worker, worker_connections raised"
+    )
 
     def __init__(self, upstream_port: int, logdir: Path) -> None:
         super().__init__(upstream_port, logdir)

@@ -145,7 +145,7 @@ CONFIGS: dict[str, NginxConfig] = {
 }
 
 _TEMPLATE = """\
-# Written by tests/nginx.py for one test run; every path lives under the prefix.
+# Written by tests/harness/nginx.py for one test run; every path lives under the prefix.
 {user}worker_processes 1;
 daemon off;
 pid {prefix}/nginx.pid;

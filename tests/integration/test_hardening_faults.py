@@ -42,8 +42,8 @@ Handler = Callable[[socket.socket, str], None]
 class RawUpstream:
     """A loopback upstream on blocking sockets: each connection runs the handler for its path.
 
-    Unlike tests/scripted.py the handler owns the socket, so it can reset it, block in recv() to
-    see when the proxy closes it, or time each sendall() to see backpressure.
+    Unlike tests/harness/scripted.py the handler owns the socket, so it can reset it, block in
+    recv() to see when the proxy closes it, or time each sendall() to see backpressure.
     """
 
     def __init__(self, routes: dict[str, Handler]) -> None:

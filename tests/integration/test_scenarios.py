@@ -1,7 +1,9 @@
 """The scenario matrix on real processes: every fault the demo upstream plays, behind each measured
-nginx configuration, and the verdict hopmeter gives on both sides of nginx (issue 4).
+nginx configuration, and the verdict hopmeter gives on both sides of nginx.
 
-    client ─► hopmeter "edge" ─► nginx (tests/nginx.py CONFIGS) ─► hopmeter "origin" ─► upstream
+    client ─► hopmeter "edge" ─► nginx ─► hopmeter "origin" ─► upstream
+
+nginx runs each configuration of CONFIGS in tests/harness/nginx.py.
 
 One `hopmeter upstream` process plays the scenarios. A small upstream in this file plays the two
 framings the demo upstream never sends, a close-delimited and a Content-Length stream: the only
@@ -630,7 +632,7 @@ def render(run: Run) -> str:
         "",
         "Written by `tests/integration/test_scenarios.py` from what one run measured "
         "(`HOPMETER_WRITE_SCENARIOS=1 scripts/test tests/integration/test_scenarios.py`).",
-        f"`{_nginx_version()}` (directives in `tests/nginx.py`, measurements in "
+        f"`{_nginx_version()}` (directives in `tests/harness/nginx.py`, measurements in "
         "`docs/nginx-holds.md`), one worker, everything on 127.0.0.1. Each request went",
         "",
         "    client ─► hopmeter edge ─► nginx ─► hopmeter origin ─► upstream",

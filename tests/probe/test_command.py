@@ -89,7 +89,6 @@ def test_fails_through_a_holding_nginx_with_the_reason(
 
 
 @pytest.mark.integration
-@pytest.mark.integration
 def test_https_to_a_plain_http_port_says_to_try_http(
     upstream: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,6 +108,7 @@ def test_an_admin_url_that_does_not_answer_names_the_flag(upstream: int) -> None
         probe.run(_args(f"http://127.0.0.1:{upstream}", *SHORT, "--upstream-admin", dead))
 
 
+@pytest.mark.integration
 @needs_nginx
 def test_send_log_through_admin_url(
     upstream: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]

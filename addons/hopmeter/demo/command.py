@@ -65,7 +65,13 @@ SAMPLES: list[tuple[str, str, str, dict[str, Any]]] = [
 def add_parser(sub: Any) -> None:
     """The `demo` subcommand, added to an argparse subparsers object."""
     p = sub.add_parser("demo", help="demo upstream + proxy + sample streams; print the figures")
-    p.add_argument("--records", default="", metavar="PATH")
+    p.add_argument(
+        "--records",
+        default="",
+        metavar="PATH",
+        help="also append each flow's record to this file, one JSON line per flow (as hopmeter "
+        "run --records; the input of hopmeter report)",
+    )
     p.add_argument(
         "--browser",
         action="store_true",

@@ -51,7 +51,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "url", metavar="URL", help="the front of the path, e.g. https://chat.example or .../v1"
     )
-    p.add_argument("--api", choices=("openai", "anthropic"), default="openai")
+    p.add_argument(
+        "--api",
+        choices=("openai", "anthropic"),
+        default="openai",
+        help="the request to send: OpenAI Chat Completions (/v1/chat/completions, a bearer key) "
+        "or Anthropic Messages (/v1/messages, an x-api-key); default: openai",
+    )
     p.add_argument(
         "--path", default="", help="request path (default: the API's own, when URL has none)"
     )

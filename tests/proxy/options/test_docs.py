@@ -19,12 +19,12 @@ ROW = re.compile(r"^\| `([^`]+)` \| (.*) \|$", flags=re.M)
 def test_the_committed_page_is_what_the_declarations_make(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """docs/cli.md is exactly what `python -m hopmeter.proxy.options.docs` writes."""
+    """docs/cli.md is exactly what `.venv/bin/python -m hopmeter.proxy.options.docs` writes."""
     assert main() == 0
     made = capsys.readouterr().out
     assert made == render()
     assert CLI_MD.read_text() == made, (
-        "docs/cli.md is stale: python -m hopmeter.proxy.options.docs > docs/cli.md"
+        "docs/cli.md is stale: .venv/bin/python -m hopmeter.proxy.options.docs > docs/cli.md"
     )
 
 

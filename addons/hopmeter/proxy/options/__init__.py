@@ -7,7 +7,7 @@ From it come `hopmeter run`'s flags (`add_flags`, in `hopmeter.proxy.run.command
 HOPMETER_* variables (hopmeter.env, named after the flags), the options each addon declares in
 its `load` (`declare`) and reads in its `configure` (`read`: a duration or a size read once, by
 hopmeter.argtypes), the options `hopmeter run` sets on its master (`run_options`) and
-docs/cli.md (`python -m hopmeter.proxy.options.docs > docs/cli.md`).
+docs/cli.md (`.venv/bin/python -m hopmeter.proxy.options.docs > docs/cli.md`).
 
 No mitmproxy here: the command line imports this package for every command.
 """

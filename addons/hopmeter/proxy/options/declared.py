@@ -3,8 +3,9 @@
 
 A new setting is one `Setting` here: its flag, its HOPMETER_* variable, its mitmproxy option
 (declared by the addon named in `addon`), what `hopmeter run` sets it to and its row in
-docs/cli.md all follow (`python -m hopmeter.proxy.options.docs > docs/cli.md`). The addon reads
-the option in its `configure` (`hopmeter.proxy.options.read` for a duration or a size).
+docs/cli.md all follow (`.venv/bin/python -m hopmeter.proxy.options.docs > docs/cli.md`). The
+addon reads the option in its `configure` (`hopmeter.proxy.options.read` for a duration or a
+size).
 
 A long module on purpose: one row per setting, a few lines each, read top to bottom as
 `hopmeter run --help` lists them; split, a setting would again be looked for in several places.
@@ -291,7 +292,7 @@ SETTINGS = (
         default="20",
         help="on SIGTERM, seconds the streams in flight get to finish before the proxy stops (a "
         "second signal stops at once)",
-        more="; keep it below the pod's terminationGracePeriodSeconds ([README, As a "
+        more="; keep it below the pod's terminationGracePeriodSeconds ([deploying.md, As a "
         "sidecar](deploying.md#as-a-sidecar))",
     ),
     Setting(

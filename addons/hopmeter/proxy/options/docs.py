@@ -1,5 +1,6 @@
-"""docs/cli.md, made from the table of settings: `python -m hopmeter.proxy.options.docs >
-docs/cli.md` (tests/proxy/options/test_docs.py checks the committed file is what this writes)."""
+"""docs/cli.md, made from the table of settings:
+`.venv/bin/python -m hopmeter.proxy.options.docs > docs/cli.md` (tests/proxy/options/test_docs.py
+checks the committed file is what this writes)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from hopmeter.proxy.options.table import FLAGS, OPTIONS
 HEADER = """\
 # `hopmeter run`: flags, variables, options
 
-<!-- Made by `python -m hopmeter.proxy.options.docs > docs/cli.md` from the settings declared in
-addons/hopmeter/proxy/options/declared.py: change them there, then remake this file. -->
+<!-- Made by `.venv/bin/python -m hopmeter.proxy.options.docs > docs/cli.md` from the settings
+declared in addons/hopmeter/proxy/options/declared.py: change them there, then remake this file.
+-->
 
 `hopmeter run [UPSTREAM_URL] [FLAGS]` measures a reverse proxy in front of UPSTREAM_URL (or the
 listeners `--listener` names). Each setting is declared once
