@@ -44,6 +44,8 @@ def test_install_puts_all_three_in_front_and_uninstall_takes_them_away() -> None
     try:
         assert fastpath.install(_unexpected) is None
         assert fastpath.installed() == ["backpressure", "framing", "relay"]
+        assert fastpath.mend(_unexpected) is None  # with the relay or without it
+        assert fastpath.installed() == ["backpressure", "framing", "connections", "relay"]
     finally:
         fastpath.uninstall()
     assert fastpath.installed() == []
@@ -55,14 +57,17 @@ def test_install_puts_all_three_in_front_and_uninstall_takes_them_away() -> None
 
 
 def test_a_version_the_gate_does_not_know_installs_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the gate finds a difference, install() changes nothing and returns its line."""
+    """When the gate finds a difference, install() and mend() change nothing and return its
+    line."""
     monkeypatch.setitem(gate.SUPPORTED, "mitmproxy", ("99.",))
     try:
         why = fastpath.install(_unexpected)
+        mend_why = fastpath.mend(_unexpected)
         assert fastpath.installed() == []
     finally:
         fastpath.uninstall()
     assert why is not None and "mitmproxy 12." in why and "(99)" in why
+    assert mend_why == why
 
 
 async def _stream(ex: Exchange) -> None:

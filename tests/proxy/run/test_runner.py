@@ -256,10 +256,14 @@ def test_the_interpreter_switches_threads_each_millisecond_while_hopmeter_runs()
 
         tasks.append(asyncio.get_running_loop().create_task(look()))
 
-    # no relay: installing it changes mitmproxy's classes for the rest of the process
+    # no relay: installing it changes mitmproxy's classes for the rest of the process; the mend
+    # of mitmproxy's connection list is installed either way, and taken away again here
     cfg = ProxyConfig(modes=MODES, options=run_options(hopmeter_relay=False, **QUIET))
-    assert asyncio.run(runner.run_proxy(cfg, on_master=on_master)) == 0
-    assert fastpath.installed() == []
+    try:
+        assert asyncio.run(runner.run_proxy(cfg, on_master=on_master)) == 0
+        assert fastpath.installed() == ["connections"]
+    finally:
+        fastpath.uninstall()
     assert running == [runner.SWITCH_INTERVAL_S]
     assert sys.getswitchinterval() == before != runner.SWITCH_INTERVAL_S
     with pytest.raises(ConnectionRefusedError):  # nothing left listening

@@ -85,6 +85,8 @@ MIRRORED: dict[str, Any] = {
     "mitmproxy NextLayer._ask": NextLayer._ask,
     "mitmproxy HttpLayer._handle_event": HttpLayer._handle_event,
     "mitmproxy HttpLayer.event_to_child": HttpLayer.event_to_child,
+    # where a request finds its upstream connection in the list `connections` prunes
+    "mitmproxy HttpLayer.get_connection": HttpLayer.get_connection,
     "mitmproxy HttpClient._handle_event": HttpClient._handle_event,
     "mitmproxy HttpStream.start_response_stream": HttpStream.start_response_stream,
     "mitmproxy HttpStream.state_stream_response_body": HttpStream.state_stream_response_body,
@@ -204,6 +206,7 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "mitmproxy NextLayer.handle_event": {"4e9724eb64588ac2": _M12},
     "mitmproxy NextLayer._ask": {"4d8ace76d8488336": _M12},
     "mitmproxy HttpLayer._handle_event": {"6ba31883cc7a06b3": _M12},
+    "mitmproxy HttpLayer.get_connection": {"1aa1c63e3175766c": _M12},
     "mitmproxy HttpLayer.event_to_child": {"1095f6e1581d1780": _M12},
     "mitmproxy HttpClient._handle_event": {"bc1cae775a49a4fe": _M12},
     "mitmproxy HttpStream.start_response_stream": {"b0de9e9a5ee27276": _M12},
