@@ -201,3 +201,12 @@ def test_flags_and_options_read_durations_alike(text: str, value: float) -> None
     """A flag's seconds and an option's seconds share one grammar: `--read-timeout 500ms`
     reads as `--set hopmeter_read_timeout=500ms` does."""
     assert seconds(text) == positive_seconds(text) == parse_seconds(text, "o") == value
+
+
+@pytest.mark.parametrize("name", ["a b", 'edge"}{x', "edge>origin", "a~b", "é", "x" * 65, "bad!"])
+def test_a_listener_whose_name_is_no_hop_name_is_refused(name: str) -> None:
+    """A listener's name names every record and metric of its hop, and is a part of each
+    segment's name (`edge>origin`): one that is not 1-64 letters, digits, `_.:-` is refused,
+    naming it and with an example."""
+    with pytest.raises(UsageError, match=r"is not a hop's name: 1 to 64 .* e\.g\. edge$"):
+        parse_listener(f"{name}=reverse:http://127.0.0.1:9000@8081", "--listener")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import re
 import socket
 
 from hopmeter.errors import PortError, UsageError
@@ -136,6 +137,20 @@ def check_port_free(host: str, port: int, what: str) -> None:
             raise PortError(f"{what} {host}:{port} cannot be opened: {exc.strerror}") from None
 
 
+# A hop's name is a label on every metric and a part of each segment's (`edge>origin`, `a~b`).
+_HOP_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def hop_name(value: str, flag: str) -> str:
+    """A vantage point's name (`--hop`, a listener's NAME); a clear error otherwise."""
+    if not _HOP_NAME.fullmatch(value):
+        raise UsageError(
+            f"{flag}: {value!r} is not a hop's name: 1 to 64 letters, digits and '_' '.' ':' '-' "
+            "(it names every record and metric of this vantage point), e.g. edge"
+        )
+    return value
+
+
 def parse_listener(pair: str, flag: str) -> tuple[str, str]:
     """A listener's (name, mode spec) from NAME=MODE; a clear error otherwise."""
     name, sep, mode = pair.partition("=")
@@ -143,4 +158,4 @@ def parse_listener(pair: str, flag: str) -> tuple[str, str]:
         raise UsageError(
             f"{flag} {pair!r}: expected NAME=MODE, e.g. edge=reverse:http://127.0.0.1:9000@8081"
         )
-    return name, mode
+    return hop_name(name, f"{flag} {pair!r}"), mode

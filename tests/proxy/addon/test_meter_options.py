@@ -77,3 +77,13 @@ def test_a_hop_name_is_never_empty() -> None:
     for blank in ("", "  "):
         with pytest.raises(UsageError, match="hopmeter_hop must not be empty"):
             hop_name(blank)
+
+
+@pytest.mark.parametrize("name", ["a b", 'edge"}{x', "edge>origin", "x" * 65])
+def test_a_hop_name_that_no_metric_could_carry_is_refused(name: str) -> None:
+    """A name /metrics would say as "other" (or that would read as a segment) is refused at
+    start, naming the option and the fix, rather than every series of the hop going to "other"
+    unsaid; the name's limits are the metrics' own."""
+    with pytest.raises(UsageError, match=r"^hopmeter_hop: .* is not a hop's name"):
+        hop_name(name)
+    assert hop_name("edge-1.eu:a_b") == "edge-1.eu:a_b"

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from hopmeter.argtypes import hop_name as named_hop
 from hopmeter.argtypes import parse_listener
 from hopmeter.errors import HopmeterError, UsageError
 from hopmeter.log import get_logger
@@ -26,7 +27,7 @@ def hop_name(value: str) -> str:
             "hopmeter_hop must not be empty: name this vantage point (--hop edge), or leave it "
             "out for the default"
         )
-    return value
+    return named_hop(value, "hopmeter_hop")
 
 
 def parse_listeners(pairs: Sequence[str]) -> dict[str, str]:

@@ -54,7 +54,7 @@ SETTINGS = (
         addon=MEASURING,
         metavar="NAME",
         default="proxy",
-        help="this vantage point's name",
+        help="this vantage point's name (1 to 64 letters, digits and `_` `.` `:` `-`)",
     ),
     Setting(
         flag="--listener",
