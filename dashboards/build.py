@@ -315,13 +315,20 @@ HOPS = [
     Panel(
         "Pairing by trace or by content",
         "Flows paired across listeners by trace id or by reply content (a hop dropped the "
-        "trace context), and flows left unpaired because several replies were alike.",
+        "trace context), and flows left unpaired because several replies were alike; and "
+        "requests whose traceparent was malformed (the client's trace replaced by one "
+        "hopmeter started: they pair by content only).",
         "short",
         [
             Target(
                 f"sum by (paired_by, match) (increase({PAIRINGS}[{RI}]))",
                 "{{paired_by}} {{match}}",
-            )
+            ),
+            Target(
+                "sum by (hop) "
+                f'(increase(hopmeter_traceparent_malformed_total{{hop=~"$hop"}}[{RI}]))',
+                "{{hop}} traceparent malformed",
+            ),
         ],
     ),
     Panel(

@@ -1023,3 +1023,14 @@ def test_label_sets_past_the_bound_are_said_as_other_and_counted(
     assert count("other", "other") == 2  # both flows still observed
     collapsed = "hopmeter_label_sets_collapsed_total"
     assert metrics.registry.get_sample_value(collapsed, {"hop": "edge", "api": "openai.chat"}) == 2
+
+
+def test_a_malformed_traceparent_is_counted_per_hop(registry: CollectorRegistry) -> None:
+    """A request whose traceparent was malformed (its client's trace lost) counts on its hop;
+    one that sent none, or a valid one, does not; the series is there at 0 from the first flow."""
+    metrics = Metrics(registry)
+    metrics.observe_flow(flow_record(traceparent_received="valid"))
+    assert value(registry, "hopmeter_traceparent_malformed_total", hop="edge") == 0
+    for received in ("malformed", "absent", "malformed", None):
+        metrics.observe_flow(flow_record(traceparent_received=received))
+    assert value(registry, "hopmeter_traceparent_malformed_total", hop="edge") == 2

@@ -83,6 +83,8 @@ class Seen:
     trace_id: str | None
     span_id: str | None = None
     parent_span_id: str | None = None
+    # what came in the request's traceparent (core.vocab.TraceReceived), when the proxy read it
+    trace_received: str | None = None
     hop: str
     listener: str
     request: RequestInfo

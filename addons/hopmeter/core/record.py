@@ -119,6 +119,8 @@ def _head(seen: Seen) -> dict[str, Any]:
         "trace_id": seen.trace_id,
         "span_id": seen.span_id,
         "parent_span_id": seen.parent_span_id,
+        # valid, absent, malformed: a malformed one's trace was replaced by one of hopmeter's
+        "traceparent_received": seen.trace_received,
         "flow_id": seen.flow_id,
         "hop": seen.hop,
         "listener": seen.listener,

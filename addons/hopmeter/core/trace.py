@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hopmeter.core.vocab import TraceReceived
+
 # https://www.w3.org/TR/trace-context/#traceparent-header-field-values: version "00" has exactly
 # four fields; a higher version may append more after a dash, which are ignored.
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
@@ -12,12 +14,14 @@ _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceContext:
-    """A trace id, the parent span id and flags; `created` when hopmeter made it up."""
+    """A trace id, the parent span id and flags; `created` when hopmeter made it up, and
+    `received` what came in `traceparent` (absent or malformed when it was made up)."""
 
     trace_id: str
     span_id: str
     flags: str
     created: bool = False
+    received: TraceReceived = TraceReceived.VALID
 
     def header(self) -> str:
         """The `traceparent` header value (version 00, whatever version came in)."""

@@ -156,6 +156,15 @@ class BodyClip(StrEnum):
     TOTAL_CAP = "total_cap"  # the open streams' copies together reached hopmeter_keep_body_total
 
 
+class TraceReceived(StrEnum):
+    """What a request's `traceparent` was as it came (`traceparent_received` in a record): the
+    flow's trace is the client's (valid) or one hopmeter started (absent, malformed)."""
+
+    VALID = "valid"
+    ABSENT = "absent"  # no traceparent came
+    MALFORMED = "malformed"  # one came that is not W3C trace context: the client's trace is lost
+
+
 class PairedBy(StrEnum):
     """How two flows of one request at two hops were found (`paired_by` in records and hops)."""
 

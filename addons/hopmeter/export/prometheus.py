@@ -36,6 +36,7 @@ from hopmeter.core.figures import Gaps
 from hopmeter.core.hops import Segment
 from hopmeter.core.measure import Measurement
 from hopmeter.core.record import FlowResult
+from hopmeter.core.vocab import TraceReceived
 from hopmeter.export.labels import (
     APIS,
     BEACON_OUTCOMES,
@@ -198,6 +199,17 @@ def _num(value: object) -> float | None:
     return float(value) if value >= 0 else None
 
 
+def _name_labels(folded: Counter) -> tuple[NameLabels, NameLabels, NameLabels]:
+    """The hop, segment and site names' labels, each name said as other counted in `folded` by
+    label and why (every pair there from 0)."""
+
+    def names(label: str) -> NameLabels:
+        children = {why: folded.labels(label, why) for why in FOLD_REASONS}
+        return NameLabels(folded=lambda why: children[why].inc())
+
+    return names("hop"), names("segment"), names("site")
+
+
 class Metrics:
     """hopmeter's metrics on an explicit registry (docs/design.md §8)."""
 
@@ -228,21 +240,16 @@ class Metrics:
         def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
             return Counter(f"hopmeter_{name}", doc, labels, registry=registry)
 
-        folded = counter(
-            "label_values_folded_total",
-            f"Names said as other on every metric: `limit` when {MAX_NAMES_PER_LABEL} other "
-            "names were in use already, `malformed` when not a name; by label: hop, segment "
-            "(a pair of hops), site (where an internal error was caught).",
-            ("label", "why"),
+        # hop, segment and error-site names (the site: where an internal error was caught)
+        self.hops, self.segments, self.sites = _name_labels(
+            counter(
+                "label_values_folded_total",
+                f"Names said as other on every metric: `limit` when {MAX_NAMES_PER_LABEL} other "
+                "names were in use already, `malformed` when not a name; by label: hop, "
+                "segment (a pair of hops), site (where an internal error was caught).",
+                ("label", "why"),
+            )
         )
-
-        def names(label: str) -> NameLabels:
-            children = {why: folded.labels(label, why) for why in FOLD_REASONS}  # all from 0
-            return NameLabels(folded=lambda why: children[why].inc())
-
-        self.hops = names("hop")
-        self.segments = names("segment")
-        self.sites = names("site")  # where an internal error was caught
 
         self.ttfb = hist(
             "time_to_first_byte_seconds",
@@ -419,6 +426,13 @@ class Metrics:
             "(the record's model_clipped_chars says by how much).",
             ("hop", "what"),
         )
+        self.traceparent_malformed = counter(
+            "traceparent_malformed_total",
+            "Requests whose traceparent was not W3C trace context: the client's trace was "
+            "lost, and the flow's trace is one hopmeter started (the record's "
+            "traceparent_received says malformed).",
+            ("hop",),
+        )
         self.measure_unread = counter(
             "measure_unread_bytes_total",
             "Bytes of streams forwarded unread: a chunk to decode gave more events than its "
@@ -552,7 +566,9 @@ class Metrics:
 
     def _observe_dropped(self, hop: str, record: Mapping[str, Any]) -> None:
         """Count what of the stream the record says it does not list (its `*_dropped` counts,
-        its stream's `overflows`)."""
+        its stream's `overflows`), and a client's trace context lost (a malformed traceparent)."""
+        if record.get("traceparent_received") == TraceReceived.MALFORMED:
+            self._child(self.traceparent_malformed, (hop,)).inc()
         stream = record.get("stream")
         stream = stream if isinstance(stream, Mapping) else {}
         errors, seen = stream.get("errors"), _num(stream.get("errors_seen"))
@@ -675,6 +691,7 @@ class Metrics:
         for what in MEASURE_DROPPED:
             self.measure_dropped.labels(hop=hop, what=what)
         self.measure_unread.labels(hop=hop)
+        self.traceparent_malformed.labels(hop=hop)
         self.collapsed.labels(hop=hop, api=api)
 
     def _observe_events(

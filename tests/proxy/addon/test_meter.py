@@ -344,6 +344,35 @@ class TestHooks:
         assert parent == record["span_id"] != client_span
         assert record["parent_span_id"] == client_span and record["trace_id"] == trace_id
         assert flow.request.headers["tracestate"] == "vendor=abc,hopmeter=beacon"
+        assert record["traceparent_received"] == "valid"
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper-case hex
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # version ff
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",  # 00 with a 5th field
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # all-zero trace id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # all-zero span id
+            "",
+            "x" * 10_000,
+        ],
+    )
+    def test_a_malformed_traceparent_is_replaced_and_said(
+        self, meter: HopMeter, value: str
+    ) -> None:
+        """A traceparent that is not W3C trace context: the flow gets a trace of its own (as the
+        spec says), and the record says the client's was malformed, where one that sent none
+        says absent: the client's trace lost is never taken for one never sent."""
+        rec = Recorder()
+        meter.add_observer(rec)
+        flow = sse_flow()
+        flow.request.headers["traceparent"] = value
+        stream_through(meter, flow, [SSE, DONE])
+        record = rec.results[0].record
+        assert record["traceparent_received"] == "malformed"
+        assert record["parent_span_id"] is None and "4bf92f35" not in record["trace_id"]
+        assert flow.request.headers["traceparent"].split("-")[1] == record["trace_id"]
 
     def test_a_made_up_trace_forwards_this_flow_s_span(self, meter: HopMeter) -> None:
         """A request without trace context gets a new trace whose parent span is this flow's
@@ -356,6 +385,7 @@ class TestHooks:
         record = rec.results[0].record
         assert (trace, parent, flags) == (record["trace_id"], record["span_id"], "01")
         assert record["parent_span_id"] is None
+        assert record["traceparent_received"] == "absent"
 
 
 class TestOptions:

@@ -300,6 +300,7 @@ class Ending:
             trace_id=trace.trace_id if trace else None,
             span_id=state.span_id,
             parent_span_id=None if trace is None or trace.created else trace.span_id,
+            trace_received=trace.received if trace else None,
             hop=state.hop,
             listener=state.listener,
             request=_request(flow, state, measured=meter is not None),

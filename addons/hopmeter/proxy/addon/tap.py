@@ -25,6 +25,7 @@ from hopmeter.core.ledger import GONE, SENT
 from hopmeter.core.meter import FlowMeter
 from hopmeter.core.trace import TraceContext, parse_traceparent
 from hopmeter.core.upstream import UpstreamFailure
+from hopmeter.core.vocab import TraceReceived
 from hopmeter.core.wire import detect_api, sniff_request
 from hopmeter.errors import said
 from hopmeter.proxy.addon.chaos import Chaos
@@ -97,7 +98,12 @@ def start_trace(flow: http.HTTPFlow, forward: bool) -> tuple[TraceContext, str]:
     parsed = parse_traceparent(incoming) if incoming else None
     own = secrets.token_hex(8)
     trace = parsed or TraceContext(
-        trace_id=secrets.token_hex(16), span_id=own, flags="01", created=True
+        trace_id=secrets.token_hex(16),
+        span_id=own,
+        flags="01",
+        created=True,
+        # a header that came and was no trace context: the client's trace is lost, and said
+        received=TraceReceived.ABSENT if incoming is None else TraceReceived.MALFORMED,
     )
     if forward:
         flow.request.headers["traceparent"] = trace.child(own).header()
