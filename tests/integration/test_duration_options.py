@@ -6,6 +6,7 @@ and hopmeter_summary_interval are text read as seconds; both ways of setting the
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,3 +67,36 @@ def test_hopmeter_run_flag_sets_the_same_option(tmp_path: Path) -> None:
         measuring(tmp_path, f"http://127.0.0.1:{up}", "--stall-threshold", "0.3") as proxy,
     ):
         assert _stall_threshold(proxy.port, proxy.records) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("hopmeter_stall_threshold=abc", "hopmeter_stall_threshold 'abc': expected a positive"),
+        ("hopmeter_hop=a b", "hopmeter_hop: 'a b' is not a hop's name"),
+    ],
+)
+def test_a_bad_option_in_mitmdump_is_one_line_and_mitmdump_exits(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    """A value hopmeter refuses, given to plain mitmdump: mitmdump exits at start, and says the
+    error in one line naming the option and the fix, not in a traceback."""
+    mitmdump = str(Path(sys.executable).with_name("mitmdump"))
+    out = subprocess.run(
+        [
+            mitmdump,
+            *("-s", str(addon_path())),
+            *("--listen-host", "127.0.0.1", "-p", str(free_port())),
+            *("--set", setting, "--set", "hopmeter_metrics=off"),
+            *("--set", f"confdir={tmp_path / 'mitm'}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    (line,) = [x for x in text.splitlines() if "error in script" in x]
+    assert said in line
+    assert "Traceback" not in text and "OptionsError" not in text
