@@ -1,11 +1,13 @@
-"""The duration options set from the command line: mitmdump's --set and `hopmeter run`'s flags.
+"""hopmeter's options set from the command line: mitmdump's --set and `hopmeter run`'s flags.
 
 mitmproxy's --set cannot set a float option at all (mitmdump exits), so hopmeter_stall_threshold
-and hopmeter_summary_interval are text read as seconds; both ways of setting them must work.
+and hopmeter_summary_interval are text read as seconds; both ways of setting them must work. A
+bad value stops mitmdump in one line; the listeners `hopmeter_listeners` names open in mitmdump.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +102,38 @@ def test_a_bad_option_in_mitmdump_is_one_line_and_mitmdump_exits(
     (line,) = [x for x in text.splitlines() if "error in script" in x]
     assert said in line
     assert "Traceback" not in text and "OptionsError" not in text
+
+
+def test_mitmdump_opens_the_listeners_hopmeter_listeners_names(tmp_path: Path) -> None:
+    """`mitmdump -s ... --set hopmeter_listeners=edge=MODE` without `--mode`: the listener's
+    mode opens (mitmdump loads the script after it opened its listeners; it would not have), its
+    flows are recorded as hop `edge`, and mitmproxy's default listener is not left open."""
+    up, port, default = free_port(), free_port(), free_port()
+    records = tmp_path / "records.jsonl"
+    mitmdump = str(Path(sys.executable).with_name("mitmdump"))
+    with hopmeter(tmp_path, "upstream", "--listen", f"127.0.0.1:{up}", name="up", ports=(up,)):
+        proc = Proc(
+            [
+                mitmdump,
+                *("-s", str(addon_path())),
+                *("--listen-host", "127.0.0.1", "-p", str(default)),
+                *("--set", f"hopmeter_listeners=edge=reverse:http://127.0.0.1:{up}@{port}"),
+                *("--set", f"hopmeter_records={records}", "--set", "hopmeter_metrics=off"),
+                *("--set", f"confdir={tmp_path / 'mitm'}"),
+            ],
+            tmp_path / "mitmdump.log",
+        )
+        try:
+            proc.wait_port(port)
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"model": "gpt-4o", "stream": True},
+                timeout=30,
+            )
+            assert r.status_code == 200
+            (rec,) = read_records(records, 1)
+            assert (rec["hop"], rec["listener"]) == ("edge", "edge")
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", default), timeout=2).close()
+        finally:
+            proc.stop()

@@ -41,6 +41,7 @@ from hopmeter.proxy.addon.meter_options import (
     listener_modes,
     pairing_hops,
     parse_listeners,
+    serve_mode,
 )
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.passage import CrashWatch, FlowPassage, Passage
@@ -64,6 +65,7 @@ class HopMeter:
     def __init__(self, *, clock: Clock = MONOTONIC, timers: Timers | None = None) -> None:
         self.clock = clock  # monotonic; the record's wall time is read from time.time()
         self.listener_names: dict[str, str] = {}
+        self.modes_added = False  # listeners' modes this addon added to `mode` (serve_mode)
         # what runs once the tokenizers' patterns are compiled, in that thread (hopmeter run:
         # hopmeter.proxy.run.runner.FreezeAtStart freezes what the compiler left)
         self.after_patterns: Callable[[], None] | None = None
@@ -114,6 +116,7 @@ class HopMeter:
                 modes = listener_modes(opts.mode, self.listener_names)
                 if modes is not None:
                     opts.update(mode=modes)
+                    self.modes_added = True
             if "hopmeter_fingerprint_key_env" in updated:
                 self.fingerprint_key = fingerprint_key(opts.hopmeter_fingerprint_key_env)
             if "hopmeter_chaos" in updated:
@@ -134,6 +137,8 @@ class HopMeter:
             self.vocabulary.use(counters, lazy=opts.hopmeter_lazy_tokenizer)
 
     def running(self) -> None:
+        if self.modes_added:  # mitmdump -s: its listeners opened before this added to `mode`
+            serve_mode(ctx.master)
         self.preload()  # `hopmeter run` did it before its listeners opened; mitmdump -s: now
         # mitmproxy's connection handler logs a crash of its layers, and that is all it does
         # (the flow's client waits): hopmeter ends such a flow as an error (passage.CrashWatch)

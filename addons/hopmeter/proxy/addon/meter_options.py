@@ -11,6 +11,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from mitmproxy import hooks
+
 from hopmeter.argtypes import hop_name as named_hop
 from hopmeter.argtypes import parse_listener
 from hopmeter.errors import HopmeterError, UsageError
@@ -47,6 +49,19 @@ def listener_modes(modes: Sequence[str], listeners: dict[str, str]) -> list[str]
         return None
     kept = [] if list(modes) == ["regular"] else list(modes)
     return [*kept, *wanted]
+
+
+def serve_mode(master: Any) -> None:
+    """Have mitmproxy's proxy server open the listeners `mode` names now.
+
+    mitmdump loads a `-s` script once its loop runs, after its proxy server read `mode` and
+    opened its listeners; it opens a changed `mode` only once it runs. The listeners' modes the
+    addon added to `mode` (`hopmeter_listeners`) would never open, and mitmproxy's default
+    listener would stay: at `running`, the server is told `mode` changed, as when it changes
+    later (an unchanged one opens nothing new)."""
+    server = master.addons.get("proxyserver")
+    if server is not None:
+        master.addons.invoke_addon_sync(server, hooks.ConfigureHook({"mode"}))
 
 
 def pairing_hops(opts: Any, listeners: dict[str, str]) -> frozenset[str]:
