@@ -220,3 +220,35 @@ def test_hopmeter_run_acts_on_mitmproxy_options_as_mitmdump(
         assert [a["status"] for a in dump["answers"]] == [401, 200]
     if name == "scripts":
         assert first["body"]["headers"]["x-script"] == "1"
+
+
+def test_a_reply_over_body_size_limit_is_said_in_its_record(
+    echo: int, confdir: Path, tmp_path: Path
+) -> None:
+    """A JSON reply mitmproxy buffers (the addon's default leaves a reply of known length that is
+    no stream to it) past `body_size_limit`: the client gets mitmproxy's 502, and the record
+    says why (`mitmproxy.error`, finding proxy_failed with its cause and fix), not an error
+    without a word."""
+    port, records = free_port(), tmp_path / "records.jsonl"
+    proc = Proc(
+        [
+            str(Path(sys.executable).with_name("mitmdump")),
+            *("-q", "-s", str(addon_path())),
+            *("--mode", f"reverse:http://127.0.0.1:{echo}@127.0.0.1:{port}"),
+            *("--set", f"hopmeter_records={records}", "--set", "hopmeter_metrics=off"),
+            *("--set", "body_size_limit=100", "--set", f"confdir={confdir}"),
+        ],
+        tmp_path / "mitmdump.log",
+    )
+    try:
+        proc.wait_port(port)
+        (answer,) = ask(port, [("GET", "/v1/models", {})])
+        (rec,) = read_records(records, 1)
+    finally:
+        proc.stop()
+    assert answer["status"] == 502
+    assert rec["ended"] == "error"
+    assert "body_size_limit" in rec["mitmproxy"]["error"]
+    (finding,) = [f for f in rec["findings"] if f["kind"] == "proxy_failed"]
+    assert finding["evidence"]["cause"] == "body_size_limit"
+    assert "Raise body_size_limit" in finding["fix"]

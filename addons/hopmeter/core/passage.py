@@ -35,10 +35,27 @@ H2_PRIOR_KNOWLEDGE_FIX = (
     "speak HTTP/1.1 to this listener, or HTTP/2 over TLS (mitmproxy offers it through ALPN)."
 )
 MITMPROXY_ERROR = "mitmproxy_error"
+
+# A body mitmproxy buffered (hopmeter left it to mitmproxy: a JSON reply, `hopmeter_buffer`,
+# `modify_body`) was larger than its body_size_limit: mitmproxy answered 502 and ended the flow.
+BODY_SIZE_LIMIT = "body_size_limit"
+BODY_SIZE_LIMIT_FIX = (
+    "The body was larger than mitmproxy's body_size_limit, which applies to the bodies "
+    "mitmproxy buffers; the client was answered 502. Raise body_size_limit, or let such bodies "
+    "stream (stream_large_bodies; out of hopmeter_buffer)."
+)
+# Any other error mitmproxy ended a flow with (the evidence quotes it)
+FLOW_ERROR = "mitmproxy_flow_error"
+FLOW_ERROR_FIX = (
+    "mitmproxy ended the flow with the error the evidence quotes, before the reply reached the "
+    "client whole; what it names (a protocol error, a limit, an option) is where to look."
+)
 _CAUSE_FIXES = {
     INFORMATIONAL: INFORMATIONAL_FIX,
     H2_PRIOR_KNOWLEDGE: H2_PRIOR_KNOWLEDGE_FIX,
     MITMPROXY_ERROR: CRASH_FIX,
+    BODY_SIZE_LIMIT: BODY_SIZE_LIMIT_FIX,
+    FLOW_ERROR: FLOW_ERROR_FIX,
 }
 
 

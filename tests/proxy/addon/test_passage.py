@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from mitmproxy import exceptions, http
+from mitmproxy import flow as flow_module
 from mitmproxy.addons.disable_h2c import DisableH2C
 from mitmproxy.test import taddons, tflow
 
@@ -488,3 +489,26 @@ def test_a_killed_addon_reply_claims_no_bytes_sent(tctx: Any) -> None:
     hm.response(flow)
     (record,) = records.records
     assert record["ended"] == "error" and record["response"]["bytes_out"] == 0
+
+
+def test_mitmproxys_own_error_on_a_flow_is_said_scrubbed_and_clipped(tctx: Any) -> None:
+    """A flow mitmproxy ended with an error of its own (not a peer's close, not a kill): the
+    record quotes it in `mitmproxy.error` with finding proxy_failed, without anything shaped
+    like a key and within its bound; a peer's reset says nothing of the kind."""
+    _, hm, records = tctx
+    flow = tflow.tflow()
+    hm.requestheaders(flow)
+    key = "sk-proj-" + "A1b2C3d4" * 6
+    flow.error = flow_module.Error(f"HTTP protocol error in header {key} " + "x" * 2000)
+    hm.error(flow)
+    reset = tflow.tflow()
+    hm.requestheaders(reset)
+    reset.error = flow_module.Error("peer closed connection")
+    hm.error(reset)
+    first, second = records.records
+    assert first["ended"] == "error" and key not in first["mitmproxy"]["error"]
+    assert first["mitmproxy"]["error"].startswith("HTTP protocol error in header ")
+    assert len(first["mitmproxy"]["error"]) <= 300
+    (finding,) = first["findings"]
+    assert finding["evidence"]["cause"] == "mitmproxy_flow_error"
+    assert second["ended"] == "upstream_reset" and "error" not in (second.get("mitmproxy") or {})

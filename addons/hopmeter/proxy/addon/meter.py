@@ -33,7 +33,6 @@ from hopmeter.proxy.addon import passage
 from hopmeter.proxy.addon.browser_gate import answered_here
 from hopmeter.proxy.addon.chaos import Chaos
 from hopmeter.proxy.addon.ending import Ending, FlowEnd
-from hopmeter.proxy.addon.failures import classify_error
 from hopmeter.proxy.addon.meter_options import (
     chaos_actions,
     fingerprint_key,
@@ -271,8 +270,7 @@ class HopMeter:
         if state is not None and state.failure is not None:
             self._finish(flow, state.failure.cause)  # the guard named why the upstream failed it
             return
-        msg = flow.error.msg if flow.error else ""
-        self._finish(flow, classify_error(msg, flow.client_conn.connected))
+        self._finish(flow, passage.ended_by_error(flow, state.passage if state else None))
 
     def client_disconnected(self, client: connection.Client) -> None:
         try:

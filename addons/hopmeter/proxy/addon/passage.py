@@ -37,12 +37,19 @@ from typing import Any
 from mitmproxy import flowfilter, http
 from mitmproxy.addons.modifyheaders import ModifySpec, parse_modify_spec
 
-from hopmeter.core.passage import INFORMATIONAL, MITMPROXY_ERROR, PassageSeen
-from hopmeter.core.vocab import BodyClip
+from hopmeter.core.passage import (
+    BODY_SIZE_LIMIT,
+    FLOW_ERROR,
+    INFORMATIONAL,
+    MITMPROXY_ERROR,
+    PassageSeen,
+)
+from hopmeter.core.secrets import scrub
+from hopmeter.core.vocab import BodyClip, Ended
 from hopmeter.core.wire import EVENT_STREAM, NDJSON_TYPES, PACKED_ID_TYPES, sniff_request
 from hopmeter.errors import UsageError, said
 from hopmeter.log import get_logger
-from hopmeter.proxy.addon.failures import answer_and_close
+from hopmeter.proxy.addon.failures import answer_and_close, classify_error
 from hopmeter.proxy.addon.tap import (
     REQUEST_SNIFF_BYTES,
     FlowState,
@@ -599,3 +606,21 @@ def settle(flow: http.HTTPFlow, p: FlowPassage, meter: Any, tap: Any) -> None:
 def close_client(flow: http.HTTPFlow) -> None:
     """Close the flow's client connection (mitmproxy left it open after its layers raised)."""
     answer_and_close(flow, None, "proxy_failed", "")
+
+
+MAX_ERROR_CHARS = 300  # mitmproxy's error text in a record (its messages are a line or two)
+
+
+def ended_by_error(flow: http.HTTPFlow, p: FlowPassage | None) -> Ended:
+    """How a flow that fired `error` ended (`classify_error`); one that ended by mitmproxy's own
+    error, not a peer's close, has that error said in its record (`mitmproxy.error`, finding
+    `proxy_failed`) unless a failure was said already (a crash of mitmproxy's layers) or it was
+    killed (an addon's `flow.kill()`, said as `killed`). The text is scrubbed of anything shaped
+    like a credential and clipped."""
+    msg = flow.error.msg if flow.error else ""
+    ended = classify_error(msg, flow.client_conn.connected)
+    killed = flow.error is not None and msg == flow.error.KILLED_MESSAGE  # said as `killed`
+    if ended is Ended.ERROR and msg and not killed and p is not None and p.error is None:
+        p.error = scrub(msg)[:MAX_ERROR_CHARS]
+        p.cause = BODY_SIZE_LIMIT if "body_size_limit" in msg else FLOW_ERROR
+    return ended
