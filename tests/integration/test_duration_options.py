@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from hopmeter.cli import addon_path
-from tests.harness.procs import Proc, free_port, hopmeter, measuring, read_records
+from tests.harness.procs import Proc, free_port, hopmeter, measuring, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 STALLED = "tokens=12;rate=40;stall_at=6;stall_s=0.4"  # one 0.4 s gap: a stall only below 0.4 s
@@ -102,6 +102,30 @@ def test_a_bad_option_in_mitmdump_is_one_line_and_mitmdump_exits(
     (line,) = [x for x in text.splitlines() if "error in script" in x]
     assert said in line
     assert "Traceback" not in text and "OptionsError" not in text
+
+
+def test_a_misspelled_option_in_mitmdump_is_named(tmp_path: Path) -> None:
+    """`--set hopmeter_stall_treshold=1`: mitmdump keeps an option no addon declares and says
+    nothing; hopmeter names it, and the option it likely meant, once it runs."""
+    port = free_port()
+    mitmdump = str(Path(sys.executable).with_name("mitmdump"))
+    proc = Proc(
+        [
+            mitmdump,
+            *("-s", str(addon_path())),
+            *("--listen-host", "127.0.0.1", "-p", str(port)),
+            *("--set", "hopmeter_stall_treshold=1", "--set", "hopmeter_metrics=off"),
+            *("--set", f"confdir={tmp_path / 'mitm'}"),
+        ],
+        tmp_path / "mitmdump.log",
+    )
+    try:
+        proc.wait_port(port)
+        said = "--set hopmeter_stall_treshold: no such option, not used; did you mean "
+        wait_for(lambda: said in proc.output(), 10, "the misspelled option named")
+    finally:
+        proc.stop()
+    assert "hopmeter_stall_threshold?" in proc.output()
 
 
 def test_mitmdump_opens_the_listeners_hopmeter_listeners_names(tmp_path: Path) -> None:

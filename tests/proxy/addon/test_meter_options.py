@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from mitmproxy import options as mitm_options
 
 from hopmeter.errors import UsageError
 from hopmeter.proxy.addon.meter_options import (
@@ -14,6 +15,7 @@ from hopmeter.proxy.addon.meter_options import (
     listener_modes,
     pairing_hops,
     parse_listeners,
+    unknown_options,
 )
 
 
@@ -87,3 +89,18 @@ def test_a_hop_name_that_no_metric_could_carry_is_refused(name: str) -> None:
     with pytest.raises(UsageError, match=r"^hopmeter_hop: .* is not a hop's name"):
         hop_name(name)
     assert hop_name("edge-1.eu:a_b") == "edge-1.eu:a_b"
+
+
+def test_a_misspelled_hopmeter_option_is_named_with_the_nearest_one() -> None:
+    """Options `--set` gave that no addon declared: each `hopmeter_*` one is a line naming it
+    and the nearest known option (none when nothing is near); other names are not hopmeter's."""
+    opts = mitm_options.Options()
+    opts.add_option("hopmeter_stall_threshold", str, "0.5", "")
+    for value in ("hopmeter_stall_treshold=1", "hopmeter_zzz=1", "unrelated=1"):
+        opts.set(value, defer=True)
+    assert unknown_options(opts) == [
+        "hopmeter: --set hopmeter_stall_treshold: no such option, not used; did you mean "
+        "hopmeter_stall_threshold? (docs/cli.md)",
+        "hopmeter: --set hopmeter_zzz: no such option, not used (docs/cli.md)",
+    ]
+    assert unknown_options(mitm_options.Options()) == []

@@ -41,6 +41,7 @@ from hopmeter.proxy.addon.meter_options import (
     pairing_hops,
     parse_listeners,
     serve_mode,
+    unknown_options,
 )
 from hopmeter.proxy.addon.observers import Observers
 from hopmeter.proxy.addon.passage import CrashWatch, FlowPassage, Passage
@@ -138,6 +139,8 @@ class HopMeter:
     def running(self) -> None:
         if self.modes_added:  # mitmdump -s: its listeners opened before this added to `mode`
             serve_mode(ctx.master)
+        for line in unknown_options(ctx.options):  # a misspelled --set, which mitmdump keeps
+            log.warning(line)
         self.preload()  # `hopmeter run` did it before its listeners opened; mitmdump -s: now
         # mitmproxy's connection handler logs a crash of its layers, and that is all it does
         # (the flow's client waits): hopmeter ends such a flow as an error (passage.CrashWatch)

@@ -7,6 +7,7 @@ The options themselves are declared with the others, in hopmeter.proxy.options.d
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +63,20 @@ def serve_mode(master: Any) -> None:
     server = master.addons.get("proxyserver")
     if server is not None:
         master.addons.invoke_addon_sync(server, hooks.ConfigureHook({"mode"}))
+
+
+def unknown_options(opts: Any) -> list[str]:
+    """A line for each `hopmeter_*` option given (`--set`) that no addon declares, with the
+    nearest known name: plain mitmproxy keeps an unknown option for a script that may declare
+    it later, and says nothing (`hopmeter run` refuses it at start)."""
+    known = [name for name in opts.keys() if name.startswith("hopmeter_")]  # noqa: SIM118 (no __iter__)
+    out = []
+    for name in sorted(getattr(opts, "deferred", None) or ()):
+        if name.startswith("hopmeter_"):
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            out.append(f"hopmeter: --set {name}: no such option, not used{hint} (docs/cli.md)")
+    return out
 
 
 def pairing_hops(opts: Any, listeners: dict[str, str]) -> frozenset[str]:
