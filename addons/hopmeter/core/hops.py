@@ -196,10 +196,13 @@ class Segment:
     @property
     def hold_uncertainty_s(self) -> tuple[float | None, float | None]:
         """How far the causal bounds leave each hold open: the true hold lies between hold + lo
-        and hold + hi (0 and 0 on one clock; None: unbounded on that side)."""
+        and hold + hi (0 and 0 on one clock; None: unbounded on that side, both where the bounds
+        contradict each other: a clock stepped, and nothing bounds the holds)."""
         lower, upper = self.skew_bounds_s
         if self.skew_basis == SkewBasis.ONE_CLOCK:
             return (0.0, 0.0)
+        if lower is not None and upper is not None and lower > upper:
+            return (None, None)
         return (
             None if lower is None else min(0.0, lower - self.skew_s),
             None if upper is None else max(0.0, upper - self.skew_s),
