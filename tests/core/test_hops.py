@@ -15,6 +15,7 @@ from hopmeter.core.hops import (
     estimate_skew,
     median_or_none,
     skew_bounds,
+    with_suspects,
 )
 from hopmeter.core.order import HopOrder
 from hopmeter.core.vocab import SkewBasis
@@ -310,3 +311,22 @@ def test_contradicting_clocks_give_negative_holds_kept_and_flagged() -> None:
     assert f["kind"] == "clock_skew_suspect"
     assert f["evidence"]["negative"] == {"hold": 5, "added_ttft": 1}
     assert f["evidence"]["hold_min_s"] == pytest.approx(-0.1, abs=1e-6)
+
+
+@pytest.mark.parametrize(("skew_s", "suspect"), [(8_640_000.0, True), (-5.0, True), (0.5, False)])
+def test_a_host_clock_far_from_its_neighbours_is_suspect(skew_s: float, suspect: bool) -> None:
+    """The inner host's clock `skew_s` ahead of the outer one's: the holds, corrected by the
+    estimate, stay sound either way; past a second of skew (a host's time gone wrong, 100 days
+    in the first case) the segment says so in clock_skew_suspect with the estimate; half a
+    second says nothing."""
+    inner = record("origin", 1000.001 + skew_s, steady(5, 0.05, 0.1))
+    outer = record("edge", 1000.0, steady(5, 0.05, 0.102))
+    seg = with_suspects(align(HopFlow.from_record(outer), HopFlow.from_record(inner)))
+    assert all(0 <= h < 0.01 for h in seg.holds_s)
+    found = [f for f in seg.findings if f["kind"] == "clock_skew_suspect"]
+    if not suspect:
+        assert found == []
+        return
+    (f,) = found
+    assert f["evidence"]["skew_s"] == pytest.approx(skew_s, abs=0.01)
+    assert f["evidence"]["negative"] == {}

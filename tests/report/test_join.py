@@ -86,12 +86,14 @@ def test_run_json_prints_an_object_per_trace(
 
 
 def test_run_fails_when_nothing_joined(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Records that share no trace between hops exit 1 with one line saying so on stderr."""
+    """Records that share no trace between hops exit 1 with one line saying so on stderr, and
+    what a larger --max-skew would pair (hosts whose clocks differ past it)."""
     path = _write(tmp_path / "edge.jsonl", EDGE)
     assert join_command.run(_args(path)) == 1
     out = capsys.readouterr()
     assert out.out == ""
-    assert out.err == "hopmeter join: no trace was seen at two hops\n"
+    assert out.err.startswith("hopmeter join: no trace was seen at two hops; records whose")
+    assert "within --max-skew (" in out.err and out.err.count("\n") == 1
 
 
 # -- OTLP files ------------------------------------------------------------------------------

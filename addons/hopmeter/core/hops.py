@@ -73,10 +73,10 @@ SEGMENT_FIXES = {
         "its holds are not observed."
     ),
     FindingKind.CLOCK_SKEW_SUSPECT: (
-        "Durations of this segment came out negative: the two hosts' clocks moved against each "
-        "other during the request (a step, not a slew) or a host's time is wrong. Check NTP or "
-        "chrony on both; these values are counted in hopmeter_negative_durations_total, not "
-        "observed as holds."
+        "Durations of this segment came out negative, or its two hosts' clocks differ by more "
+        "than a second: the clocks moved against each other during the request (a step, not a "
+        "slew) or a host's time is wrong. Check NTP or chrony on both; negative values are "
+        "counted in hopmeter_negative_durations_total, not observed as holds."
     ),
     FindingKind.ALIGNMENT_SUSPECT: (
         "Durations of this segment came out negative although both sides read one clock: its "
@@ -87,6 +87,9 @@ SEGMENT_FIXES = {
 }
 # Segment findings that are not a segment's pacing: their severity (a segment finding names none).
 SUSPECT_SEVERITY = "warning"
+# Two hosts kept by NTP or chrony agree within milliseconds: a skew estimate past this is a
+# host's time gone wrong (clock_skew_suspect), though the holds, corrected by it, stay sound.
+SKEW_SUSPECT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -445,15 +448,19 @@ def align(
 
 def with_suspects(seg: Segment) -> Segment:
     """`seg` with a finding for its negative durations, if it has any (replacing an earlier one):
-    clock_skew_suspect across clocks, alignment_suspect on one clock."""
+    clock_skew_suspect across clocks, alignment_suspect on one clock; and clock_skew_suspect for
+    two clocks that differ by more than SKEW_SUSPECT_S (`evidence.skew_s`)."""
     suspect = (FindingKind.CLOCK_SKEW_SUSPECT, FindingKind.ALIGNMENT_SUSPECT)
     kept = tuple(f for f in seg.findings if f.get("kind") not in suspect)
     negatives = seg.negatives()
-    if negatives:
+    skewed = seg.skew_basis != SkewBasis.ONE_CLOCK and abs(seg.skew_s) > SKEW_SUSPECT_S
+    if negatives or skewed:
         kind = suspect[1] if seg.skew_basis == SkewBasis.ONE_CLOCK else suspect[0]
         evidence: dict[str, Any] = {"negative": negatives}
         if negatives.get("hold"):
             evidence["hold_min_s"] = round(min(seg.holds_s), 6)
+        if skewed:
+            evidence["skew_s"] = round(seg.skew_s, 6)
         kept += (
             {
                 "kind": kind,

@@ -205,7 +205,12 @@ def run(args: argparse.Namespace) -> int:
     if not joined:
         why = ", ".join(f"{n} {outcome}" for outcome, n in sorted(skipped.items()))
         note = f" (spans left out: {why})" if why else ""
-        print(f"hopmeter join: no trace was seen at two hops{note}", file=sys.stderr)
+        print(
+            f"hopmeter join: no trace was seen at two hops{note}; records whose trace ids "
+            f"differ pair by reply only within --max-skew ({args.max_skew:g}s) of each other: "
+            "hosts whose clocks differ by more need a larger one",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
