@@ -162,8 +162,10 @@ def test_an_unknown_length_body_is_streamed(tctx: Any) -> None:
 def test_a_request_body_stays_buffered_as_mitmproxy_has_it(tctx: Any) -> None:
     """Plain mitmproxy's addon (hopmeter_stream=streams) leaves a request body to mitmproxy, so
     a `request` hook acts before anything is sent upstream; its size, model and stream flag are
-    read from the body at the `request` hook. A body mitmproxy streams itself stays streamed;
-    with hopmeter_stream=all (hopmeter run) hopmeter streams it through its request tap."""
+    read from the body at the `request` hook. A body mitmproxy streams itself stays streamed,
+    through the request tap, which hands its bytes on as they are and counts them (its size was
+    0 and its model unread); with hopmeter_stream=all (hopmeter run) hopmeter streams it through
+    its request tap."""
     ctx, hm, records = tctx
     flow = _flow()
     flow.request.content = b'{"model": "gpt-4o-mini", "stream": true, "messages": []}'
@@ -179,7 +181,14 @@ def test_a_request_body_stays_buffered_as_mitmproxy_has_it(tctx: Any) -> None:
     large = _flow()
     large.request.stream = True  # mitmproxy's stream_large_bodies
     _headers(hm, large)
-    assert large.request.stream is True
+    tap = large.request.stream
+    assert callable(tap)
+    body = [b'{"model": "gpt-4o", "stream": true, "messages": [', b"1" * 5000, b"]}"]
+    assert [tap(piece) for piece in [*body, b""]] == [*body, b""]  # the same bytes, in order
+    _stream(hm, large, [b"data: [DONE]\n\n"])
+    hm.response(large)
+    assert records.records[-1]["request"]["bytes"] == sum(map(len, body))
+    assert records.records[-1]["model"] == "gpt-4o"
     ctx.configure(hm, hopmeter_stream="all")
     assert callable(_headers(hm, _flow()).request.stream)
 

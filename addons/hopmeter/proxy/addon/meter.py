@@ -51,6 +51,7 @@ from hopmeter.proxy.addon.tap import (
     RequestTap,
     header_map,
     new_meter,
+    request_tapped,
     start_trace,
 )
 from hopmeter.proxy.addon.tokenizers import load_counter, traffic_started
@@ -214,7 +215,7 @@ class HopMeter:
             traffic_started(self.after_patterns)  # the first flow's call acts; then a flag read
         except Exception as exc:
             self.internal_error("requestheaders", exc)
-        if state is not None and flow.request.stream is False and not _request_buffered(state):
+        if state is not None and request_tapped(flow.request.stream, state):
             flow.request.stream = RequestTap(state, self.internal_error)
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -343,8 +344,3 @@ class HopMeter:
     def log_content(self) -> bool:
         """hopmeter_log_content, for the record being taken (ending.RecordOptions)."""
         return bool(ctx.options.hopmeter_log_content)
-
-
-def _request_buffered(state: FlowState) -> bool:
-    """Whether the request's body is left to mitmproxy to buffer (an edit must apply to it)."""
-    return state.passage is not None and state.passage.request_buffered_by is not None

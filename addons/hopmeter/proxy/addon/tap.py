@@ -181,6 +181,17 @@ class RequestTap:
         return data
 
 
+def request_tapped(stream: object, state: FlowState) -> bool:
+    """Whether a request body goes through the RequestTap, given its `stream` at the hopmeter's
+    `requestheaders`: one hopmeter streams (not left to mitmproxy to buffer for an edit), and one
+    mitmproxy streams itself (`stream_large_bodies`: True), whose bytes the tap hands on as they
+    are, counted (its size and model were 0 and unread)."""
+    if stream is True:
+        return True
+    buffered = state.passage is not None and state.passage.request_buffered_by is not None
+    return stream is False and not buffered
+
+
 class ResponseTap:
     """The response's stream callable: stamps each chunk, queues it for measuring, returns it."""
 
