@@ -361,16 +361,19 @@ class TestHooks:
     def test_a_malformed_traceparent_is_replaced_and_said(
         self, meter: HopMeter, value: str
     ) -> None:
-        """A traceparent that is not W3C trace context: the flow gets a trace of its own (as the
-        spec says), and the record says the client's was malformed, where one that sent none
-        says absent: the client's trace lost is never taken for one never sent."""
+        """A traceparent that is not W3C trace context: the flow gets a trace of its own and its
+        tracestate is dropped (as the spec says), and the record says the client's was
+        malformed, where one that sent none says absent: the client's trace lost is never taken
+        for one never sent."""
         rec = Recorder()
         meter.add_observer(rec)
         flow = sse_flow()
         flow.request.headers["traceparent"] = value
+        flow.request.headers["tracestate"] = "vendor=abc"
         stream_through(meter, flow, [SSE, DONE])
         record = rec.results[0].record
         assert record["traceparent_received"] == "malformed"
+        assert "tracestate" not in flow.request.headers  # W3C: discarded with its traceparent
         assert record["parent_span_id"] is None and "4bf92f35" not in record["trace_id"]
         assert flow.request.headers["traceparent"].split("-")[1] == record["trace_id"]
 

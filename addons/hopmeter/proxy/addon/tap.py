@@ -93,7 +93,8 @@ def start_trace(flow: http.HTTPFlow, forward: bool) -> tuple[TraceContext, str]:
     """The flow's trace context as it came (made up when none came) and its own span id, which
     goes on in `traceparent` as the next hop's parent when `forward` (W3C Trace Context: the
     trace id and flags kept, the parent-id replaced, as Envoy and nginx's OpenTelemetry module
-    do); `tracestate` is passed on untouched."""
+    do); `tracestate` is passed on untouched, but for a malformed `traceparent`'s, which W3C has
+    discarded with it (it belongs to a trace the new one is not)."""
     incoming = flow.request.headers.get("traceparent")
     parsed = parse_traceparent(incoming) if incoming else None
     own = secrets.token_hex(8)
@@ -107,6 +108,8 @@ def start_trace(flow: http.HTTPFlow, forward: bool) -> tuple[TraceContext, str]:
     )
     if forward:
         flow.request.headers["traceparent"] = trace.child(own).header()
+        if trace.received is TraceReceived.MALFORMED:
+            flow.request.headers.pop("tracestate", None)
     return trace, own
 
 

@@ -150,7 +150,8 @@ SETTINGS = (
         kind=Kind.SWITCH,
         default=True,
         help="forward a W3C traceparent naming this flow's span as the parent (the incoming "
-        "trace id kept, a new one for a request that has none; tracestate untouched)",
+        "trace id kept, a new one for a request that has none or a malformed one; tracestate "
+        "untouched, but dropped with a malformed traceparent)",
     ),
     Setting(
         flag="--no-trace-header",
