@@ -168,11 +168,13 @@ def test_records_built_offline_have_no_delivery_section():
     assert "delivery" not in rec and "chunks_out" not in rec
 
 
-def unanswered(failure: UpstreamFailure | None, ended: str) -> dict[str, Any]:
-    """The record of a request that never got a response."""
+def unanswered(
+    failure: UpstreamFailure | None, ended: str, model: str | None = None
+) -> dict[str, Any]:
+    """The record of a request (for `model`) that never got a response."""
     request = RequestInfo(
         method="POST", scheme="http", host="h", path="/v1/chat/completions", t_start=1.7e9,
-        t_end=None, bytes=0,
+        t_end=None, bytes=0, model=model,
     )  # fmt: skip
     return finish(Seen(
         flow_id="f", trace_id=None, hop="edge", listener="edge", request=request, response=None,
@@ -282,28 +284,5 @@ def test_a_long_model_name_is_clipped_on_every_path_and_said() -> None:
 
 def test_a_long_model_name_in_the_request_is_clipped_and_said() -> None:
     """A reply that names no model: the record's model is the request's, clipped the same."""
-    rec = finish(
-        Seen(
-            flow_id="f",
-            trace_id=None,
-            hop="edge",
-            listener="edge",
-            request=RequestInfo(
-                method="POST",
-                scheme="http",
-                host="h",
-                path="/v1/chat/completions",
-                t_start=1.7e9,
-                t_end=1.7e9,
-                bytes=10,
-                model="q" * 300,
-            ),
-            response=None,
-            meter=None,
-            ended="connect_refused",
-            bytes_out=0,
-            stall_threshold_s=0.5,
-        ),
-        EstimateCounters(),
-    ).record
+    rec = unanswered(None, "connect_refused", model="q" * 300)
     assert rec["model"] == "q" * MAX_MODEL_CHARS and rec["model_clipped_chars"] == 44
