@@ -13,7 +13,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Server
 from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy import fastpath
-from hopmeter.proxy.fastpath import gate
+from hopmeter.proxy.fastpath import connections, gate
 from tests.harness.procs import HOPMETER, Proc, free_port, wait_for
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
@@ -46,6 +46,7 @@ def test_install_puts_all_three_in_front_and_uninstall_takes_them_away() -> None
         assert fastpath.installed() == ["backpressure", "framing", "relay"]
         assert fastpath.mend(_unexpected) is None  # with the relay or without it
         assert fastpath.installed() == ["backpressure", "framing", "connections", "relay"]
+        assert ConnectionHandler.handle_connection is connections.handle_connection
     finally:
         fastpath.uninstall()
     assert fastpath.installed() == []

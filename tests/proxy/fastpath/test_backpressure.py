@@ -5,25 +5,16 @@ loops; a fault in the check leaves the step to mitmproxy."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import ssl
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import h2.config
-import h2.connection
-import h2.events
 import pytest
 from mitmproxy.proxy.server import ConnectionHandler
 
 from hopmeter.proxy.fastpath import backpressure
 from hopmeter.proxy.fastpath.backpressure import make_drain_writers, may_wait, needs_drain
 from tests.harness.live_client import Live, live_client, run, unread
-from tests.harness.procs import measuring, wait_for
-from tests.harness.scripted import Exchange, ScriptedUpstream
 
 LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 WAIT_S = 10.0
@@ -207,93 +198,7 @@ def test_install_puts_the_shortcut_in_front_and_uninstall_takes_it_away() -> Non
         backpressure.install(_unexpected)
         assert backpressure.installed()
         assert ConnectionHandler.drain_writers is not backpressure._MITMPROXY_DRAIN
-        assert ConnectionHandler.handle_connection is backpressure.handle_connection
     finally:
         backpressure.uninstall()
     assert ConnectionHandler.drain_writers is backpressure._MITMPROXY_DRAIN
-    assert ConnectionHandler.handle_connection is backpressure._MITMPROXY_HANDLE_CONNECTION
     assert not backpressure.installed()
-
-
-class _Writer:
-    """A connection's writer: closed or not."""
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-@pytest.mark.parametrize("raises", [asyncio.CancelledError, RuntimeError, None])
-def test_a_read_loop_that_ends_by_an_exception_closes_its_connection(
-    monkeypatch: pytest.MonkeyPatch, raises: type[BaseException] | None
-) -> None:
-    """mitmproxy's read loop ended by an exception (a cancel in its server_event) with its
-    connection still among the transports: the writer is closed and the transport forgotten,
-    and the exception goes on. One that ended as mitmproxy ends it is left as it is."""
-    conn, writer = object(), _Writer()
-    handler: Any = SimpleNamespace(transports={conn: SimpleNamespace(writer=writer)})
-
-    async def mitmproxys(self: Any, connection: Any) -> None:
-        if raises is not None:
-            raise raises()
-        self.transports.pop(connection)  # what its own end does
-
-    monkeypatch.setattr(backpressure, "_MITMPROXY_HANDLE_CONNECTION", mitmproxys)
-    if raises is None:
-        asyncio.run(backpressure.handle_connection(handler, conn))
-        assert not writer.closed  # its own end closed it: nothing more
-    else:
-        with pytest.raises(raises):
-            asyncio.run(backpressure.handle_connection(handler, conn))
-        assert writer.closed
-    assert handler.transports == {}
-
-
-def _drop_mid_stream(port: int, streams: int) -> None:
-    """An HTTP/2 client in TLS: `streams` streams at once, the connection closed (no GOAWAY) once
-    a few DATA frames came."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"])
-    with ctx.wrap_socket(
-        socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="localhost"
-    ) as sock:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
-        for _ in range(streams):
-            sid = conn.get_next_available_stream_id()
-            head = [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "https")]
-            conn.send_headers(sid, [*head, (":authority", "localhost")])
-            conn.send_data(sid, b'{"model": "m", "stream": true}', end_stream=True)
-        sock.sendall(conn.data_to_send())
-        frames = 0
-        while frames < 5 and (data := sock.recv(65536)):
-            frames += sum(isinstance(e, h2.events.DataReceived) for e in conn.receive_data(data))
-            sock.sendall(conn.data_to_send())
-
-
-async def _events(ex: Exchange) -> None:
-    await ex.head({"content-type": "text/event-stream"})
-    for _ in range(30):
-        await ex.chunk(b'data: {"choices": [{"delta": {"content": "tok "}}]}\n\n')
-        await asyncio.sleep(0.005)
-    await ex.chunk(b"data: [DONE]\n\n")
-    await ex.end()
-
-
-@pytest.mark.integration
-def test_http2_clients_that_drop_mid_stream_leave_no_upstream_connection_open(
-    tmp_path: Path,
-) -> None:
-    """`hopmeter run` (the shortcut installed) in front of an upstream that keeps connections
-    alive: HTTP/2 clients that drop mid-stream, several at once, each with six streams (an
-    upstream connection each). Once they are gone, every upstream connection is closed: none
-    is left ESTABLISHED (they were, for good, one in a few: the process ran out of descriptors).
-    """
-    with ScriptedUpstream(_events) as up, measuring(tmp_path, f"http://127.0.0.1:{up.port}") as p:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda _: _drop_mid_stream(p.port, 6), range(40)))
-        assert len(up.requests) >= 40  # the streams reached the upstream
-        wait_for(lambda: up.open_connections == 0, 20, "every upstream connection closed")

@@ -1,16 +1,21 @@
 """Tests for hopmeter.proxy.fastpath.connections: on mitmproxy's own HttpLayer, which upstream
-connections are let go of; and `hopmeter run` with an HTTP/2 client whose upstream was down."""
+connections are let go of; a read loop ended by an exception closes its connection; and
+`hopmeter run` with HTTP/2 clients whose upstream was down, closes its connections, or that
+drop mid-stream."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import h2.config
@@ -21,10 +26,12 @@ from mitmproxy import options
 from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import context
 from mitmproxy.proxy.layers.http import HttpLayer, HTTPMode, HttpStream
+from mitmproxy.proxy.server import ConnectionHandler
 from mitmproxy.test import tflow
 
 from hopmeter.proxy.fastpath import connections
-from tests.harness.procs import free_port, measuring
+from tests.harness.procs import free_port, measuring, wait_for
+from tests.harness.scripted import Exchange, ScriptedUpstream
 
 
 def _server(state: ConnectionState, ended: bool, error: str | None = None) -> Server:
@@ -94,14 +101,17 @@ def test_the_step_prunes_then_runs_mitmproxys_method_and_a_fault_changes_nothing
         connections._MITMPROXY_GET_CONNECTION = original
 
 
-def test_install_puts_the_step_in_front_and_uninstall_takes_it_away() -> None:
+def test_install_puts_both_in_front_and_uninstall_takes_them_away() -> None:
     connections.install(lambda where, exc: None)
     try:
         assert connections.installed()
         assert HttpLayer.get_connection is not connections._MITMPROXY_GET_CONNECTION
+        assert ConnectionHandler.handle_connection is connections.handle_connection
     finally:
         connections.uninstall()
     assert not connections.installed()
+    assert HttpLayer.get_connection is connections._MITMPROXY_GET_CONNECTION
+    assert ConnectionHandler.handle_connection is connections._MITMPROXY_HANDLE_CONNECTION
 
 
 class _Closing(BaseHTTPRequestHandler):
@@ -194,3 +204,91 @@ def test_an_http2_client_is_answered_again_once_its_upstream_is_back(
         finally:
             session.close()
     assert statuses == [200] * 20
+
+
+class _Writer:
+    """A connection's writer: closed or not."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("raises", [asyncio.CancelledError, RuntimeError, None])
+def test_a_read_loop_that_ends_by_an_exception_closes_its_connection(
+    monkeypatch: pytest.MonkeyPatch, raises: type[BaseException] | None
+) -> None:
+    """mitmproxy's read loop ended by an exception (a cancel in its server_event) with its
+    connection still among the transports: the writer is closed and the transport forgotten,
+    and the exception goes on. One that ended as mitmproxy ends it is left as it is."""
+    conn, writer = object(), _Writer()
+    handler: Any = SimpleNamespace(transports={conn: SimpleNamespace(writer=writer)})
+
+    async def mitmproxys(self: Any, connection: Any) -> None:
+        if raises is not None:
+            raise raises()
+        self.transports.pop(connection)  # what its own end does
+
+    monkeypatch.setattr(connections, "_MITMPROXY_HANDLE_CONNECTION", mitmproxys)
+    if raises is None:
+        asyncio.run(connections.handle_connection(handler, conn))
+        assert not writer.closed  # its own end closed it: nothing more
+    else:
+        with pytest.raises(raises):
+            asyncio.run(connections.handle_connection(handler, conn))
+        assert writer.closed
+    assert handler.transports == {}
+
+
+def _drop_mid_stream(port: int, streams: int) -> None:
+    """An HTTP/2 client in TLS: `streams` streams at once, the connection closed (no GOAWAY) once
+    a few DATA frames came."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    with ctx.wrap_socket(
+        socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="localhost"
+    ) as sock:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        for _ in range(streams):
+            sid = conn.get_next_available_stream_id()
+            head = [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "https")]
+            conn.send_headers(sid, [*head, (":authority", "localhost")])
+            conn.send_data(sid, b'{"model": "m", "stream": true}', end_stream=True)
+        sock.sendall(conn.data_to_send())
+        frames = 0
+        while frames < 5 and (data := sock.recv(65536)):
+            frames += sum(isinstance(e, h2.events.DataReceived) for e in conn.receive_data(data))
+            sock.sendall(conn.data_to_send())
+
+
+async def _events(ex: Exchange) -> None:
+    await ex.head({"content-type": "text/event-stream"})
+    for _ in range(30):
+        await ex.chunk(b'data: {"choices": [{"delta": {"content": "tok "}}]}\n\n')
+        await asyncio.sleep(0.005)
+    await ex.chunk(b"data: [DONE]\n\n")
+    await ex.end()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("relay", [(), ("--no-relay",)], ids=["relay", "no-relay"])
+def test_http2_clients_that_drop_mid_stream_leave_no_upstream_connection_open(
+    tmp_path: Path, relay: tuple[str, ...]
+) -> None:
+    """`hopmeter run` in front of an upstream that keeps connections alive: HTTP/2 clients
+    that drop mid-stream, several at once, each with six streams (an upstream connection each).
+    Once they are gone, every upstream connection is closed: none is left ESTABLISHED (they
+    were, for good, one in a few: the process ran out of descriptors); with the relay and
+    without it."""
+    with (
+        ScriptedUpstream(_events) as up,
+        measuring(tmp_path, f"http://127.0.0.1:{up.port}", *relay) as p,
+    ):
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda _: _drop_mid_stream(p.port, 6), range(40)))
+        assert len(up.requests) >= 40  # the streams reached the upstream
+        wait_for(lambda: up.open_connections == 0, 20, "every upstream connection closed")

@@ -16,16 +16,10 @@ A fault in the shortcut's check (a bug, an asyncio whose writers changed) sends 
 mitmproxy's own method, which then waits as it always did; the fault is counted and logged
 (`on_error`). The check only reads: there is nothing to undo.
 
-The drain step was also where a cancelled read loop usually heard its cancel (a client that
-left: mitmproxy cancels the handler of each of its upstream connections). mitmproxy's loop
-catches a cancel there and in its read, then closes the connection; one that lands in its
-`server_event` (a hook, the event lock) escapes before the close, and the socket stays open and
-registered for reading for good (HTTP/2 clients that drop mid-stream: an upstream connection
-per stream, ESTABLISHED, or CLOSE-WAIT once the upstream hangs up, until the process runs out of
-descriptors). Without the awaits of the drain step nearly every cancel lands there, so `install`
-also puts `handle_connection` in front of mitmproxy's: when it ends by an exception with the
-connection still among its transports, it closes the connection's writer and forgets it, as
-mitmproxy's own end would have.
+The drain step was also where a cancelled read loop usually heard its cancel; without its
+awaits nearly every cancel lands in mitmproxy's `server_event`, past which mitmproxy's read loop
+does not close its connection: `hopmeter.proxy.fastpath.connections` makes that end sure (with
+the shortcut or without it).
 
 It changes a class of the interpreter's mitmproxy, so only `hopmeter run` installs it
 (hopmeter.proxy.fastpath); the addons a user loads into a plain mitmdump leave mitmproxy as it is.
@@ -34,7 +28,6 @@ It changes a class of the interpreter's mitmproxy, so only `hopmeter run` instal
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -44,7 +37,6 @@ OnError = Callable[[str, BaseException], None]
 Drain = Callable[[ConnectionHandler], Coroutine[Any, Any, None]]
 
 _MITMPROXY_DRAIN: Drain = ConnectionHandler.drain_writers
-_MITMPROXY_HANDLE_CONNECTION = ConnectionHandler.handle_connection
 _STREAM_WRITER = asyncio.StreamWriter
 
 
@@ -115,27 +107,9 @@ def make_drain_writers(on_error: OnError) -> Drain:
     return drain_writers
 
 
-async def handle_connection(self: ConnectionHandler, connection: Any) -> None:
-    """mitmproxy's `handle_connection`, its end made sure: ended by an exception (a cancel that
-    landed in its `server_event`) with the connection still among the handler's transports, the
-    connection's writer is closed and the transport forgotten, as its own end does."""
-    try:
-        await _MITMPROXY_HANDLE_CONNECTION(self, connection)
-    except BaseException:
-        io = self.transports.get(connection)
-        if io is not None:
-            with contextlib.suppress(Exception):  # closing is all that is left to do
-                if io.writer is not None:
-                    io.writer.close()
-            self.transports.pop(connection, None)
-        raise
-
-
 def install(on_error: OnError) -> None:
-    """Put the shortcut, and the read loop's end made sure, in front of mitmproxy's methods
-    (`hopmeter run` only)."""
+    """Put the shortcut in front of mitmproxy's method (`hopmeter run` only)."""
     ConnectionHandler.drain_writers = make_drain_writers(on_error)  # type: ignore[method-assign]
-    ConnectionHandler.handle_connection = handle_connection  # type: ignore[method-assign]
 
 
 def installed() -> bool:
@@ -146,4 +120,3 @@ def installed() -> bool:
 def uninstall() -> None:
     """mitmproxy's own methods again (tests)."""
     ConnectionHandler.drain_writers = _MITMPROXY_DRAIN  # type: ignore[method-assign]
-    ConnectionHandler.handle_connection = _MITMPROXY_HANDLE_CONNECTION  # type: ignore[method-assign]
