@@ -305,8 +305,10 @@ def test_contradicting_clocks_give_negative_holds_kept_and_flagged() -> None:
     seg = align(HopFlow.from_record(outer), HopFlow.from_record(inner))
     assert seg.skew_basis == SkewBasis.REQUEST_ORDER
     assert sum(h < 0 for h in seg.holds_s) == 5
-    # the bounds contradict each other: nothing bounds the holds ([0, 0] would say one clock)
+    # the bounds contradict each other: nothing bounds the holds nor the request's delay ([0, 0]
+    # would say one clock)
     assert seg.as_dict()["hold_uncertainty_s"] == [None, None]
+    assert seg.as_dict()["request_delay_bounds_s"] == [None, None]
     (f,) = seg.findings
     assert f["kind"] == "clock_skew_suspect"
     assert f["evidence"]["negative"] == {"hold": 5, "added_ttft": 1}

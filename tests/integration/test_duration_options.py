@@ -121,7 +121,7 @@ def test_a_misspelled_option_in_mitmdump_is_named(tmp_path: Path) -> None:
     try:
         proc.wait_port(port)
         said = "--set hopmeter_stall_treshold: no such option, not used; did you mean "
-        wait_for(lambda: said in proc.output(), 10, "the misspelled option named")
+        wait_for(lambda: said in proc.output(), 30, "the misspelled option named")
     finally:
         proc.stop()
     assert "hopmeter_stall_threshold?" in proc.output()

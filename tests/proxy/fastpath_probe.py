@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from mitmproxy import ctx
+from mitmproxy.proxy.layers.http import HttpLayer
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 from mitmproxy.proxy.server import ConnectionHandler
 
@@ -25,6 +26,8 @@ def response(flow: Any) -> None:
         "server_event": _where(ConnectionHandler.server_event),
         "drain_writers": _where(ConnectionHandler.drain_writers),
         "send": _where(Http1Server.send),
+        "handle_connection": _where(ConnectionHandler.handle_connection),
+        "get_connection": _where(HttpLayer.get_connection),
         "upstream_protocol": type(transport.get_protocol()).__name__,
     }
     with open(os.environ["HOPMETER_TEST_PROBE"], "a") as out:

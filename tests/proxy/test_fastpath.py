@@ -31,6 +31,16 @@ MITMPROXY_OWN = {
     "send": "mitmproxy.proxy.layers.http._http1.Http1Server.send",
     "upstream_protocol": "StreamReaderProtocol",
 }
+# mitmproxy's connection bookkeeping, mended with the relay or without it (fastpath.mend)
+MITMPROXY_BOOKKEEPING = {
+    "handle_connection": "mitmproxy.proxy.server.ConnectionHandler.handle_connection",
+    "get_connection": "mitmproxy.proxy.layers.http.HttpLayer.get_connection",
+}
+MENDED = {
+    "handle_connection": "hopmeter.proxy.fastpath.connections.handle_connection",
+    "get_connection": "hopmeter.proxy.fastpath.connections.make_get_connection.<locals>."
+    "get_connection",
+}
 
 
 def _unexpected(where: str, exc: BaseException) -> None:
@@ -89,13 +99,15 @@ async def _stream(ex: Exchange) -> None:
     ],
     ids=["default", "option-false", "no-relay-variable", "h11-not-read"],
 )
-def test_hopmeter_run_without_the_relay_leaves_mitmproxys_classes_alone(
+def test_hopmeter_run_without_the_relay_leaves_mitmproxys_path_alone(
     tmp_path: Path, command: list[str], args: tuple[str, ...], env: dict[str, str], relayed: bool
 ) -> None:
     """`hopmeter run` puts its methods in front of mitmproxy's and its protocol in front of an
     upstream's; with `--no-relay` (here from its variable), `--set hopmeter_relay=false` or an
-    h11 the gate does not know, mitmproxy's methods and protocols are its own while a stream
-    goes through. Only the gate's refusal is said (once) and counted as reason="version"."""
+    h11 the gate does not know, mitmproxy's methods on a stream's path and protocols are its own
+    while a stream goes through. The mends of its connection bookkeeping stand with the relay
+    or without it, unless the gate refuses. Only the gate's refusal is said (once) and counted
+    as reason="version"."""
     probe, port, metrics = tmp_path / "probe.jsonl", free_port(), free_port()
     with ScriptedUpstream(_stream) as up:
         proxy = Proc(
@@ -117,12 +129,14 @@ def test_hopmeter_run_without_the_relay_leaves_mitmproxys_classes_alone(
         finally:
             proxy.stop()
     assert r.status_code == 200 and r.text.count("data: ") == 3
+    gate_off = command is NEW_H11
+    bookkeeping = MITMPROXY_BOOKKEEPING if gate_off else MENDED
+    assert {k: seen.pop(k) for k in MENDED} == bookkeeping
     if relayed:
         assert all(seen[k] != v for k, v in MITMPROXY_OWN.items()), seen
         assert seen["upstream_protocol"] == "ReadShortcut"
     else:
         assert seen == MITMPROXY_OWN
-    gate_off = command is NEW_H11
     assert f'hopmeter_relay_declined_total{{reason="version"}} {float(gate_off)}' in text
     said = proxy.output().count("h11 0.16.0 is not a release they were read against (0.99)")
     assert said == (1 if gate_off else 0)

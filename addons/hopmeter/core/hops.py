@@ -227,8 +227,8 @@ class Segment:
         if self.skew_basis == SkewBasis.ONE_CLOCK:
             delay = self.request_delay_s
             return (delay, delay)
-        if upper is None:
-            return (None, None)
+        if upper is None or (lower is not None and lower > upper):
+            return (None, None)  # no bound, or bounds that contradict each other (a clock stepped)
         return (0.0, None if lower is None else max(0.0, upper - lower))
 
     @property

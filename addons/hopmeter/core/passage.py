@@ -41,8 +41,8 @@ MITMPROXY_ERROR = "mitmproxy_error"
 BODY_SIZE_LIMIT = "body_size_limit"
 BODY_SIZE_LIMIT_FIX = (
     "The body was larger than mitmproxy's body_size_limit, which applies to the bodies "
-    "mitmproxy buffers; the client was answered 502. Raise body_size_limit, or let such bodies "
-    "stream (stream_large_bodies; out of hopmeter_buffer)."
+    "mitmproxy buffers; the client was answered 502 (a response's) or 413 (a request's). Raise "
+    "body_size_limit, or let such bodies stream (stream_large_bodies; out of hopmeter_buffer)."
 )
 # Any other error mitmproxy ended a flow with (the evidence quotes it)
 FLOW_ERROR = "mitmproxy_flow_error"

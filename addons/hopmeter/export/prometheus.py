@@ -244,9 +244,9 @@ class Metrics:
         self.hops, self.segments, self.sites = _name_labels(
             counter(
                 "label_values_folded_total",
-                f"Names said as other on every metric: `limit` when {MAX_NAMES_PER_LABEL} other "
-                "names were in use already, `malformed` when not a name; by label: hop, "
-                "segment (a pair of hops), site (where an internal error was caught).",
+                f"Observations whose name was said as other: `limit` when {MAX_NAMES_PER_LABEL} "
+                "other names were in use already, `malformed` when not a name; by label: hop (a "
+                "flow), segment (a pair of hops' segment), site (an internal error).",
                 ("label", "why"),
             )
         )
@@ -755,8 +755,12 @@ class Metrics:
         """Observe the per-token holds of one segment ("edge>origin") for one stream."""
         # align's holds are floats; anything else (NaN, not a number) is left out, and negative
         # ones are counted by observe_segment from the segment itself (Segment.negatives)
+        self._observe_holds(self.segments.label(segment), holds_s, trace_id)
+
+    def _observe_holds(self, label: str, holds_s: Iterable[float], trace_id: str | None) -> None:
+        """`observe_holds` for a segment already labelled (a name said as other once)."""
         values = [(float(h), 1) for h in holds_s if type(h) in (float, int) and h >= 0]
-        self.hold.observe((self.segments.label(segment),), values, _exemplar(trace_id))
+        self.hold.observe((label,), values, _exemplar(trace_id))
 
     def observe_segment(self, segment: Segment, trace_id: str | None) -> None:
         """One segment of one stream: its per-token holds, what it added on the way in (request
@@ -765,7 +769,7 @@ class Metrics:
         finding in the record says how many)."""
         label = self.segments.label(segment.segment)
         if segment.ordered:
-            self.observe_holds(segment.segment, segment.holds_s, trace_id)
+            self._observe_holds(label, segment.holds_s, trace_id)
         for hist, value in (
             (self.request_delay, segment.request_delay_s),
             (self.added_ttft, segment.added_ttft_s),

@@ -503,7 +503,8 @@ def test_a_killed_addon_reply_claims_no_bytes_sent(tctx: Any) -> None:
 def test_mitmproxys_own_error_on_a_flow_is_said_scrubbed_and_clipped(tctx: Any) -> None:
     """A flow mitmproxy ended with an error of its own (not a peer's close, not a kill): the
     record quotes it in `mitmproxy.error` with finding proxy_failed, without anything shaped
-    like a key and within its bound; a peer's reset says nothing of the kind."""
+    like a key or the peer's bytes it quotes, and within its bound; a peer's reset says nothing
+    of the kind."""
     _, hm, records = tctx
     flow = tflow.tflow()
     hm.requestheaders(flow)
@@ -514,7 +515,12 @@ def test_mitmproxys_own_error_on_a_flow_is_said_scrubbed_and_clipped(tctx: Any) 
     hm.requestheaders(reset)
     reset.error = flow_module.Error("peer closed connection")
     hm.error(reset)
-    first, second = records.records
+    quoting = tflow.tflow()  # a message that quotes the peer's bytes: they are withheld
+    hm.requestheaders(quoting)
+    quoting.error = flow_module.Error("Bad HTTP response line: b'the secret reply text'")
+    hm.error(quoting)
+    first, second, third = records.records
+    assert third["mitmproxy"]["error"] == "Bad HTTP response line: b'[withheld]'"
     assert first["ended"] == "error" and key not in first["mitmproxy"]["error"]
     assert first["mitmproxy"]["error"].startswith("HTTP protocol error in header ")
     assert len(first["mitmproxy"]["error"]) <= 300

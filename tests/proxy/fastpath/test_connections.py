@@ -9,7 +9,6 @@ import asyncio
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,11 +33,14 @@ from tests.harness.procs import free_port, measuring, wait_for
 from tests.harness.scripted import Exchange, ScriptedUpstream
 
 
-def _server(state: ConnectionState, ended: bool, error: str | None = None) -> Server:
+def _server(
+    state: ConnectionState, ended: bool, error: str | None = None, connected: bool = False
+) -> Server:
     conn = Server(address=("127.0.0.1", 9000))
     conn.state = state
     conn.timestamp_end = 1.7e9 if ended else None
     conn.error = error
+    conn.timestamp_tcp_setup = 1.7e9 if connected or ended else None
     return conn
 
 
@@ -49,10 +51,11 @@ def _layer() -> HttpLayer:
 
 
 def test_only_connections_over_for_good_and_named_by_no_step_are_let_go() -> None:
-    """Closed both ways and finished by the handler, or failed to connect: let go. Open, half
-    closed, closed but not yet finished, the layer's own context connection, one waiting to be
-    established (failed, its answer not yet given), one a stream still names: kept. A layer
-    with one connection is left as it is."""
+    """Closed both ways and finished by the handler, or failed to connect without a socket: let
+    go. Open, half closed, closed but not yet finished, failed with a socket whose read loop has
+    not ended (a TLS failure: an event for it is still to come), the layer's own context
+    connection, one waiting to be established (failed, its answer not yet given), one a stream
+    still names: kept. A layer with only its client connection is left as it is."""
     layer = _layer()
     done = [_server(ConnectionState.CLOSED, ended=True) for _ in range(3)]
     done.append(_server(ConnectionState.CLOSED, ended=False, error="Connect call failed"))
@@ -62,6 +65,10 @@ def test_only_connections_over_for_good_and_named_by_no_step_are_let_go() -> Non
         "closed, handler not done": _server(ConnectionState.CLOSED, ended=False),
         "named by a stream": _server(ConnectionState.CLOSED, ended=True),
         "waiting": _server(ConnectionState.CLOSED, ended=False, error="Connect call failed"),
+        # a TLS handshake that failed: its error is set, its read loop's ConnectionClosed to come
+        "tls failed, loop not ended": _server(
+            ConnectionState.CLOSED, ended=False, error="certificate verify failed", connected=True
+        ),
     }
     layer.context.server.state, layer.context.server.timestamp_end = ConnectionState.CLOSED, 1.0
     for conn in [*done, *kept.values(), layer.context.server]:
@@ -73,7 +80,7 @@ def test_only_connections_over_for_good_and_named_by_no_step_are_let_go() -> Non
     assert connections.over(layer) == done
 
     alone = _layer()
-    alone.connections[_server(ConnectionState.CLOSED, ended=True)] = object()
+    alone.connections[alone.context.client] = object()
     assert connections.over(alone) == []
 
 
@@ -199,7 +206,6 @@ def test_an_http2_client_is_answered_again_once_its_upstream_is_back(
         try:
             assert session.post() == 502
             with _upstream(port):
-                time.sleep(0.1)
                 statuses = [session.post() for _ in range(20)]
         finally:
             session.close()
@@ -221,9 +227,10 @@ def test_a_read_loop_that_ends_by_an_exception_closes_its_connection(
     monkeypatch: pytest.MonkeyPatch, raises: type[BaseException] | None
 ) -> None:
     """mitmproxy's read loop ended by an exception (a cancel in its server_event) with its
-    connection still among the transports: the writer is closed and the transport forgotten,
-    and the exception goes on. One that ended as mitmproxy ends it is left as it is."""
-    conn, writer = object(), _Writer()
+    connection still among the transports: the writer is closed, the transport forgotten and
+    the connection marked closed, and the exception goes on. One that ended as mitmproxy ends
+    it is left as it is."""
+    conn, writer = _server(ConnectionState.OPEN, ended=False), _Writer()
     handler: Any = SimpleNamespace(transports={conn: SimpleNamespace(writer=writer)})
 
     async def mitmproxys(self: Any, connection: Any) -> None:
@@ -238,7 +245,7 @@ def test_a_read_loop_that_ends_by_an_exception_closes_its_connection(
     else:
         with pytest.raises(raises):
             asyncio.run(connections.handle_connection(handler, conn))
-        assert writer.closed
+        assert writer.closed and conn.state is ConnectionState.CLOSED  # never reused
     assert handler.transports == {}
 
 

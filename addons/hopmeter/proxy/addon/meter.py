@@ -138,7 +138,7 @@ class HopMeter:
             self.vocabulary.use(counters, lazy=opts.hopmeter_lazy_tokenizer)
 
     def running(self) -> None:
-        if self.modes_added:  # mitmdump -s: its listeners opened before this added to `mode`
+        if self.modes_added:  # mitmdump -s opened its listeners before this added to `mode`
             serve_mode(ctx.master)
         for line in unknown_options(ctx.options):  # a misspelled --set, which mitmdump keeps
             log.warning(line)

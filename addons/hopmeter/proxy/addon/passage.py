@@ -30,6 +30,7 @@ client can tell.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -609,6 +610,7 @@ def close_client(flow: http.HTTPFlow) -> None:
 
 
 MAX_ERROR_CHARS = 300  # mitmproxy's error text in a record (its messages are a line or two)
+_QUOTED_BYTES = re.compile(r"""(?<!\w)b(['"]).*?(?<!\\)\1|(?<!\w)b['"].*""", re.DOTALL)
 
 
 def ended_by_error(flow: http.HTTPFlow, p: FlowPassage | None) -> Ended:
@@ -621,6 +623,8 @@ def ended_by_error(flow: http.HTTPFlow, p: FlowPassage | None) -> Ended:
     ended = classify_error(msg, flow.client_conn.connected)
     killed = flow.error is not None and msg == flow.error.KILLED_MESSAGE  # said as `killed`
     if ended is Ended.ERROR and msg and not killed and p is not None and p.error is None:
-        p.error = scrub(msg)[:MAX_ERROR_CHARS]
+        # bytes a message quotes (a bad response line, a bad header line) are the peer's, not
+        # mitmproxy's words: withheld, as a body is
+        p.error = scrub(_QUOTED_BYTES.sub("b'[withheld]'", msg))[:MAX_ERROR_CHARS]
         p.cause = BODY_SIZE_LIMIT if "body_size_limit" in msg else FLOW_ERROR
     return ended

@@ -19,9 +19,10 @@ does for days:
 `install()` puts a step in front of mitmproxy's `HttpLayer.get_connection` (where a request
 asks for an upstream connection) that first lets go of the connections that are over for
 good: closed both ways and either finished by mitmproxy's connection handler (`timestamp_end`
-set) or failed to connect (`error` set, the attempt answered): no event can come for them any
-more; and not the layer's own context connection, not waiting to be established, and used by
-no stream still in the layer (whose steps could still name it).
+set) or failed to connect before it had a socket (`error` set, no TCP setup, the attempt
+answered): no event can come for them any more; and not the layer's own context connection, not
+waiting to be established, and used by no stream still in the layer (whose steps could still
+name it).
 mitmproxy's own method then runs as before on what is left: a connection that is open or may
 still be used is found and reused exactly as before.
 
@@ -66,7 +67,7 @@ def over(layer: Any) -> list[Server]:
     """The upstream connections of `layer` (an HttpLayer) that are over for good and that no
     step of the layer can name any more (see the module's docstring)."""
     conns = layer.connections
-    if len(conns) < 2:  # the usual keep-alive client: one upstream connection, nothing to do
+    if len(conns) < 2:  # the client connection's own entry alone: nothing to let go of
         return []
     busy = {id(stream.context.server) for stream in layer.streams.values()}
     busy.add(id(layer.context.server))
@@ -76,7 +77,12 @@ def over(layer: Any) -> list[Server]:
         for conn in conns
         if type(conn) is Server
         and conn.state is _CLOSED
-        and (conn.timestamp_end is not None or conn.error is not None)
+        # finished by the handler, or failed before it had a socket (a TLS failure has an
+        # error and a socket whose read loop still owes the layer its ConnectionClosed)
+        and (
+            conn.timestamp_end is not None
+            or (conn.error is not None and conn.timestamp_tcp_setup is None)
+        )
         and id(conn) not in busy
         and conn not in waiting
     ]
@@ -98,7 +104,8 @@ def make_get_connection(on_error: OnError) -> Callable[..., Any]:
 async def handle_connection(self: ConnectionHandler, connection: Any) -> None:
     """mitmproxy's `handle_connection`, its end made sure: ended by an exception (a cancel that
     landed in its `server_event`) with the connection still among the handler's transports, the
-    connection's writer is closed and the transport forgotten, as its own end does."""
+    connection's writer is closed, the transport forgotten and the connection marked closed (so
+    that no request takes it for an open one), as its own end does."""
     try:
         await _MITMPROXY_HANDLE_CONNECTION(self, connection)
     except BaseException:
@@ -108,6 +115,7 @@ async def handle_connection(self: ConnectionHandler, connection: Any) -> None:
                 if io.writer is not None:
                     io.writer.close()
             self.transports.pop(connection, None)
+            connection.state = _CLOSED  # never taken for an open one again (reused, written to)
         raise
 
 

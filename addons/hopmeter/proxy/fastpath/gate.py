@@ -85,8 +85,11 @@ MIRRORED: dict[str, Any] = {
     "mitmproxy NextLayer._ask": NextLayer._ask,
     "mitmproxy HttpLayer._handle_event": HttpLayer._handle_event,
     "mitmproxy HttpLayer.event_to_child": HttpLayer.event_to_child,
-    # where a request finds its upstream connection in the list `connections` prunes
+    # where a request finds its upstream connection in the list `connections` prunes, where a
+    # connection enters it, and where a connection's end is stamped (`timestamp_end`)
     "mitmproxy HttpLayer.get_connection": HttpLayer.get_connection,
+    "mitmproxy HttpLayer.register_connection": HttpLayer.register_connection,
+    "mitmproxy ConnectionHandler.open_connection": ConnectionHandler.open_connection,
     "mitmproxy HttpClient._handle_event": HttpClient._handle_event,
     "mitmproxy HttpStream.start_response_stream": HttpStream.start_response_stream,
     "mitmproxy HttpStream.state_stream_response_body": HttpStream.state_stream_response_body,
@@ -207,6 +210,8 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "mitmproxy NextLayer._ask": {"4d8ace76d8488336": _M12},
     "mitmproxy HttpLayer._handle_event": {"6ba31883cc7a06b3": _M12},
     "mitmproxy HttpLayer.get_connection": {"1aa1c63e3175766c": _M12},
+    "mitmproxy HttpLayer.register_connection": {"deed6282affc431f": _M12},
+    "mitmproxy ConnectionHandler.open_connection": {"5e0b3cbaf7a4030a": _M12},
     "mitmproxy HttpLayer.event_to_child": {"1095f6e1581d1780": _M12},
     "mitmproxy HttpClient._handle_event": {"bc1cae775a49a4fe": _M12},
     "mitmproxy HttpStream.start_response_stream": {"b0de9e9a5ee27276": _M12},

@@ -975,6 +975,8 @@ class Relay:
         self.h2_off_because: str | None = None  # the version gate's line for those alone
         self.own_steps = False  # HTTP/2 DATA frames' steps by h2_frames, not h2
         self.steps_off_because: str | None = None  # the version gate's line for those
+        # with the relay off (--no-relay): the gate's line when it kept the mends off too
+        self.mend_off_because: str | None = None
 
     def load(self, loader: Loader) -> None:
         declare(loader, RELAY)
@@ -990,7 +992,8 @@ class Relay:
 
     def running(self) -> None:
         self.connections = connection_handlers()
-        for off in (self.off_because, self.h2_off_because, self.steps_off_because):
+        offs = (self.off_because, self.h2_off_because, self.steps_off_because)
+        for off in (*offs, self.mend_off_because):
             if off is not None:
                 log.warning(off)
 

@@ -307,15 +307,16 @@ SETTINGS = (
         "HTTP/2, in TLS or not (what it leaves to mitmproxy's layers is counted in "
         "hopmeter_relay_declined_total). Off: every "
         "read goes through them; false at start (`hopmeter run --no-relay`) leaves "
-        "mitmproxy's classes as they are",
+        "mitmproxy's path as mitmproxy made it (the mends of its connection bookkeeping "
+        "stay)",
     ),
     Setting(
         flag="--no-relay",
         kind=Kind.SWITCH,
         sets=("hopmeter_relay", False),
         help="move every read through mitmproxy's own layers: the relay and the other fast "
-        "paths past them (the same bytes at less CPU) are not installed; mitmproxy's classes "
-        "stay as they are",
+        "paths past them (the same bytes at less CPU) are not installed; the mends of "
+        "mitmproxy's connection bookkeeping are",
         more="([reliability.md](reliability.md) §8)",
     ),
     Setting(

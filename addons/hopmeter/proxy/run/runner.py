@@ -164,9 +164,12 @@ async def run_proxy(
         queues.outlets.close(time.monotonic() + FLUSH_FLOOR_S)
         given = [item.partition("=")[0] for item in cfg.extra]
         raise UsageError(said_by_flag(str(exc), given)) from None
-    # mitmproxy's list of a client connection's upstream connections rid of those over for good
-    # (with or without the relay; not if the gate does not know the installed mitmproxy)
-    fastpath.mend(meter.observers.fast_path_failed)
+    # mitmproxy's connection bookkeeping mended (its list of a client connection's upstream
+    # connections, a cancelled read loop's end): with or without the relay; not if the gate does
+    # not know the installed mitmproxy (said when the proxy runs, as the relay's line is)
+    mend_off = fastpath.mend(meter.observers.fast_path_failed)
+    if not opts.hopmeter_relay:
+        relays.mend_off_because = mend_off
     if opts.hopmeter_relay:
         # a streamed HTTP/1 body's reads moved past mitmproxy's layers, mitmproxy's per-read
         # drain step only when a writer could need it, its HTTP/1 framing decision kept per
