@@ -36,7 +36,7 @@ hook, the event lock) escapes before the close, and the socket stays open and re
 reading for good: HTTP/2 clients that drop mid-stream left an upstream connection per stream,
 and an upstream that closes its connections under concurrent HTTP/2 streams about one
 descriptor per such request (4,000 requests, 20 at a time: 11 -> 2,807 descriptors, RSS 79 ->
-121 MiB with `--no-relay`; 11 -> 11, 79 -> 88 MiB with this). `install()` also puts
+121 MiB with `--no-relay`; 11 -> 11, 79 -> 87 MiB with this). `install()` also puts
 `handle_connection` in front of mitmproxy's: when it ends by an exception with the connection
 still among its transports, it closes the connection's writer and forgets it, as mitmproxy's own
 end would have.
@@ -115,7 +115,8 @@ async def handle_connection(self: ConnectionHandler, connection: Any) -> None:
                 if io.writer is not None:
                     io.writer.close()
             self.transports.pop(connection, None)
-            connection.state = _CLOSED  # never taken for an open one again (reused, written to)
+            with contextlib.suppress(Exception):  # never taken for an open one again (reused)
+                connection.state = _CLOSED
         raise
 
 
